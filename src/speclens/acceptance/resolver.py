@@ -197,19 +197,20 @@ def resolve(
 
     if cli is not None:
         return _from_value("cli", cli)
+    named = scenario.profiles if scenario else None
     if scenario is not None and scenario.value is not None:
         return _from_value("scenario", scenario.value)
-    if workload.acceptance is not None:
-        return _from_value("workload", workload.acceptance)
-
-    named = scenario.profiles if scenario else None
-    fallback = scenario.fallback_category if scenario else None
-    layer: Layer = "scenario" if named else "registry"
     if named is not None and named not in registry:
         raise UnknownProfileSet(
             f"the scenario names the profile set {named!r}, which was not supplied "
             f"(supplied: {', '.join(registry.names) or 'none'}); the registry is not consulted in its place"
         )
+    if named is None and workload.acceptance is not None:
+        return _from_value("workload", workload.acceptance)
+
+    # A profile lookup: in the set the scenario names (scenario layer), else every registry set.
+    layer: Layer = "scenario" if named else "registry"
+    fallback = scenario.fallback_category if scenario else None
     looking_for = f"{model}/{method}/k{k}"
     if workload.thinking is None:
         raise NoThinkingMode(

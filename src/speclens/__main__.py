@@ -1,0 +1,5 @@
+"""``python -m speclens``."""
+
+from speclens.cli import main
+
+main()

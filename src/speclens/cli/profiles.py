@@ -1,0 +1,421 @@
+"""``speclens profiles``: validate, list, resolve, schema and import acceptance profiles."""
+
+from __future__ import annotations
+
+import json
+import math
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+from rich.table import Table
+
+from speclens.acceptance import (
+    AcceptancePin,
+    AcceptanceProfileSet,
+    AcceptanceValue,
+    Problem,
+    Resolution,
+    ValidationError,
+    WorkloadAcceptance,
+    accepted_count_distribution,
+    load_sets,
+    read_yaml,
+    resolve,
+    validate,
+)
+from speclens.cli._common import REGISTRY_OPTION, fail, load_registry, out_console, reported
+
+app = typer.Typer(
+    help="Acceptance-profile sets: validate, list, resolve, schema, import.", no_args_is_help=True
+)
+
+
+class Thinking(StrEnum):
+    on = "on"
+    off = "off"
+
+
+class ProfileMethodChoice(StrEnum):
+    measured = "measured"
+    copied = "copied"
+    assumed = "assumed"
+
+
+@app.command("validate")
+def validate_cmd(
+    paths: list[Path] = typer.Argument(..., help="Profile-set files or registry directories."),
+) -> None:
+    """Validate profile sets; exit 1 listing every problem in every file."""
+    with reported():
+        sets = load_sets(paths)
+    for s in sets:
+        out_console.print(f"{s.path}: ok ({s.name}, {len(s.profile_set.profiles)} profiles)")
+
+
+@app.command("list")
+def list_cmd(registry: list[Path] = REGISTRY_OPTION) -> None:
+    """Every profile in the registry, one row each."""
+    with reported():
+        reg = load_registry(registry)
+    table = Table("set", "model", "spec method", "K", "thinking", "category", "AL", "method")
+    for s in reg:
+        for p in s.profile_set.profiles:
+            table.add_row(
+                s.name,
+                p.model,
+                p.speculative_method,
+                str(p.num_spec_tokens),
+                p.thinking,
+                p.category,
+                f"{p.acceptance_length:g}",
+                p.method,
+            )
+    out_console.print(table)
+
+
+@app.command("schema")
+def schema_cmd() -> None:
+    """Print the JSON Schema of a profile-set file (for editors)."""
+    schema = AcceptanceProfileSet.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    typer.echo(json.dumps(schema, indent=2))
+
+
+def _cli_value(
+    k: int, length: float | None, rate: float | None, rates: str | None
+) -> AcceptanceValue | None:
+    data: dict[str, Any] = {"num_spec_tokens": k}
+    if length is not None:
+        data["acceptance_length"] = length
+    if rate is not None:
+        data["acceptance_rate"] = rate
+    if rates is not None:
+        try:
+            data["per_position_rates"] = [float(r) for r in rates.split(",") if r.strip()]
+        except ValueError:
+            raise ValidationError(
+                [
+                    Problem(
+                        "command line",
+                        "--per-position-rates",
+                        f"expected numbers separated by commas, got {rates!r}",
+                    )
+                ]
+            ) from None
+    if len(data) == 1:
+        return None
+    flags = {
+        "acceptance_length": "--acceptance-length",
+        "acceptance_rate": "--acceptance-rate",
+        "per_position_rates": "--per-position-rates",
+    }
+    data["source"] = "command line " + " ".join(flags[f] for f in flags if f in data)
+    return validate(AcceptanceValue, data, "command line")
+
+
+def _workload(
+    path: Path | None, thinking: Thinking | None, category: str | None
+) -> WorkloadAcceptance:
+    data: dict[str, Any] = {}
+    if path is not None:
+        raw = read_yaml(path)
+        base = validate(WorkloadAcceptance, raw, str(path))
+        data = base.model_dump(exclude_none=True)
+    for name, given in (("thinking", thinking.value if thinking else None), ("category", category)):
+        if given is None:
+            continue
+        if name in data and data[name] != given:
+            fail(f"--{name} {given} contradicts the workload file's {name}: {data[name]}", code=2)
+        data[name] = given
+    return validate(WorkloadAcceptance, data, "command line")
+
+
+def _pin(path: Path | None) -> AcceptancePin | None:
+    if path is None:
+        return None
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise ValidationError([Problem(str(path), "(document)", "expected a mapping")])
+    if "acceptance" not in data:
+        return None
+    return validate(AcceptancePin, data["acceptance"], str(path), prefix="acceptance")
+
+
+def describe(res: Resolution) -> list[tuple[str, str]]:
+    """The resolution as labelled lines, for people."""
+    rows = [
+        ("acceptance length", f"{res.acceptance_length:g}"),
+        ("acceptance rate", f"{res.acceptance_rate:.4f} at K {res.num_spec_tokens}"),
+        (
+            "per-position rates",
+            f"{res.per_position_rates}"
+            + ("  (derived: minimum-variance schedule)" if res.rates_derived else "  (stated)"),
+        ),
+        (
+            "accepted drafts",
+            ", ".join(
+                f"{j}: {p:.0%}"
+                for j, p in accepted_count_distribution(res.per_position_rates).items()
+            ),
+        ),
+        ("layer", res.layer),
+    ]
+    if res.profile:
+        rows.append(("profile", f"{res.profile_set}: {res.profile} ({res.method})"))
+    if res.fallback_used:
+        rows.append(("fallback", f"category {res.fallback_category or '(none)'} -> {res.category}"))
+    if res.source:
+        rows.append(("source", res.source))
+    if res.measured_on:
+        rows.append(
+            ("measured on", f"{res.measured_on} (not the run's hardware, or it is unknown)")
+        )
+    return rows
+
+
+def print_resolution(res: Resolution) -> None:
+    table = Table.grid(padding=(0, 2))
+    for label, value in describe(res):
+        table.add_row(f"[bold]{label}[/]", value)
+    out_console.print(table)
+
+
+@app.command("resolve")
+def resolve_cmd(
+    model: str = typer.Option(..., "--model", help="The catalog model name."),
+    method: str = typer.Option(..., "--method", help="The speculative method (e.g. dspark, mtp)."),
+    num_spec_tokens: int = typer.Option(
+        ..., "--num-spec-tokens", "-k", help="K, draft tokens per step."
+    ),
+    thinking: Thinking | None = typer.Option(
+        None, "--thinking", help="The workload's thinking mode."
+    ),
+    category: str | None = typer.Option(None, "--category", help="The workload's category."),
+    hardware: str | None = typer.Option(
+        None, "--hardware", help="The run's chip, recorded against the profile's."
+    ),
+    scenario: Path | None = typer.Option(
+        None,
+        "--scenario",
+        exists=True,
+        dir_okay=False,
+        help="A scenario file; its acceptance pin is used.",
+    ),
+    workload: Path | None = typer.Option(
+        None,
+        "--workload",
+        exists=True,
+        dir_okay=False,
+        help="A workload file: thinking, category, acceptance.",
+    ),
+    acceptance_length: float | None = typer.Option(
+        None, "--acceptance-length", help="State the AL (cli layer)."
+    ),
+    acceptance_rate: float | None = typer.Option(
+        None, "--acceptance-rate", help="State the acceptance rate (cli layer)."
+    ),
+    per_position_rates: str | None = typer.Option(
+        None, "--per-position-rates", help="State rates R1,R2,... (cli layer)."
+    ),
+    registry: list[Path] = REGISTRY_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print the resolution as one JSON object."),
+) -> None:
+    """Resolve the acceptance a run uses and say where it came from."""
+    with reported():
+        if num_spec_tokens < 1:
+            fail(f"command line: --num-spec-tokens: must be at least 1, got {num_spec_tokens}")
+        res = resolve(
+            model=model,
+            method=method,
+            num_spec_tokens=num_spec_tokens,
+            hardware=hardware,
+            registry=load_registry(registry),
+            workload=_workload(workload, thinking, category),
+            scenario=_pin(scenario),
+            cli=_cli_value(num_spec_tokens, acceptance_length, acceptance_rate, per_position_rates),
+        )
+    if as_json:
+        typer.echo(json.dumps(res.model_dump()))
+    else:
+        print_resolution(res)
+
+
+def _parse_inferencex(data: Any, file: str) -> dict[tuple[str, str, int], float]:
+    """``{model: {thinking_on|thinking_off: {K: AL}}}`` -> {(model, on|off, K): AL}."""
+    if not isinstance(data, dict) or not data:
+        raise ValidationError(
+            [Problem(file, "(document)", "expected {model: {thinking_on|thinking_off: {K: AL}}}")]
+        )
+    out: dict[tuple[str, str, int], float] = {}
+    problems: list[Problem] = []
+    for model, modes in data.items():
+        if not isinstance(modes, dict) or not modes:
+            problems.append(
+                Problem(file, str(model), "expected a mapping of thinking_on/thinking_off")
+            )
+            continue
+        for mode, curve in modes.items():
+            if mode not in ("thinking_on", "thinking_off"):
+                problems.append(
+                    Problem(file, f"{model}.{mode}", "expected thinking_on or thinking_off")
+                )
+                continue
+            if not isinstance(curve, dict) or not curve:
+                problems.append(Problem(file, f"{model}.{mode}", "expected a mapping of K to AL"))
+                continue
+            for k, al in curve.items():
+                where = f"{model}.{mode}.{k}"
+                try:
+                    k_int = int(str(k))
+                except ValueError:
+                    problems.append(Problem(file, where, f"K {k!r} is not an integer"))
+                    continue
+                if isinstance(al, bool) or not isinstance(al, int | float) or not math.isfinite(al):
+                    problems.append(Problem(file, where, f"AL {al!r} is not a finite number"))
+                    continue
+                out[(str(model), mode.removeprefix("thinking_"), k_int)] = float(al)
+    if problems:
+        raise ValidationError(problems)
+    return out
+
+
+def _key_value(pairs: list[str], option: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            fail(f"command line: {option}: expected NAME=VALUE, got {pair!r}", code=2)
+        out[name.strip()] = value.strip()
+    return out
+
+
+@app.command("import-inferencex")
+def import_inferencex_cmd(
+    file: Path = typer.Argument(
+        ..., exists=True, dir_okay=False, help="An InferenceX golden-curve YAML file."
+    ),
+    speculative_method: str = typer.Option(
+        ..., "--speculative-method", help="The engine's method name (e.g. dspark)."
+    ),
+    category: str = typer.Option(
+        "coding", "--category", help="The workload category the curves were measured on."
+    ),
+    name: str | None = typer.Option(
+        None, "--name", help="The set's name (default: the output file's name)."
+    ),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Write the set here (default: stdout)."
+    ),
+    method: ProfileMethodChoice = typer.Option(
+        ProfileMethodChoice.measured, "--method", help="How the values were obtained."
+    ),
+    rationale: str | None = typer.Option(
+        None, "--rationale", help="Why, when the method is not measured."
+    ),
+    copied_from: str | None = typer.Option(
+        None,
+        "--copied-from",
+        help="With --method copied: model/method/k<K>/thinking-<mode>/category.",
+    ),
+    source: str | None = typer.Option(
+        None, "--source", help="The document the values were read from (default: FILE as given)."
+    ),
+    run: str | None = typer.Option(None, "--run", help="The job that measured them."),
+    benchmark: str | None = typer.Option(
+        None, "--benchmark", help="The prompt set, e.g. 'SPEED-Bench Qualitative'."
+    ),
+    prompts: int | None = typer.Option(None, "--prompts", help="How many prompts."),
+    hardware: str | None = typer.Option(
+        None, "--hardware", help="The chip (required for measured)."
+    ),
+    engine_image: str | None = typer.Option(
+        None, "--engine-image", help="The engine image or release (required for measured)."
+    ),
+    tp: int | None = typer.Option(None, "--tp", help="Tensor-parallel width."),
+    temperature: float | None = typer.Option(
+        None, "--temperature", help="Sampling temperature (required for measured)."
+    ),
+    top_p: float | None = typer.Option(None, "--top-p"),
+    top_k: int | None = typer.Option(None, "--top-k"),
+    max_tokens: int | None = typer.Option(None, "--max-tokens"),
+    setting: list[str] = typer.Option(
+        [], "--setting", help="NAME=VALUE engine setting that bears on acceptance. Repeatable."
+    ),
+    caveat: list[str] = typer.Option([], "--caveat", help="A caveat for the set. Repeatable."),
+    rename: list[str] = typer.Option(
+        [],
+        "--model-name",
+        help="SOURCE=CATALOG: the catalog name for a model in the file. Repeatable.",
+    ),
+) -> None:
+    """Convert an InferenceX golden-AL curve file into a validated profile set."""
+    names = _key_value(rename, "--model-name")
+    settings = _key_value(setting, "--setting")
+    with reported():
+        curves = _parse_inferencex(read_yaml(file), str(file))
+        provenance: dict[str, Any] = {"source": source or str(file)}
+        for key, value in (
+            ("run", run),
+            ("benchmark", benchmark),
+            ("prompts", prompts),
+            ("hardware", hardware),
+            ("engine_image", engine_image),
+            ("tp", tp),
+        ):
+            if value is not None:
+                provenance[key] = value
+        sampling = {
+            k: v
+            for k, v in (
+                ("temperature", temperature),
+                ("top_p", top_p),
+                ("top_k", top_k),
+                ("max_tokens", max_tokens),
+            )
+            if v is not None
+        }
+        if sampling:
+            provenance["sampling"] = sampling
+        if settings:
+            provenance["settings"] = settings
+        profiles = []
+        for (model, mode, k), al in sorted(curves.items()):
+            profile: dict[str, Any] = {
+                "model": names.get(model, model),
+                "speculative_method": speculative_method,
+                "num_spec_tokens": k,
+                "thinking": mode,
+                "category": category,
+                "acceptance_length": al,
+                "method": method.value,
+                "provenance": provenance,
+            }
+            if rationale is not None:
+                profile["rationale"] = rationale
+            if copied_from is not None:
+                profile["copied_from"] = copied_from
+            profiles.append(profile)
+        set_name = name or (output.stem if output else file.stem)
+        document: dict[str, Any] = {"kind": "AcceptanceProfileSet", "name": set_name}
+        if caveat:
+            document["caveats"] = caveat
+        document["profiles"] = profiles
+        target = str(output) if output else "(output)"
+        try:
+            validate(AcceptanceProfileSet, document, target)
+        except ValidationError as exc:
+            hint = Problem(
+                target,
+                "",
+                "the converted set is invalid: give the missing facts as options (see --help)",
+            )
+            raise ValidationError([*exc.problems, hint]) from None
+    text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=100)
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+        out_console.print(f"wrote {output}: {len(profiles)} profiles")

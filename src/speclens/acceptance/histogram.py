@@ -21,13 +21,12 @@ class AcceptanceHistogram:
     def __init__(self, counts: Mapping[int, int] | None = None) -> None:
         self._counts: dict[int, int] = {}
         if counts:
-            problems: list[Problem] = []
-            for j, n in counts.items():
-                problems += _entry_problems(j, n)
+            problems = [p for j, n in counts.items() for p in _entry_problems(j, n)]
             if problems:
                 raise ValidationError(problems)
             for j, n in counts.items():
-                self.add(j, n)
+                if n:
+                    self._counts[j] = self._counts.get(j, 0) + n
 
     @classmethod
     def from_accepted(cls, accepted_per_step: Iterable[int]) -> AcceptanceHistogram:
@@ -44,13 +43,16 @@ class AcceptanceHistogram:
 
     def add(self, accepted: int, steps: int = 1) -> None:
         """Count ``steps`` more verify steps that accepted ``accepted`` drafts."""
+        problems = _entry_problems(accepted, steps)
+        if problems:
+            raise ValidationError(problems)
         if steps:
             self._counts[accepted] = self._counts.get(accepted, 0) + steps
 
     def update(self, other: AcceptanceHistogram) -> None:
         """Add every count of ``other`` into this histogram."""
         for j, n in other._counts.items():
-            self.add(j, n)
+            self._counts[j] = self._counts.get(j, 0) + n
 
     def __add__(self, other: AcceptanceHistogram) -> AcceptanceHistogram:
         out = AcceptanceHistogram(self._counts)
@@ -97,7 +99,7 @@ class AcceptanceHistogram:
 
     def acceptance_rate(self, k: int) -> float:
         """The acceptance rate (AL - 1) / K over K draft positions."""
-        check_num_spec_tokens(k)
+        self._check_within(k)
         return (self.acceptance_length - 1.0) / k
 
     def fractions(self) -> dict[int, float]:
@@ -107,12 +109,15 @@ class AcceptanceHistogram:
 
     def dense(self, k: int) -> list[int]:
         """A list of length K + 1 where index j holds the steps that accepted exactly j drafts."""
+        self._check_within(k)
+        return [self._counts.get(j, 0) for j in range(k + 1)]
+
+    def _check_within(self, k: int) -> None:
         check_num_spec_tokens(k)
         if self.max_accepted > k:
             raise ValidationError.single(
                 "acceptance_histogram", f"has a count at {self.max_accepted} > K = {k}"
             )
-        return [self._counts.get(j, 0) for j in range(k + 1)]
 
 
 def _entry_problems(j: object, n: object) -> list[Problem]:

@@ -27,6 +27,7 @@ from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from speclens.acceptance.quantity import (
+    is_finite_number,
     length_from_rate,
     length_problems,
     rate_problems,
@@ -151,19 +152,19 @@ def _at_least(minimum: int) -> Callable[[int], int]:
 
 
 def _not_negative_number(value: float) -> float:
-    if not math.isfinite(value) or value < 0:
+    if not is_finite_number(value) or value < 0:
         raise _fail(f"must be a finite number >= 0, got {value}")
     return value
 
 
 def _top_p(value: float) -> float:
-    if not (math.isfinite(value) and 0 < value <= 1):
+    if not (is_finite_number(value) and 0 < value <= 1):
         raise _fail(f"{value:g} lies outside (0, 1]")
     return value
 
 
 def _finite_at_least_one(value: float) -> float:
-    if not math.isfinite(value):
+    if not is_finite_number(value):
         raise _fail(f"must be a finite number, got {value}")
     if value < 1:
         raise _fail(f"{value:g} lies below 1")
@@ -212,9 +213,12 @@ ProfileMethod = Annotated[Literal["measured", "copied", "assumed"], BeforeValida
 
 def _number(value: object) -> float | None:
     """``value`` as a float when it is a real, finite number (never a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
+    return float(value) if is_finite_number(value) else None  # type: ignore[arg-type]
+
+
+def _given(data: dict[str, Any], name: str) -> bool:
+    """A key counts as given only with a value: ``key:`` with nothing after it (null) is missing."""
+    return data.get(name) is not None
 
 
 def _k(data: dict[str, Any]) -> int | None:
@@ -364,16 +368,16 @@ class Profile(_Model):
         method = data.get("method")
         if method not in PROFILE_METHODS:
             return problems  # the method field reports it; its requirements are unknown
-        if method != "assumed" and "provenance" not in data:
+        if method != "assumed" and not _given(data, "provenance"):
             problems.append((("provenance",), f"is required with method {method}"))
-        if method != "measured" and "rationale" not in data:
+        if method != "measured" and not _given(data, "rationale"):
             problems.append((("rationale",), f"is required with method {method}"))
-        if method == "copied" and "copied_from" not in data:
+        if method == "copied" and not _given(data, "copied_from"):
             problems.append((("copied_from",), "is required with method copied"))
         provenance = data.get("provenance")
         if method == "measured" and isinstance(provenance, dict):
             for name in MEASURED_PROVENANCE:
-                if name not in provenance:
+                if not _given(provenance, name):
                     problems.append((("provenance", name), "is required with method measured"))
         return problems
 
@@ -439,7 +443,9 @@ class AcceptanceValue(_Model):
     @classmethod
     def _cross_checks(cls, data: dict[str, Any]) -> list[tuple[Loc, str]]:
         stated = [
-            f for f in ("acceptance_length", "acceptance_rate", "per_position_rates") if f in data
+            f
+            for f in ("acceptance_length", "acceptance_rate", "per_position_rates")
+            if _given(data, f)
         ]
         if not stated:
             return [
@@ -450,7 +456,7 @@ class AcceptanceValue(_Model):
             ]
         k = _k(data)
         problems = _length_range(data, k) + _rates_checks(data, k)
-        if "acceptance_length" in data and "acceptance_rate" in data:
+        if _given(data, "acceptance_length") and _given(data, "acceptance_rate"):
             problems.append(
                 (("acceptance_rate",), "is not allowed with acceptance_length: state one")
             )
@@ -491,12 +497,12 @@ class AcceptancePin(_Model):
 
     @classmethod
     def _cross_checks(cls, data: dict[str, Any]) -> list[tuple[Loc, str]]:
-        if not any(k in data for k in ("profiles", "value", "fallback_category")):
+        if not any(_given(data, k) for k in ("profiles", "value", "fallback_category")):
             return [((), "sets nothing: give value, or profiles and/or fallback_category")]
         problems: list[tuple[Loc, str]] = []
-        if "value" in data and "profiles" in data:
+        if _given(data, "value") and _given(data, "profiles"):
             problems.append((("profiles",), "is not allowed with value: set one"))
-        if "value" in data and "fallback_category" in data:
+        if _given(data, "value") and _given(data, "fallback_category"):
             problems.append((("fallback_category",), "is not allowed with value"))
         return problems
 

@@ -2,14 +2,16 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev
+EXTRAS ?= dev,engine
+# The CPU build of PyTorch; override (e.g. TORCH=torch) to let pip choose.
+TORCH ?= torch==2.13.0
 
 .PHONY: demo test lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]' '$(TORCH)'
 	touch $@
 
 demo: $(VENV)/.installed
@@ -19,13 +21,13 @@ test: $(VENV)/.installed
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 
 format: $(VENV)/.installed
-	$(BIN)/ruff check --fix src tests
-	$(BIN)/ruff format src tests
+	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,95 @@
+"""Forced acceptance: accept/reject decisions drawn from a resolved per-position schedule.
+
+The sampler walks draft positions in order and stops at the first rejection, so it draws against
+the conditional rates c_i = r_i / r_(i-1), computed once and cached per device. Its uniforms come
+from a dedicated generator on the device, re-seeded every step with ``seed + step`` from a counter
+that advances once per step: every tensor-parallel rank that runs the same steps draws the same
+Philox stream, with no host-side draw, no host-to-device copy and no synchronisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from speclens.acceptance import (
+    ValidationError,
+    check_rates,
+    conditional_rates,
+    length_from_rate,
+    length_from_rates,
+    minimum_variance_rates,
+)
+
+
+class SyntheticAcceptance:
+    """A forced-acceptance schedule plus its lockstep random stream.
+
+    ``rates`` are the unconditional per-position rates r_1..r_K (any valid non-increasing
+    schedule); an unreachable schedule is refused with ``speclens.acceptance.ValidationError``.
+    """
+
+    def __init__(self, rates: Sequence[float], seed: int = 0) -> None:
+        self.rates: list[float] = check_rates(rates)
+        if not self.rates:
+            raise ValidationError.single(
+                "per_position_rates", "needs at least one position (K >= 1)"
+            )
+        self.conditional: list[float] = conditional_rates(self.rates)
+        self.seed = int(seed)
+        #: Steps drawn so far; the next draw re-seeds with ``seed + step``.
+        self.step = 0
+        self._conditional_on: dict[torch.device, torch.Tensor] = {}
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    @classmethod
+    def from_length(cls, length: float, k: int, seed: int = 0) -> SyntheticAcceptance:
+        """The minimum-variance schedule for a mean acceptance length over K positions."""
+        return cls(minimum_variance_rates(length, k), seed)
+
+    @classmethod
+    def from_rate(cls, rate: float, k: int, seed: int = 0) -> SyntheticAcceptance:
+        """The same schedule, spelled as an acceptance rate: length = 1 + K * rate."""
+        return cls.from_length(length_from_rate(rate, k), k, seed)
+
+    @property
+    def num_spec_tokens(self) -> int:
+        return len(self.rates)
+
+    @property
+    def acceptance_length(self) -> float:
+        return length_from_rates(self.rates)
+
+    def conditional_on(self, device: torch.device | str) -> torch.Tensor:
+        """The conditional rates as a float32 tensor on ``device`` (copied there once)."""
+        device = torch.device(device)
+        cached = self._conditional_on.get(device)
+        if cached is None:
+            cached = torch.tensor(self.conditional, dtype=torch.float32, device=device)
+            self._conditional_on[device] = cached
+        return cached
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        gen = self._generators.get(device)
+        if gen is None:
+            gen = torch.Generator(device=device)
+            self._generators[device] = gen
+        return gen
+
+    def accept(self, batch: int, width: int, device: torch.device | str) -> torch.Tensor:
+        """This step's accept decisions, [batch, width] bool: position i accepted with c_i.
+
+        Advances the step counter once. Positions are independent draws here; stopping at the
+        first rejection (and never accepting a padded draft) is the caller's job.
+        """
+        device = torch.device(device)
+        if width > self.num_spec_tokens:
+            raise ValueError(
+                f"drafts are {width} wide, but the schedule covers {self.num_spec_tokens} positions"
+            )
+        gen = self._generator(device)
+        gen.manual_seed(self.seed + self.step)
+        self.step += 1
+        uniforms = torch.rand((batch, width), generator=gen, device=device)
+        return uniforms < self.conditional_on(device)[:width]

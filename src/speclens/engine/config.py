@@ -1,0 +1,241 @@
+"""Engine configuration and its startup validation.
+
+``SpeculativeConfig`` resolves forced acceptance exactly once: whichever knob was set (a length,
+a rate, or explicit per-position rates) becomes ``per_position_rates``, and nothing downstream
+reads the spellings again. Every refusal is a ``ConfigError`` with its own message.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from speclens.acceptance import (
+    ValidationError,
+    check_rates,
+    length_from_rate,
+    length_from_rates,
+    minimum_variance_rates,
+)
+
+#: Drafters this engine can run with real forward passes.
+TORCH_METHODS = ("draft_model", "ngram")
+ExecutorName = Literal["torch", "sim"]
+
+
+class ConfigError(ValueError):
+    """A configuration refused at startup."""
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding: the drafter, K, and (optionally) forced acceptance.
+
+    ``acceptance_length`` and ``acceptance_rate`` are the two spellings of one forced target
+    (length = 1 + K * rate); ``acceptance_rates`` states the per-position rates directly.
+    ``confidence_schedule`` lets the drafter stop before K when its confidence falls below
+    ``confidence_threshold``.
+    """
+
+    method: str | None = None
+    num_speculative_tokens: int = 0
+    acceptance_length: float | None = None
+    acceptance_rate: float | None = None
+    acceptance_rates: list[float] | None = None
+    confidence_schedule: bool = False
+    confidence_threshold: float = 0.5
+    draft_model: str | None = None
+    #: n-gram drafter: the longest and shortest suffix it looks up in the context.
+    ngram_max: int = 3
+    ngram_min: int = 1
+    #: Seed of the forced-acceptance stream (every rank must use the same one).
+    seed: int = 0
+    per_position_rates: list[float] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.per_position_rates = self._resolve()
+
+    @property
+    def enabled(self) -> bool:
+        """Speculative decoding is on (a method and K >= 1)."""
+        return bool(self.method) and self.num_speculative_tokens > 0
+
+    @property
+    def forced(self) -> bool:
+        """Acceptance is forced (synthetic), not decided by the target."""
+        return self.per_position_rates is not None
+
+    @property
+    def forced_acceptance_length(self) -> float | None:
+        rates = self.per_position_rates
+        return None if rates is None else length_from_rates(rates)
+
+    def _resolve(self) -> list[float] | None:
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ConfigError(f"num_speculative_tokens must be an integer >= 0, got {k!r}")
+        if self.method and k == 0:
+            raise ConfigError(
+                f"speculative method {self.method!r} needs num_speculative_tokens >= 1"
+            )
+        if self.acceptance_length is not None and self.acceptance_rate is not None:
+            raise ConfigError(
+                "--spec-decode-acceptance-length and --spec-decode-acceptance-rate describe the "
+                "same target; set only one (prefer the length form: published figures are lengths)"
+            )
+        forced = (
+            self.acceptance_length is not None
+            or self.acceptance_rate is not None
+            or self.acceptance_rates is not None
+        )
+        if not forced:
+            return None
+        if not self.enabled:
+            raise ConfigError(
+                "forced acceptance needs a speculative method (--method) and a non-zero "
+                "--num-speculative-tokens: without draft positions there is no schedule to "
+                "resolve, and the flag is refused rather than silently ignored"
+            )
+        length = self.acceptance_length
+        if length is not None and not (math.isfinite(length) and 1.0 <= length <= k + 1):
+            raise ConfigError(
+                f"--spec-decode-acceptance-length {length:g} is outside [1, num_speculative_tokens"
+                f" + 1] = [1, {k + 1}]: it counts the target's own token, so it is at least 1, "
+                f"and at most {k + 1} when all {k} drafts are accepted"
+            )
+        rate = self.acceptance_rate
+        if rate is not None:
+            if not (math.isfinite(rate) and 0.0 <= rate <= 1.0):
+                raise ConfigError(f"--spec-decode-acceptance-rate {rate:g} is outside [0, 1]")
+            length = length_from_rate(rate, k)
+        if self.confidence_schedule:
+            raise ConfigError(self._confidence_refusal(length))
+        if self.acceptance_rates is not None:
+            return self._explicit_rates(length)
+        assert length is not None
+        return minimum_variance_rates(length, k)
+
+    def _explicit_rates(self, length: float | None) -> list[float]:
+        k = self.num_speculative_tokens
+        try:
+            rates = check_rates(self.acceptance_rates or [], k)
+        except ValidationError as exc:
+            raise ConfigError(f"synthetic acceptance rates are invalid: {exc}") from None
+        if length is not None and abs(length_from_rates(rates) - length) > 0.01:
+            raise ConfigError(
+                f"the per-position rates imply acceptance length {length_from_rates(rates):g}, "
+                f"not the requested {length:g}"
+            )
+        return rates
+
+    def _confidence_refusal(self, length: float | None) -> str:
+        k = self.num_speculative_tokens
+        rates = (
+            check_rates(self.acceptance_rates, k)
+            if self.acceptance_rates is not None
+            else minimum_variance_rates(length or 1.0, k)
+        )
+        target = length_from_rates(rates)
+        need = sum(1 for r in rates if r > 0)
+        shortfall = ", ".join(
+            f"at most {1 + sum(rates[:ell]):.2f} at ell_r = {ell}" for ell in range(need - 1, 0, -1)
+        )
+        detail = f" ({shortfall})" if shortfall else ""
+        return (
+            "forced acceptance cannot run with the confidence schedule: it sizes each request's "
+            "verify length ell_r at runtime, and when ell_r comes back shorter than the schedule "
+            f"needs, the run lands under the length it was asked to reproduce. At length "
+            f"{target:g} over {k} positions the result is exact only while ell_r >= {need}"
+            f"{detail}. Because ell_r is a runtime decision no upfront check can catch the "
+            "shortfall, so the combination is refused: drop confidence_schedule for "
+            "forced-acceptance runs"
+        )
+
+    def log_line(self) -> str | None:
+        """The startup line that confirms forced acceptance (None when it is off)."""
+        rates = self.per_position_rates
+        if rates is None:
+            return None
+        return (
+            f"Forced speculative acceptance ON: mean acceptance length "
+            f"{length_from_rates(rates):.4f} over {self.num_speculative_tokens} draft positions "
+            f"(per-position rates {rates}). Throughput numbers from this run are synthetic; "
+            "output text and accuracy are meaningless."
+        )
+
+
+@dataclass
+class StepCost:
+    """The ``sim`` executor's price of a step, in seconds (fit from a ``torch`` run).
+
+    verify/prefill: ``base + per_token * query_tokens + per_seq * requests
+    + per_context_token * context_tokens``; drafting: ``draft_base + draft_per_token *
+    query_tokens`` per drafter forward (K forwards per step for a draft model).
+    """
+
+    base: float = 2e-3
+    per_token: float = 2e-5
+    per_seq: float = 1e-5
+    per_context_token: float = 1e-8
+    draft_base: float = 5e-4
+    draft_per_token: float = 5e-6
+
+    def verify(self, query_tokens: int, requests: int, context_tokens: int) -> float:
+        return (
+            self.base
+            + self.per_token * query_tokens
+            + self.per_seq * requests
+            + self.per_context_token * context_tokens
+        )
+
+    def draft(self, query_tokens: int) -> float:
+        return self.draft_base + self.draft_per_token * query_tokens
+
+
+@dataclass
+class EngineConfig:
+    """Everything the engine needs; ``validate`` refuses a bad combination before any work."""
+
+    model: str = "dummy"
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    executor: ExecutorName = "torch"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 2048
+    block_size: int = 16
+    #: KV capacity in tokens (per model); the block pool holds this many slots.
+    kv_cache_tokens: int = 131072
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    step_cost: StepCost = field(default_factory=StepCost)
+
+    def validate(self) -> None:
+        spec = self.speculative
+        if self.executor not in ("torch", "sim"):
+            raise ConfigError(f"executor must be torch or sim, got {self.executor!r}")
+        if self.executor == "torch" and spec.enabled and spec.method not in TORCH_METHODS:
+            raise ConfigError(
+                f"speculative method {spec.method!r} needs its own drafter; the torch executor "
+                f"runs {' and '.join(TORCH_METHODS)} (the sim executor prices any method)"
+            )
+        if self.executor == "sim" and spec.enabled and not spec.forced:
+            raise ConfigError(
+                "the sim executor runs no model, so acceptance must be forced or stated: give "
+                "--spec-decode-acceptance-length (or a rate, or an acceptance profile)"
+            )
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1")
+        k = spec.num_speculative_tokens if spec.enabled else 0
+        if self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                f"max_num_batched_tokens {self.max_num_batched_tokens} must be at least "
+                f"max_model_len {self.max_model_len} (prefill is not chunked)"
+            )
+        if self.kv_cache_tokens < self.max_model_len + k + 1:
+            raise ConfigError(
+                f"kv_cache_tokens {self.kv_cache_tokens} cannot hold one request of "
+                f"max_model_len {self.max_model_len} plus its {k + 1} verify slots"
+            )

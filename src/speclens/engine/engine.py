@@ -1,0 +1,398 @@
+"""The engine: continuous-batching speculative decoding, one short step at a time.
+
+``step()`` reads like the algorithm: schedule -> propose -> verify -> rejection_sample ->
+postprocess (append, roll back the KV of rejected slots, finish requests, count statistics).
+The ``sim`` executor replaces only the forward passes (and the drafter's cost).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from speclens.engine import logits as logits_ops
+from speclens.engine.config import EngineConfig
+from speclens.engine.drafters import DraftModelDrafter, NgramDrafter, Proposal, SimDrafter
+from speclens.engine.executor import SimExecutor, TorchExecutor
+from speclens.engine.kv_cache import BlockManager, blocks_for
+from speclens.engine.model import KVPool, LlamaModel
+from speclens.engine.request import (
+    CompletionOutput,
+    Request,
+    RequestOutput,
+    SamplingError,
+    SamplingParams,
+)
+from speclens.engine.scheduler import Scheduler
+from speclens.engine.tokenizer import IncrementalDecoder, Tokenizer
+from speclens.engine.weights import load_model
+from speclens.sampling import SpecDecodeStats, SyntheticAcceptance, rejection_sample
+
+log = logging.getLogger(__name__)
+
+Drafter = NgramDrafter | DraftModelDrafter | SimDrafter
+
+
+@dataclass
+class StepRecord:
+    """What one step did and what it cost (real seconds for torch, priced for sim)."""
+
+    kind: str
+    num_requests: int
+    query_tokens: int
+    context_tokens: int
+    seconds: float
+
+
+class Engine:
+    """Speculative decoding over a continuous batch. Not thread-safe: drive it from one thread."""
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        target: LlamaModel | None = None,
+        draft: LlamaModel | None = None,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        self.config = config = config or EngineConfig()
+        config.validate()
+        spec = config.speculative
+        self.k = spec.num_speculative_tokens if spec.enabled else 0
+        self.device = torch.device(config.device)
+        self.dtype = getattr(torch, config.dtype)
+        if target is None or tokenizer is None:
+            loaded, loaded_tokenizer = load_model(config.model, seed=config.seed)
+            target, tokenizer = target or loaded, tokenizer or loaded_tokenizer
+        self.target = target.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.vocab_size = target.config.vocab_size
+        num_blocks = blocks_for(config.kv_cache_tokens, config.block_size)
+        self.blocks = BlockManager(num_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            self.blocks, self.k, config.max_num_seqs, config.max_num_batched_tokens
+        )
+        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.executor: TorchExecutor | SimExecutor
+        if config.executor == "sim":
+            self.executor = SimExecutor(self.vocab_size, config.step_cost, config.seed)
+        else:
+            kv = self._pool(self.target, self.target.num_layers)
+            self.executor = TorchExecutor(self.target, kv, self.blocks)
+        self.drafter: Drafter | None = self._drafter(draft) if self.k else None
+        rates = spec.per_position_rates
+        self.synthetic = SyntheticAcceptance(rates, spec.seed) if rates is not None else None
+        self.stats = SpecDecodeStats(self.k, enabled=spec.enabled)
+        self.clock = 0.0
+        self.steps: list[StepRecord] = []
+        self._groups: dict[str, list[Request]] = {}
+        self._emitted: dict[str, tuple[int, int]] = {}  # request -> (tokens, chars) sent
+        if spec.forced:
+            log.info("%s", spec.log_line())
+
+    # ------------------------------------------------------------------ set-up
+    def _pool(self, model: LlamaModel, num_layers: int) -> KVPool:
+        return KVPool(
+            model.config,
+            num_layers,
+            self.blocks.num_blocks,
+            self.blocks.block_size,
+            self.dtype,
+            self.device,
+        )
+
+    def _drafter(self, draft: LlamaModel | None) -> Drafter:
+        spec = self.config.speculative
+        if self.config.executor == "sim":
+            cost = self.config.step_cost
+            return SimDrafter(
+                self.k, self.vocab_size, self.config.seed + 1, cost.draft_base, cost.draft_per_token
+            )
+        if spec.method == "ngram":
+            return NgramDrafter(self.k, self.vocab_size, spec.ngram_max, spec.ngram_min)
+        num_layers: int | None = None
+        name = spec.draft_model or ("dummy-draft" if self.config.model == "dummy" else None)
+        if draft is None and (name is None or name.startswith("layers:")):
+            # A layer subset of the target: the first N layers, then its norm and LM head.
+            num_layers = int(name.split(":", 1)[1]) if name else max(1, self.target.num_layers // 4)
+            draft = self.target
+        elif draft is None:
+            assert name is not None
+            draft, _ = load_model(name, seed=self.config.seed + 1)
+        draft = draft.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+        if draft.config.vocab_size != self.vocab_size:
+            raise ValueError(
+                f"the draft model's vocabulary ({draft.config.vocab_size}) differs from the "
+                f"target's ({self.vocab_size})"
+            )
+        kv = self._pool(draft, num_layers or draft.num_layers)
+        threshold = spec.confidence_threshold if spec.confidence_schedule else None
+        return DraftModelDrafter(
+            draft, kv, self.blocks, self.k, num_layers, threshold, self.generator
+        )
+
+    # ------------------------------------------------------------------ requests
+    def add_request(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a request; returns its id. Raises ``SamplingError`` for an impossible one."""
+        params = params or SamplingParams()
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._groups:
+            raise SamplingError(f"request id {request_id!r} is already in use")
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise SamplingError("the prompt is empty")
+        if any(not 0 <= t < self.vocab_size for t in ids):
+            raise SamplingError(f"prompt token ids must lie in [0, {self.vocab_size})")
+        limit = self.config.max_model_len
+        if len(ids) + params.max_tokens > limit:
+            raise SamplingError(
+                f"this model's maximum context length is {limit} tokens; the prompt has "
+                f"{len(ids)} and max_tokens asks for {params.max_tokens} more"
+            )
+        children = []
+        for index in range(params.n):
+            child = Request(
+                request_id=f"{request_id}-{index}" if params.n > 1 else request_id,
+                prompt_token_ids=ids,
+                params=params,
+                eos_token_id=self.tokenizer.eos_token_id,
+                parent_id=request_id,
+            )
+            child.acceptance.num_spec_tokens = self.k or None
+            child.decoder = IncrementalDecoder(self.tokenizer)
+            if params.seed is not None:
+                child.generator = torch.Generator(device=self.device).manual_seed(
+                    params.seed + index
+                )
+            children.append(child)
+            self._emitted[child.request_id] = (0, 0)
+            self.scheduler.add(child)
+        self._groups[request_id] = children
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its KV; statistics keep only the steps that ran."""
+        children = self._groups.pop(request_id, None)
+        if children is None:
+            return False
+        for child in children:
+            if not child.finished:
+                self.scheduler.finish(child, "abort")
+            self._emitted.pop(child.request_id, None)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # ------------------------------------------------------------------ the step
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        """Run one step; return the requests that progressed (cumulative, with the new part)."""
+        started = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if batch.kind == "idle":
+            return []
+        if batch.kind == "prefill":
+            seconds = self._prefill(batch.requests)
+        else:
+            seconds = self._decode(batch.requests)
+        if self.config.executor == "torch":
+            seconds = time.perf_counter() - started
+        self.clock += seconds
+        query = (
+            sum(r.num_tokens for r in batch.requests)
+            if batch.kind == "prefill"
+            else len(batch.requests) * (self.k + 1)
+        )
+        self.steps.append(
+            StepRecord(
+                batch.kind,
+                len(batch.requests),
+                query,
+                sum(r.num_tokens for r in batch.requests),
+                seconds,
+            )
+        )
+        return self._outputs(batch.requests)
+
+    def _prefill(self, requests: list[Request]) -> float:
+        if isinstance(self.drafter, DraftModelDrafter):
+            self.drafter.prefill(requests)
+        forward = self.executor.prefill(requests)
+        for r in requests:
+            r.num_computed = r.num_tokens
+        if forward.logits is not None:
+            processed = logits_ops.process(forward.logits, [r.params for r in requests])
+            tokens = logits_ops.sample(processed, [r.generator for r in requests], self.generator)
+        else:
+            assert forward.argmax is not None
+            tokens = forward.argmax
+        for r, token in zip(requests, tokens.tolist(), strict=True):
+            self._append(r, [token])
+        return forward.seconds
+
+    def _decode(self, requests: list[Request]) -> float:
+        batch = len(requests)
+        params = [r.params for r in requests]
+        greedy = all(p.greedy for p in params)
+        method = "synthetic" if self.synthetic else "greedy" if greedy else "probabilistic"
+        if self.drafter is not None:
+            proposal = self.drafter.propose(requests, method == "probabilistic", self.device)
+        else:
+            empty = torch.zeros((batch, 0), dtype=torch.int64, device=self.device)
+            proposal = Proposal(empty, torch.zeros(batch, dtype=torch.int64, device=self.device))
+        forward = self.executor.verify(requests, proposal.token_ids)
+        rows = torch.arange(batch, device=self.device)
+        num_drafts = proposal.num_tokens
+        processed = None
+        if forward.logits is not None:
+            processed = logits_ops.process(forward.logits, params)
+            argmax = forward.logits.argmax(dim=-1)
+            bonus = logits_ops.sample(
+                processed[rows, num_drafts], [r.generator for r in requests], self.generator
+            )
+        else:
+            assert forward.argmax is not None
+            argmax = forward.argmax.to(self.device)
+            bonus = argmax[rows, num_drafts]
+        if method == "probabilistic" and proposal.probs is None:
+            method = "greedy"  # no drafts to weigh (speculation off)
+        out = rejection_sample(
+            method,  # type: ignore[arg-type]
+            proposal.token_ids,
+            num_drafts,
+            bonus,
+            target_logits=processed if method == "probabilistic" else None,
+            target_argmax=argmax,
+            draft_probs=proposal.probs,
+            synthetic=self.synthetic,
+            generator=self.generator,
+        )
+        emitted = out.output_token_ids.tolist()
+        accepted = out.num_accepted.tolist()
+        drafted = num_drafts.tolist()
+        self.stats.record(drafted, accepted)
+        for r, ids, n_acc, n_draft in zip(requests, emitted, accepted, drafted, strict=True):
+            before = r.num_tokens
+            r.acceptance.record(n_draft, n_acc)
+            r.num_computed = before + n_acc  # rejected slots are rolled back
+            if isinstance(self.drafter, DraftModelDrafter):
+                self.drafter.accepted(r, before, n_acc)
+            self._append(r, ids[: n_acc + 1])
+        return forward.seconds + proposal.seconds
+
+    # ------------------------------------------------------------------ postprocess
+    def _append(self, request: Request, tokens: list[int]) -> None:
+        """Append emitted tokens, stopping at EOS, a stop token or string, or the length cap."""
+        params = request.params
+        for token in tokens:
+            request.output_token_ids.append(token)
+            if request.first_token_time is None:
+                request.first_token_time = time.perf_counter()
+            if not params.ignore_eos and token == request.eos_token_id:
+                self._finish(request, "stop")
+                return
+            if token in params.stop_token_ids:
+                self._finish(request, "stop")
+                return
+            request.text += request.decoder.push([token])
+            if params.stop and self._cut_at_stop(request):
+                self._finish(request, "stop")
+                return
+            if len(request.output_token_ids) >= params.max_tokens:
+                self._finish(request, "length")
+                return
+
+    def _cut_at_stop(self, request: Request) -> bool:
+        longest = max(len(s) for s in request.params.stop)
+        window_start = max(0, len(request.text) - longest - 8)
+        hits = [i for s in request.params.stop if (i := request.text.find(s, window_start)) >= 0]
+        if not hits:
+            return False
+        request.text = request.text[: min(hits)]
+        return True
+
+    def _finish(self, request: Request, reason: str) -> None:
+        request.finish_time = time.perf_counter()
+        self.scheduler.finish(request, reason)
+
+    def _outputs(self, progressed: Sequence[Request]) -> list[RequestOutput]:
+        parents = dict.fromkeys(r.parent_id for r in progressed)
+        return [out for pid in parents if (out := self._group_output(pid)) is not None]
+
+    def _group_output(self, parent_id: str) -> RequestOutput | None:
+        children = self._groups.get(parent_id)
+        if children is None:
+            return None
+        new_ids, new_text, outputs = [], [], []
+        for index, child in enumerate(children):
+            sent_tokens, sent_chars = self._emitted[child.request_id]
+            hold = (
+                0
+                if child.finished or not child.params.stop
+                else max(len(s) for s in child.params.stop) - 1
+            )
+            visible = max(sent_chars, len(child.text) - hold)
+            new_ids.append(child.output_token_ids[sent_tokens:])
+            new_text.append(child.text[sent_chars:visible])
+            self._emitted[child.request_id] = (len(child.output_token_ids), visible)
+            outputs.append(
+                CompletionOutput(
+                    index=index,
+                    text=child.text[:visible],
+                    token_ids=list(child.output_token_ids),
+                    finish_reason=child.finish_reason,
+                    acceptance=child.acceptance,
+                )
+            )
+        finished = all(c.finished for c in children)
+        if finished:
+            del self._groups[parent_id]
+            for child in children:
+                self._emitted.pop(child.request_id, None)
+        first = children[0]
+        return RequestOutput(
+            request_id=parent_id,
+            prompt_token_ids=first.prompt_token_ids,
+            outputs=outputs,
+            finished=finished,
+            new_token_ids=new_ids,
+            new_text=new_text,
+            arrival_time=first.arrival_time,
+            first_token_time=first.first_token_time,
+        )
+
+    # ------------------------------------------------------------------ offline
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run a batch to completion; outputs in prompt order."""
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        final: dict[str, RequestOutput] = {}
+        while self.has_unfinished():
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[i] for i in ids]

@@ -1,0 +1,90 @@
+"""Executors: what a forward costs and returns.
+
+- ``TorchExecutor`` runs real forward passes of the target (CPU here; CUDA where present).
+- ``SimExecutor`` runs none: it emits seeded token ids and prices the step with ``StepCost``.
+  Everything else (scheduler, drafter calls, acceptance machinery) is shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from speclens.engine.batch import build_batch
+from speclens.engine.config import StepCost
+from speclens.engine.kv_cache import BlockManager
+from speclens.engine.model import KVPool, LlamaModel
+from speclens.engine.request import Request
+
+
+@dataclass
+class Forward:
+    """A forward's result: logits (torch) or argmax ids (sim), and its priced cost (sim)."""
+
+    logits: torch.Tensor | None = None
+    argmax: torch.Tensor | None = None
+    seconds: float = 0.0
+
+
+class TorchExecutor:
+    """The target model against its paged KV pool."""
+
+    def __init__(self, model: LlamaModel, kv: KVPool, blocks: BlockManager) -> None:
+        self.model = model
+        self.kv = kv
+        self.blocks = blocks
+        self.device = next(model.parameters()).device
+        self.vocab_size = model.config.vocab_size
+
+    @torch.inference_mode()
+    def _run(
+        self, requests: Sequence[Request], starts: Sequence[int], tokens: Sequence[Sequence[int]]
+    ) -> torch.Tensor:
+        batch = build_batch(
+            [r.block_table for r in requests],
+            starts,
+            tokens,
+            self.blocks.block_size,
+            self.kv.scratch_slot,
+            self.device,
+        )
+        return self.model(batch, self.kv)
+
+    def prefill(self, requests: Sequence[Request]) -> Forward:
+        """Compute every uncached token; logits [B, V] at each request's last token."""
+        starts = [r.num_computed for r in requests]
+        tokens = [[r.token(p) for p in range(r.num_computed, r.num_tokens)] for r in requests]
+        hidden = self._run(requests, starts, tokens)
+        last = torch.tensor([len(t) - 1 for t in tokens], device=self.device)
+        return Forward(logits=self.model.logits(hidden[torch.arange(len(requests)), last]))
+
+    def verify(self, requests: Sequence[Request], draft_ids: torch.Tensor) -> Forward:
+        """Target logits [B, K + 1, V] for [last token, d_1..d_K] of every request."""
+        starts = [r.num_tokens - 1 for r in requests]
+        drafts = draft_ids.tolist()
+        tokens = [[r.last_token, *d] for r, d in zip(requests, drafts, strict=True)]
+        return Forward(logits=self.model.logits(self._run(requests, starts, tokens)))
+
+
+class SimExecutor:
+    """No model: seeded token ids, a priced step."""
+
+    def __init__(self, vocab_size: int, cost: StepCost, seed: int) -> None:
+        self.vocab_size = vocab_size
+        self.cost = cost
+        self.generator = torch.Generator().manual_seed(seed)
+        self.device = torch.device("cpu")
+
+    def prefill(self, requests: Sequence[Request]) -> Forward:
+        tokens = sum(r.num_tokens - r.num_computed for r in requests)
+        context = sum(r.num_tokens for r in requests)
+        ids = torch.randint(0, self.vocab_size, (len(requests),), generator=self.generator)
+        return Forward(argmax=ids, seconds=self.cost.verify(tokens, len(requests), context))
+
+    def verify(self, requests: Sequence[Request], draft_ids: torch.Tensor) -> Forward:
+        batch, k = draft_ids.shape
+        ids = torch.randint(0, self.vocab_size, (batch, k + 1), generator=self.generator)
+        context = sum(r.num_tokens + k for r in requests)
+        return Forward(argmax=ids, seconds=self.cost.verify(batch * (k + 1), batch, context))

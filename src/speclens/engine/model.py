@@ -1,0 +1,288 @@
+"""A Llama-family decoder (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU) written
+for batched decoding against a paged KV cache that the engine manages.
+
+One forward serves prefill, target verification (K + 1 query tokens per request) and drafting:
+every request contributes up to Q query tokens (padded), writes their keys and values into its
+cache slots, and attends over its own context, gathered from the pool by slot index. The same
+class serves target and drafter; a layer-subset drafter runs only the first ``num_layers``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class ModelConfig:
+    """The architecture, in Hugging Face ``LlamaConfig`` terms."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int = 0
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+
+    @classmethod
+    def from_hf(cls, data: dict[str, Any]) -> ModelConfig:
+        """Read a Hugging Face ``config.json`` mapping of a Llama-architecture model."""
+        eos = data.get("eos_token_id")
+        return cls(
+            vocab_size=data["vocab_size"],
+            hidden_size=data["hidden_size"],
+            intermediate_size=data["intermediate_size"],
+            num_hidden_layers=data["num_hidden_layers"],
+            num_attention_heads=data["num_attention_heads"],
+            num_key_value_heads=data.get("num_key_value_heads") or data["num_attention_heads"],
+            head_dim=data.get("head_dim") or 0,
+            # transformers >= 5 writes rope_theta inside rope_parameters
+            rope_theta=float(
+                data.get("rope_theta") or (data.get("rope_parameters") or {}).get("rope_theta", 1e4)
+            ),
+            rms_norm_eps=float(data.get("rms_norm_eps", 1e-5)),
+            max_position_embeddings=data.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
+            bos_token_id=data.get("bos_token_id"),
+            eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        """A Hugging Face ``config.json`` mapping for this architecture."""
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+            "torch_dtype": "float32",
+        }
+
+
+class KVPool:
+    """Paged key/value storage for one model: ``num_blocks * block_size`` slots per layer, plus
+    one scratch slot (the last) that padded query tokens write into."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.block_size = block_size
+        self.num_slots = num_blocks * block_size
+        shape = (num_layers, self.num_slots + 1, config.num_key_value_heads, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def scratch_slot(self) -> int:
+        return self.num_slots
+
+
+@dataclass
+class ForwardBatch:
+    """One padded forward: B requests, up to Q query tokens each, contexts up to L tokens.
+
+    ``input_ids``/``positions``/``write_slots`` are [B, Q] (pads: position 0, scratch slot);
+    ``read_slots`` is [B, L], the cache slots of positions 0..L-1 of each request's context;
+    ``mask`` is [B, 1, Q, L], True where query i may attend to context position j.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    write_slots: torch.Tensor
+    read_slots: torch.Tensor
+    mask: torch.Tensor
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Rotary:
+    """Rotary position embeddings (the rotate-half form Hugging Face Llama uses)."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        self.head_dim = head_dim
+        self.inv_freq = 1.0 / (
+            theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        )
+        self._cos = torch.empty(0)
+        self._sin = torch.empty(0)
+
+    def _tables(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cos.shape[0] < length or self._cos.device != device:
+            size = max(length, 2 * self._cos.shape[0], 256)
+            t = torch.arange(size, dtype=torch.float32)
+            freqs = torch.outer(t, self.inv_freq)
+            emb = torch.cat([freqs, freqs], dim=-1)
+            self._cos, self._sin = emb.cos().to(device), emb.sin().to(device)
+        return self._cos, self._sin
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # q: [B, Q, H, D], positions: [B, Q]
+        cos_t, sin_t = self._tables(int(positions.max()) + 1, q.device)
+        cos = cos_t[positions].unsqueeze(2).to(q.dtype)
+        sin = sin_t[positions].unsqueeze(2).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+
+    def forward(
+        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rotary: Rotary
+    ) -> torch.Tensor:
+        b, q_len, _ = x.shape
+        q = self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)
+        q, k = rotary(q, k, batch.positions)
+        slots = batch.write_slots.reshape(-1)
+        kv.k[self.layer].index_copy_(0, slots, k.reshape(-1, self.num_kv_heads, self.head_dim))
+        kv.v[self.layer].index_copy_(0, slots, v.reshape(-1, self.num_kv_heads, self.head_dim))
+        keys = kv.k[self.layer][batch.read_slots]  # [B, L, Hkv, D]
+        values = kv.v[self.layer][batch.read_slots]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=batch.mask,
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, layer)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rotary: Rotary
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), batch, kv, rotary)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """Embeddings, decoder layers and the final norm (Hugging Face's ``model.`` prefix)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaModel(nn.Module):
+    """The decoder stack plus the LM head. Parameter names follow Hugging Face's
+    ``LlamaForCausalLM`` (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``, ...)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = Rotary(config.head_dim, config.rope_theta)
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    def forward(
+        self, batch: ForwardBatch, kv: KVPool, num_layers: int | None = None
+    ) -> torch.Tensor:
+        """Hidden states [B, Q, hidden] after the final norm, running the first ``num_layers``."""
+        x = self.model.embed_tokens(batch.input_ids)
+        layers = self.model.layers[: num_layers or self.num_layers]
+        for layer in layers:
+            x = layer(x, batch, kv, self.rotary)
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

@@ -1,0 +1,175 @@
+"""Requests, their sampling parameters, their per-request acceptance, and what the engine returns."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from speclens.acceptance import AcceptanceHistogram
+
+
+class SamplingError(ValueError):
+    """Invalid sampling parameters (the server answers 400)."""
+
+
+@dataclass
+class SamplingParams:
+    """The sampling parameters users expect from vLLM and the OpenAI API."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.max_tokens < 1:
+            raise SamplingError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0.0:
+            raise SamplingError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise SamplingError(f"top_k must be -1 (off), 0 (off) or positive, got {self.top_k}")
+        if self.n < 1:
+            raise SamplingError(f"n must be at least 1, got {self.n}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestAcceptance:
+    """One request's speculative decoding: verify steps, drafts, accepted, per step."""
+
+    num_spec_tokens: int | None = None
+    histogram: AcceptanceHistogram = field(default_factory=AcceptanceHistogram)
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    per_step_accepted: list[int] = field(default_factory=list)
+    per_step_drafted: list[int] = field(default_factory=list)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        self.histogram.add(accepted)
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+        self.per_step_drafted.append(drafted)
+        self.per_step_accepted.append(accepted)
+
+    @property
+    def num_spec_steps(self) -> int:
+        return len(self.per_step_accepted)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return self.histogram.acceptance_length
+
+    @property
+    def draft_acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+@dataclass
+class Request:
+    """One sequence being generated (a request with n > 1 becomes n of these)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_id: int | None = None
+    #: The user's request id (a request with n > 1 has n sequences under one parent).
+    parent_id: str = ""
+    output_token_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    #: KV cache blocks (shared by target and drafter pools) and how many positions are valid.
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_draft_computed: int = 0
+    num_preemptions: int = 0
+    acceptance: RequestAcceptance = field(default_factory=RequestAcceptance)
+    generator: torch.Generator | None = None
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    #: Text emitted so far (after stop-string truncation) and the decoder state behind it.
+    text: str = ""
+    decoder: Any = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def last_token(self) -> int:
+        return (self.output_token_ids or self.prompt_token_ids)[-1]
+
+    def token(self, position: int) -> int:
+        p = len(self.prompt_token_ids)
+        return (
+            self.prompt_token_ids[position] if position < p else self.output_token_ids[position - p]
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence, cumulative."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    acceptance: RequestAcceptance
+
+
+@dataclass
+class RequestOutput:
+    """What ``step``/``generate`` return for a request: its sequences so far and usage."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    new_token_ids: list[list[int]] = field(default_factory=list)
+    new_text: list[str] = field(default_factory=list)
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(o.token_ids) for o in self.outputs)
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }

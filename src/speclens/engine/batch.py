@@ -22,35 +22,29 @@ def build_batch(
     ``0..starts[b] + len(tokens[b]) - 1`` of its own context."""
     batch = len(tokens)
     q_len = max(len(t) for t in tokens)
-    ctx_len = max(s + len(t) for s, t in zip(starts, tokens, strict=True))
-    input_ids = torch.zeros((batch, q_len), dtype=torch.int64)
-    positions = torch.zeros((batch, q_len), dtype=torch.int64)
-    write_slots = torch.full((batch, q_len), scratch_slot, dtype=torch.int64)
-    read_slots = torch.full((batch, ctx_len), scratch_slot, dtype=torch.int64)
-    context = torch.zeros(batch, dtype=torch.int64)
-    for b, (table, start, toks) in enumerate(zip(block_tables, starts, tokens, strict=True)):
-        n = len(toks)
-        end = start + n
-        blocks = torch.tensor(table, dtype=torch.int64)
-        pos = torch.arange(end, dtype=torch.int64)
-        slots = blocks[pos // block_size] * block_size + pos % block_size
-        read_slots[b, :end] = slots
-        write_slots[b, :n] = slots[start:end]
-        input_ids[b, :n] = torch.tensor(toks, dtype=torch.int64)
-        positions[b, :n] = pos[start:end]
-        context[b] = end
+    ends = [s + len(t) for s, t in zip(starts, tokens, strict=True)]
+    ctx_len = max(ends)
+    ids, pos, write, read = [], [], [], []
+    for table, start, toks, end in zip(block_tables, starts, tokens, ends, strict=True):
+        slots = [table[p // block_size] * block_size + p % block_size for p in range(end)]
+        pad_q = q_len - len(toks)
+        ids.append([*toks, *[0] * pad_q])
+        pos.append([*range(start, end), *[0] * pad_q])
+        write.append([*slots[start:end], *[scratch_slot] * pad_q])
+        read.append([*slots, *[scratch_slot] * (ctx_len - end)])
+    positions = torch.tensor(pos, dtype=torch.int64)
+    lengths = torch.tensor([len(t) for t in tokens])
+    context = torch.tensor(ends)
     key_pos = torch.arange(ctx_len)
-    query_valid = torch.arange(q_len).unsqueeze(0) < torch.tensor(
-        [len(t) for t in tokens]
-    ).unsqueeze(1)
+    query_valid = torch.arange(q_len).unsqueeze(0) < lengths.unsqueeze(1)
     mask = key_pos.view(1, 1, ctx_len) <= positions.unsqueeze(2)  # causal
     mask &= key_pos.view(1, 1, ctx_len) < context.view(batch, 1, 1)
     # A padded query attends to position 0 only, so its softmax row is never empty.
     mask |= (~query_valid).unsqueeze(2) & (key_pos == 0).view(1, 1, ctx_len)
     return ForwardBatch(
-        input_ids=input_ids.to(device),
+        input_ids=torch.tensor(ids, dtype=torch.int64).to(device),
         positions=positions.to(device),
-        write_slots=write_slots.to(device),
-        read_slots=read_slots.to(device),
+        write_slots=torch.tensor(write, dtype=torch.int64).to(device),
+        read_slots=torch.tensor(read, dtype=torch.int64).to(device),
         mask=mask.unsqueeze(1).to(device),
     )

@@ -40,11 +40,16 @@ def _one_hot(token_ids: torch.Tensor, vocab: int) -> torch.Tensor:
 class NgramDrafter:
     """Prompt-lookup drafting: no model, no KV."""
 
-    def __init__(self, k: int, vocab_size: int, ngram_max: int = 3, ngram_min: int = 1) -> None:
+    def __init__(
+        self, k: int, vocab_size: int, ngram_max: int = 3, ngram_min: int = 1, fill: bool = False
+    ) -> None:
         self.k = k
         self.vocab_size = vocab_size
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
+        #: Always propose K tokens, repeating the last one after a short (or no) match. Forced
+        #: acceptance needs this: a schedule cannot accept drafts that were never proposed.
+        self.fill = fill
 
     def prefill(self, requests: Sequence[Request]) -> None:
         """Nothing to compute."""
@@ -66,6 +71,8 @@ class NgramDrafter:
         counts = torch.zeros(len(requests), dtype=torch.int64)
         for b, request in enumerate(requests):
             found = self.lookup(request.prompt_token_ids + request.output_token_ids)
+            if self.fill:
+                found += [(found or [request.last_token])[-1]] * (self.k - len(found))
             if found:
                 ids[b, : len(found)] = torch.tensor(found)
                 counts[b] = len(found)
@@ -139,11 +146,15 @@ class DraftModelDrafter:
         probs = []
         active = torch.ones(batch, dtype=torch.bool, device=self.device)
         counts = torch.zeros(batch, dtype=torch.int64, device=self.device)
+        greedy = all(p.greedy for p in params)
         for i in range(self.k):
             raw = self._forward(requests, starts, tokens)
-            processed = logits_ops.process(raw, params)
-            token = logits_ops.sample(processed, generators, self.generator)
-            q = processed.softmax(dim=-1)
+            if greedy and not want_probs:  # the common fast path: no distribution needed
+                token = raw.argmax(dim=-1)
+            else:
+                processed = logits_ops.process(raw, params)
+                token = logits_ops.sample(processed, generators, self.generator)
+                q = processed.softmax(dim=-1)
             if self.confidence_threshold is not None:
                 confident = raw.softmax(dim=-1).max(dim=-1).values >= self.confidence_threshold
                 active &= confident

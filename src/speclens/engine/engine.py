@@ -114,7 +114,10 @@ class Engine:
                 self.k, self.vocab_size, self.config.seed + 1, cost.draft_base, cost.draft_per_token
             )
         if spec.method == "ngram":
-            return NgramDrafter(self.k, self.vocab_size, spec.ngram_max, spec.ngram_min)
+            # Forced acceptance needs K drafts every step: fill a short lookup up to K.
+            return NgramDrafter(
+                self.k, self.vocab_size, spec.ngram_max, spec.ngram_min, fill=spec.forced
+            )
         num_layers: int | None = None
         name = spec.draft_model or ("dummy-draft" if self.config.model == "dummy" else None)
         if draft is None and (name is None or name.startswith("layers:")):
@@ -146,7 +149,8 @@ class Engine:
         """Queue a request; returns its id. Raises ``SamplingError`` for an impossible one."""
         params = params or SamplingParams()
         request_id = request_id or uuid.uuid4().hex
-        if request_id in self._groups:
+        child_ids = [f"{request_id}-{i}" for i in range(params.n)] if params.n > 1 else [request_id]
+        if request_id in self._groups or any(c in self._emitted for c in child_ids):
             raise SamplingError(f"request id {request_id!r} is already in use")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
@@ -160,9 +164,9 @@ class Engine:
                 f"{len(ids)} and max_tokens asks for {params.max_tokens} more"
             )
         children = []
-        for index in range(params.n):
+        for index, child_id in enumerate(child_ids):
             child = Request(
-                request_id=f"{request_id}-{index}" if params.n > 1 else request_id,
+                request_id=child_id,
                 prompt_token_ids=ids,
                 params=params,
                 eos_token_id=self.tokenizer.eos_token_id,
@@ -211,26 +215,19 @@ class Engine:
         if batch.kind == "idle":
             return []
         if batch.kind == "prefill":
+            query = sum(r.num_tokens - r.num_computed for r in batch.requests)
+            context = sum(r.num_tokens for r in batch.requests)
+        else:
+            query = len(batch.requests) * (self.k + 1)
+            context = sum(r.num_tokens + self.k for r in batch.requests)
+        if batch.kind == "prefill":
             seconds = self._prefill(batch.requests)
         else:
             seconds = self._decode(batch.requests)
         if self.config.executor == "torch":
             seconds = time.perf_counter() - started
         self.clock += seconds
-        query = (
-            sum(r.num_tokens for r in batch.requests)
-            if batch.kind == "prefill"
-            else len(batch.requests) * (self.k + 1)
-        )
-        self.steps.append(
-            StepRecord(
-                batch.kind,
-                len(batch.requests),
-                query,
-                sum(r.num_tokens for r in batch.requests),
-                seconds,
-            )
-        )
+        self.steps.append(StepRecord(batch.kind, len(batch.requests), query, context, seconds))
         return self._outputs(batch.requests)
 
     def _prefill(self, requests: list[Request]) -> float:
@@ -239,7 +236,9 @@ class Engine:
         forward = self.executor.prefill(requests)
         for r in requests:
             r.num_computed = r.num_tokens
-        if forward.logits is not None:
+        if forward.logits is not None and all(r.params.greedy for r in requests):
+            tokens = forward.logits.argmax(dim=-1)
+        elif forward.logits is not None:
             processed = logits_ops.process(forward.logits, [r.params for r in requests])
             tokens = logits_ops.sample(processed, [r.generator for r in requests], self.generator)
         else:
@@ -263,12 +262,15 @@ class Engine:
         rows = torch.arange(batch, device=self.device)
         num_drafts = proposal.num_tokens
         processed = None
-        if forward.logits is not None:
+        if forward.logits is not None and (method == "probabilistic" or not greedy):
             processed = logits_ops.process(forward.logits, params)
             argmax = forward.logits.argmax(dim=-1)
             bonus = logits_ops.sample(
                 processed[rows, num_drafts], [r.generator for r in requests], self.generator
             )
+        elif forward.logits is not None:  # every request greedy: the argmax is all we need
+            argmax = forward.logits.argmax(dim=-1)
+            bonus = argmax[rows, num_drafts]
         else:
             assert forward.argmax is not None
             argmax = forward.argmax.to(self.device)
@@ -284,7 +286,7 @@ class Engine:
             target_argmax=argmax,
             draft_probs=proposal.probs,
             synthetic=self.synthetic,
-            generator=self.generator,
+            generator=[r.generator or self.generator for r in requests],
         )
         emitted = out.output_token_ids.tolist()
         accepted = out.num_accepted.tolist()
@@ -315,7 +317,7 @@ class Engine:
                 return
             request.text += request.decoder.push([token])
             if params.stop and self._cut_at_stop(request):
-                self._finish(request, "stop")
+                self._finish(request, "stop", cut=True)
                 return
             if len(request.output_token_ids) >= params.max_tokens:
                 self._finish(request, "length")
@@ -330,7 +332,9 @@ class Engine:
         request.text = request.text[: min(hits)]
         return True
 
-    def _finish(self, request: Request, reason: str) -> None:
+    def _finish(self, request: Request, reason: str, cut: bool = False) -> None:
+        if not cut:  # release characters the decoder held back for a byte sequence to complete
+            request.text += request.decoder.flush()
         request.finish_time = time.perf_counter()
         self.scheduler.finish(request, reason)
 

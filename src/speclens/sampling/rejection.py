@@ -17,6 +17,7 @@ Everything stays on the tensors' device: no ``.item()``, ``.tolist()`` or ``.cpu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,13 +76,31 @@ def _at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return values.gather(1, index.unsqueeze(1)).squeeze(1)
 
 
+Generators = torch.Generator | Sequence[torch.Generator | None] | None
+
+
+def _draw(out: torch.Tensor, generator: Generators, kind: str) -> torch.Tensor:
+    """Fill ``out`` [B, ...] with uniform or Exp(1) draws: from one generator, or row by row
+    from each request's own (so a seeded request's draws never depend on its batchmates)."""
+    fill = (
+        (lambda t, g: t.uniform_(generator=g))
+        if kind == "uniform"
+        else (lambda t, g: t.exponential_(generator=g))
+    )
+    if generator is None or isinstance(generator, torch.Generator):
+        return fill(out, generator)
+    for row, gen in zip(out, generator, strict=True):
+        fill(row, gen)
+    return out
+
+
 def _probabilistic(
     draft_token_ids: torch.Tensor,
     num_draft_tokens: torch.Tensor,
     target_logits: torch.Tensor,
     draft_probs: torch.Tensor,
     bonus_token_ids: torch.Tensor,
-    generator: torch.Generator | None,
+    generator: Generators,
 ) -> SamplerOutput:
     batch, k = draft_token_ids.shape
     p = torch.softmax(target_logits[:, :k].float(), dim=-1)  # [B, K, V]
@@ -89,7 +108,7 @@ def _probabilistic(
     index = draft_token_ids.clamp(0, p.shape[-1] - 1).unsqueeze(-1)  # padding may be any id
     p_draft = p.gather(-1, index).squeeze(-1)
     q_draft = q.gather(-1, index).squeeze(-1)
-    u = torch.rand((batch, k), generator=generator, device=p.device)
+    u = _draw(torch.empty((batch, k), device=p.device), generator, "uniform")
     num_accepted = _num_accepted(u * q_draft < p_draft, num_draft_tokens)  # u < min(1, p/q)
     # Recover a token from norm(max(0, p - q)) at the first rejection. The exponential race
     # (argmax of weight / Exp(1)) samples proportionally to the weight with no host round trip.
@@ -97,7 +116,7 @@ def _probabilistic(
     p_at, q_at = p.gather(1, at).squeeze(1), q.gather(1, at).squeeze(1)
     residual = (p_at - q_at).clamp(min=0)
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_at)  # p == q
-    race = torch.empty_like(residual).exponential_(generator=generator)
+    race = _draw(torch.empty_like(residual), generator, "exponential")
     correction = (residual / race).argmax(dim=-1)
     return _layout(draft_token_ids, num_draft_tokens, num_accepted, correction, bonus_token_ids)
 
@@ -112,7 +131,7 @@ def rejection_sample(
     target_argmax: torch.Tensor | None = None,
     draft_probs: torch.Tensor | None = None,
     synthetic: SyntheticAcceptance | None = None,
-    generator: torch.Generator | None = None,
+    generator: Generators = None,
 ) -> SamplerOutput:
     """Decide which drafts each request keeps and what it emits this step.
 
@@ -127,7 +146,8 @@ def rejection_sample(
             synthetic.
         draft_probs: [B, K, V] the drafter's probabilities (probabilistic only).
         synthetic: the forced schedule and its lockstep stream (synthetic only).
-        generator: the random stream for probabilistic.
+        generator: the random stream for probabilistic: one generator, or one per request
+            (None entries draw from the default stream).
     """
     if draft_token_ids.dim() != 2:
         raise ValueError(f"draft_token_ids must be [B, K], got {tuple(draft_token_ids.shape)}")

@@ -82,15 +82,15 @@ Generators = torch.Generator | Sequence[torch.Generator | None] | None
 def _draw(out: torch.Tensor, generator: Generators, kind: str) -> torch.Tensor:
     """Fill ``out`` [B, ...] with uniform or Exp(1) draws: from one generator, or row by row
     from each request's own (so a seeded request's draws never depend on its batchmates)."""
-    fill = (
-        (lambda t, g: t.uniform_(generator=g))
-        if kind == "uniform"
-        else (lambda t, g: t.exponential_(generator=g))
-    )
-    if generator is None or isinstance(generator, torch.Generator):
-        return fill(out, generator)
-    for row, gen in zip(out, generator, strict=True):
-        fill(row, gen)
+    for row, gen in (
+        [(out, generator)]
+        if not isinstance(generator, Sequence)
+        else zip(out, generator, strict=True)
+    ):
+        if kind == "uniform":
+            row.uniform_(generator=gen)
+        else:
+            row.exponential_(generator=gen)
     return out
 
 

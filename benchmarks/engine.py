@@ -80,11 +80,15 @@ def peer_table(max_tokens: int) -> None:
         save_hf_dir(draft, Path(tmp) / "draft", tokenizer)
         hf_target = AutoModelForCausalLM.from_pretrained(Path(tmp) / "target").eval()
         hf_draft = AutoModelForCausalLM.from_pretrained(Path(tmp) / "draft").eval()
+    # A fixed K on both sides (transformers would otherwise shrink K after rejections).
+    hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
+    hf_draft.generation_config.num_assistant_tokens = K
+    hf_draft.generation_config.assistant_confidence_threshold = 0.0  # never stop drafting early
     ids = tokenizer.encode(PROMPT)
     input_ids = torch.tensor([ids])
 
     def theirs(assistant: bool) -> tuple[float, list[int]]:
-        kwargs = {"assistant_model": hf_draft, "num_assistant_tokens": K} if assistant else {}
+        kwargs = {"assistant_model": hf_draft} if assistant else {}
         best = 0.0
         out = None
         for _ in range(3):
@@ -93,9 +97,9 @@ def peer_table(max_tokens: int) -> None:
                 input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 max_new_tokens=max_tokens,
-                min_new_tokens=max_tokens,
                 do_sample=False,
                 pad_token_id=tokenizer.eos_token_id,
+                eos_token_id=None,
                 **kwargs,
             )
             best = max(best, max_tokens / (time.perf_counter() - start))

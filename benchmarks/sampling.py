@@ -26,19 +26,32 @@ KS = (1, 3, 7)
 VOCABS = (32_000, 128_000)
 
 
-def _time(fn: Callable[[], None], repeats: int, device: torch.device) -> float:
-    for _ in range(3):
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _interleaved(fns: list[Callable[[], None]], repeats: int, device: torch.device) -> list[float]:
+    """Median seconds of each function, timed in turns so drift and noise hit all alike.
+
+    Short calls get more turns (at least ``repeats``, about 0.3 s each in all)."""
+    for fn in fns:
         fn()
-    samples = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    _sync(device)
+    start = time.perf_counter()
+    fns[0]()
+    _sync(device)
+    turns = max(repeats, min(2000, int(0.3 / max(time.perf_counter() - start, 1e-6))))
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(turns):
+        for fn, out in zip(fns, samples, strict=True):
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            out.append(time.perf_counter() - t0)
+    return [statistics.median(out) for out in samples]
 
 
 def bench_shape(
@@ -71,11 +84,9 @@ def bench_shape(
         torch.cuda.set_sync_debug_mode("error")  # any host synchronisation now raises
         synth()
         torch.cuda.set_sync_debug_mode("default")
-    return (
-        _time(greedy, repeats, device),
-        _time(probabilistic, max(5, repeats // 3), device),
-        _time(synth, repeats, device),
-    )
+    greedy_s, synth_s = _interleaved([greedy, synth], repeats, device)
+    (prob_s,) = _interleaved([probabilistic], max(5, repeats // 3), device)
+    return greedy_s, prob_s, synth_s
 
 
 def main() -> None:
@@ -89,7 +100,7 @@ def main() -> None:
     device = torch.device(args.device)
     print(
         f"# torch {torch.__version__} on {device} ({platform.machine()}, "
-        f"{torch.get_num_threads()} threads); median of {args.repeats} runs, seconds"
+        f"{torch.get_num_threads()} threads); median of at least {args.repeats} interleaved runs, seconds"
     )
     print("| B | K | V | greedy | probabilistic | synthetic | synthetic / greedy |")
     print("|---:|---:|---:|---:|---:|---:|---:|")

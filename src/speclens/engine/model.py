@@ -134,6 +134,9 @@ class ForwardBatch:
     mask: torch.Tensor
 
 
+Angles = tuple[torch.Tensor, torch.Tensor]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -142,9 +145,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(dtype)
 
 
 class Rotary:
@@ -167,14 +168,16 @@ class Rotary:
             self._cos, self._sin = emb.cos().to(device), emb.sin().to(device)
         return self._cos, self._sin
 
-    def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
+    def angles(
+        self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # q: [B, Q, H, D], positions: [B, Q]
-        cos_t, sin_t = self._tables(int(positions.max()) + 1, q.device)
-        cos = cos_t[positions].unsqueeze(2).to(q.dtype)
-        sin = sin_t[positions].unsqueeze(2).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        """cos and sin [B, Q, 1, D] of ``positions`` [B, Q]; computed once per forward."""
+        cos_t, sin_t = self._tables(int(positions.max()) + 1, positions.device)
+        return cos_t[positions].unsqueeze(2).to(dtype), sin_t[positions].unsqueeze(2).to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -196,13 +199,14 @@ class Attention(nn.Module):
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
     def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rotary: Rotary
+        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, angles: Angles
     ) -> torch.Tensor:
         b, q_len, _ = x.shape
         q = self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)
-        q, k = rotary(q, k, batch.positions)
+        cos, sin = angles
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         slots = batch.write_slots.reshape(-1)
         kv.k[self.layer].index_copy_(0, slots, k.reshape(-1, self.num_kv_heads, self.head_dim))
         kv.v[self.layer].index_copy_(0, slots, v.reshape(-1, self.num_kv_heads, self.head_dim))
@@ -239,9 +243,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rotary: Rotary
+        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, angles: Angles
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), batch, kv, rotary)
+        x = x + self.self_attn(self.input_layernorm(x), batch, kv, angles)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -279,9 +283,9 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """Hidden states [B, Q, hidden] after the final norm, running the first ``num_layers``."""
         x = self.model.embed_tokens(batch.input_ids)
-        layers = self.model.layers[: num_layers or self.num_layers]
-        for layer in layers:
-            x = layer(x, batch, kv, self.rotary)
+        angles = self.rotary.angles(batch.positions, x.dtype)
+        for layer in self.model.layers[: num_layers or self.num_layers]:
+            x = layer(x, batch, kv, angles)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

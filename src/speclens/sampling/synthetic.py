@@ -52,11 +52,15 @@ class SyntheticAcceptance:
                 "per_position_rates", "needs at least one position (K >= 1)"
             )
         self.conditional: list[float] = conditional_rates(self.rates)
-        self.seed = int(seed)
+        self._seed = int(seed)
+        self._base = _splitmix64(self._seed)
         #: Steps drawn so far; the next draw re-seeds with ``seed + step``.
         self.step = 0
         self._conditional_on: dict[torch.device, torch.Tensor] = {}
         self._generators: dict[torch.device, torch.Generator] = {}
+        self._prepared: dict[
+            tuple[torch.device | str, int], tuple[torch.Generator, torch.Tensor]
+        ] = {}
 
     @classmethod
     def from_length(cls, length: float, k: int, seed: int = 0) -> SyntheticAcceptance:
@@ -68,11 +72,16 @@ class SyntheticAcceptance:
         """The same schedule, spelled as an acceptance rate: length = 1 + K * rate."""
         return cls.from_length(length_from_rate(rate, k), k, seed)
 
+    @property
+    def seed(self) -> int:
+        """The base seed (fixed at construction: every rank must agree on it)."""
+        return self._seed
+
     def stream_seed(self, step: int) -> int:
         """The generator seed of ``step``: a base derived from ``seed`` plus the step, modulo
         2**32 (the CPU generator keeps 32 bits). The base is ``seed`` scrambled (splitmix64), so
         neighbouring seeds start far apart instead of sharing draws one step out of phase."""
-        return (_splitmix64(self.seed) + step) & 0xFFFFFFFF
+        return (self._base + step) & 0xFFFFFFFF
 
     @property
     def num_spec_tokens(self) -> int:
@@ -104,13 +113,25 @@ class SyntheticAcceptance:
         Advances the step counter once. Positions are independent draws here; stopping at the
         first rejection (and never accepting a padded draft) is the caller's job.
         """
-        device = _canonical(device)
+        prepared = self._prepared.get((device, width))
+        if prepared is None:
+            prepared = self._prepare(device, width)
+        generator, conditional = prepared
+        generator.manual_seed((self._base + self.step) & 0xFFFFFFFF)
+        self.step += 1
+        return (
+            torch.rand((batch, width), generator=generator, device=generator.device) < conditional
+        )
+
+    def _prepare(
+        self, device: torch.device | str, width: int
+    ) -> tuple[torch.Generator, torch.Tensor]:
+        """The generator and conditional rates for drafts ``width`` wide on ``device`` (once)."""
         if width > self.num_spec_tokens:
             raise ValueError(
                 f"drafts are {width} wide, but the schedule covers {self.num_spec_tokens} positions"
             )
-        gen = self._generator(device)
-        gen.manual_seed(self.stream_seed(self.step))
-        self.step += 1
-        uniforms = torch.rand((batch, width), generator=gen, device=device)
-        return uniforms < self.conditional_on(device)[:width]
+        canonical = _canonical(device)
+        prepared = (self._generator(canonical), self.conditional_on(canonical)[:width])
+        self._prepared[(device, width)] = prepared
+        return prepared

@@ -8,8 +8,9 @@ reads the spellings again. Every refusal is a ``ConfigError`` with its own messa
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 from speclens.acceptance import (
     ValidationError,
@@ -191,6 +192,67 @@ class StepCost:
 
     def draft(self, query_tokens: int) -> float:
         return self.draft_base + self.draft_per_token * query_tokens
+
+    @classmethod
+    def fit(cls, steps: Sequence[StepLike], num_spec_tokens: int) -> StepCost:
+        """Least-squares fit to the steps of a ``torch`` run (``Engine.steps``).
+
+        The target's share of every step (its seconds less the drafter's) prices the verify
+        terms; the drafter's share of decode steps, over K forwards, prices the draft terms.
+        Coefficients come out non-negative (a term the data cannot see is dropped to 0).
+        """
+        import numpy as np
+
+        rows = [s for s in steps if s.num_requests > 0]
+        if len(rows) < 4:
+            raise ValueError(f"need at least 4 steps to fit a step cost, got {len(rows)}")
+        x = np.array(
+            [[1.0, s.query_tokens, s.num_requests, s.context_tokens] for s in rows], dtype=float
+        )
+        y = np.array([s.seconds - s.draft_seconds for s in rows], dtype=float)
+        verify = _nonnegative_lstsq(x, y)
+        drafting = [s for s in rows if s.kind == "decode" and s.draft_seconds > 0]
+        draft = [cls.draft_base, cls.draft_per_token]
+        if num_spec_tokens and len(drafting) >= 2:
+            xd = np.array([[1.0, s.num_requests] for s in drafting], dtype=float)
+            yd = np.array([s.draft_seconds / num_spec_tokens for s in drafting], dtype=float)
+            draft = list(_nonnegative_lstsq(xd, yd))
+        return cls(
+            base=verify[0],
+            per_token=verify[1],
+            per_seq=verify[2],
+            per_context_token=verify[3],
+            draft_base=float(draft[0]),
+            draft_per_token=float(draft[1]),
+        )
+
+
+class StepLike(Protocol):
+    """What ``StepCost.fit`` reads of a step record."""
+
+    kind: str
+    num_requests: int
+    query_tokens: int
+    context_tokens: int
+    seconds: float
+    draft_seconds: float
+
+
+def _nonnegative_lstsq(x: Any, y: Any) -> list[float]:
+    """Least squares with non-negative coefficients: refit without any term that came out
+    negative (small problems; at most one pass per term)."""
+    import numpy as np
+
+    active = list(range(x.shape[1]))
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        negative = [a for a, c in zip(active, coef, strict=True) if c < 0]
+        if not negative:
+            out = [0.0] * x.shape[1]
+            for a, c in zip(active, coef, strict=True):
+                out[a] = float(c)
+            return out
+        active.remove(min(negative, key=lambda a: coef[active.index(a)]))
 
 
 @dataclass

@@ -47,6 +47,8 @@ class StepRecord:
     query_tokens: int
     context_tokens: int
     seconds: float
+    #: The drafter's share of ``seconds`` (its K forwards, or its priced cost).
+    draft_seconds: float = 0.0
 
 
 class Engine:
@@ -90,6 +92,7 @@ class Engine:
         self.stats = SpecDecodeStats(self.k, enabled=spec.enabled)
         self.clock = 0.0
         self.steps: list[StepRecord] = []
+        self._draft_seconds = 0.0
         self._groups: dict[str, list[Request]] = {}
         self._emitted: dict[str, tuple[int, int]] = {}  # request -> (tokens, chars) sent
         if spec.forced:
@@ -220,6 +223,7 @@ class Engine:
         else:
             query = len(batch.requests) * (self.k + 1)
             context = sum(r.num_tokens + self.k for r in batch.requests)
+        self._draft_seconds = 0.0
         if batch.kind == "prefill":
             seconds = self._prefill(batch.requests)
         else:
@@ -227,7 +231,11 @@ class Engine:
         if self.config.executor == "torch":
             seconds = time.perf_counter() - started
         self.clock += seconds
-        self.steps.append(StepRecord(batch.kind, len(batch.requests), query, context, seconds))
+        self.steps.append(
+            StepRecord(
+                batch.kind, len(batch.requests), query, context, seconds, self._draft_seconds
+            )
+        )
         return self._outputs(batch.requests)
 
     def _prefill(self, requests: list[Request]) -> float:
@@ -254,7 +262,9 @@ class Engine:
         greedy = all(p.greedy for p in params)
         method = "synthetic" if self.synthetic else "greedy" if greedy else "probabilistic"
         if self.drafter is not None:
+            drafting = time.perf_counter()
             proposal = self.drafter.propose(requests, method == "probabilistic", self.device)
+            self._draft_seconds = proposal.seconds or time.perf_counter() - drafting
         else:
             empty = torch.zeros((batch, 0), dtype=torch.int64, device=self.device)
             proposal = Proposal(empty, torch.zeros(batch, dtype=torch.int64, device=self.device))

@@ -1,0 +1,284 @@
+"""``speclens serve``: the engine behind an OpenAI-compatible HTTP server.
+
+Flags follow vLLM and ATOM. Every startup refusal exits non-zero with its message before a port
+is bound; forced acceptance logs its resolved schedule once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from speclens.cli._common import REGISTRY_OPTION, fail, load_registry
+
+log = logging.getLogger("speclens.serve")
+
+
+class StatsChoice(StrEnum):
+    none = "none"
+    summary = "summary"
+    detailed = "detailed"
+
+
+class ExecutorChoice(StrEnum):
+    torch = "torch"
+    sim = "sim"
+
+
+def _speculative_json(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        fail(f"--speculative-config: not valid JSON: {exc}", code=2)
+    if not isinstance(data, dict):
+        fail("--speculative-config: expected a JSON object", code=2)
+    known = {
+        "method", "num_speculative_tokens", "model", "rejection_sample_method",
+        "synthetic_acceptance_length", "synthetic_acceptance_rate", "synthetic_acceptance_rates",
+        "prompt_lookup_max", "prompt_lookup_min",
+    }  # fmt: skip
+    unknown = sorted(set(data) - known)
+    if unknown:
+        fail(f"--speculative-config: unknown keys {unknown}; known: {sorted(known)}", code=2)
+    method = data.get("rejection_sample_method")
+    synthetic = {
+        "synthetic_acceptance_length",
+        "synthetic_acceptance_rate",
+        "synthetic_acceptance_rates",
+    }
+    if method not in (None, "synthetic") and synthetic & set(data):
+        fail(
+            "--speculative-config: synthetic_acceptance_* needs rejection_sample_method synthetic",
+            code=2,
+        )
+    if method == "synthetic" and not synthetic & set(data):
+        fail(
+            "--speculative-config: rejection_sample_method synthetic needs "
+            "synthetic_acceptance_length or synthetic_acceptance_rates",
+            code=2,
+        )
+    return data
+
+
+def _merge(flag: Any, key: str, config: dict[str, Any], name: str) -> Any:
+    value = config.get(key)
+    if flag is not None and value is not None and flag != value:
+        fail(f"{name} {flag} contradicts --speculative-config {key}: {value}", code=2)
+    return flag if flag is not None else value
+
+
+def serve(
+    model: str = typer.Option(
+        "dummy", "--model", help="dummy (embedded), smollm2, a HF directory or a .gguf file."
+    ),
+    draft_model: str | None = typer.Option(
+        None,
+        "--draft-model",
+        help="The drafter: dummy-draft, a path, or layers:N (a layer subset of the target).",
+    ),
+    method: str | None = typer.Option(
+        None, "--method", help="Speculative method: draft_model or ngram (sim prices any name)."
+    ),
+    num_speculative_tokens: int | None = typer.Option(
+        None, "--num-speculative-tokens", help="K, draft tokens per step."
+    ),
+    acceptance_length: float | None = typer.Option(
+        None,
+        "--spec-decode-acceptance-length",
+        help="Force this mean acceptance length, in [1, K + 1].",
+    ),
+    acceptance_rate: float | None = typer.Option(
+        None,
+        "--spec-decode-acceptance-rate",
+        help="Force this acceptance rate, in [0, 1] (length = 1 + K * rate).",
+    ),
+    speculative_config: str | None = typer.Option(
+        None,
+        "--speculative-config",
+        help="vLLM-style JSON: method, num_speculative_tokens, model, rejection_sample_method, synthetic_acceptance_length, synthetic_acceptance_rates.",
+    ),
+    confidence_schedule: bool = typer.Option(
+        False,
+        "--confidence-schedule",
+        help="Let the drafter stop before K when its confidence is low.",
+    ),
+    acceptance_profile: str | None = typer.Option(
+        None,
+        "--acceptance-profile",
+        help="Replay a golden AL from the registry: a set name, or 'registry' for every set.",
+    ),
+    thinking: str | None = typer.Option(
+        None, "--thinking", help="Thinking mode for --acceptance-profile (on or off)."
+    ),
+    category: str | None = typer.Option(
+        None, "--category", help="Workload category for --acceptance-profile."
+    ),
+    hardware: str | None = typer.Option(
+        None, "--hardware", help="This run's chip, recorded against the profile's."
+    ),
+    registry: list[Path] = REGISTRY_OPTION,
+    stats_level: StatsChoice = typer.Option(
+        StatsChoice.none,
+        "--per-request-spec-decode-stats",
+        "--per-request-spec-decode-metrics",
+        help="Per-request acceptance on responses.",
+    ),
+    executor: ExecutorChoice = typer.Option(
+        ExecutorChoice.torch,
+        "--executor",
+        help="torch (real forward passes) or sim (priced steps, no model).",
+    ),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port", "--server-port"),
+    api_key: str | None = typer.Option(
+        None, "--api-key", help="Require 'Authorization: Bearer KEY' on /v1/*."
+    ),
+    served_model_name: str | None = typer.Option(
+        None, "--served-model-name", help="The model name clients use (default: --model)."
+    ),
+    max_model_len: int = typer.Option(2048, "--max-model-len"),
+    max_num_seqs: int = typer.Option(64, "--max-num-seqs"),
+    max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens"),
+    kv_cache_tokens: int = typer.Option(131072, "--kv-cache-tokens", help="KV capacity in tokens."),
+    max_queue: int = typer.Option(
+        4096, "--max-queue", help="Waiting requests before answering 503."
+    ),
+    seed: int = typer.Option(0, "--seed"),
+    device: str = typer.Option("cpu", "--device"),
+) -> None:
+    """Serve the engine over an OpenAI-compatible HTTP API."""
+    from speclens.acceptance import AcceptancePin, WorkloadAcceptance, resolve
+    from speclens.cli._common import reported
+    from speclens.engine import ConfigError, EngineConfig, SpeculativeConfig, StepCost
+
+    spec_json = _speculative_json(speculative_config)
+    method = _merge(method, "method", spec_json, "--method")
+    k = _merge(
+        num_speculative_tokens, "num_speculative_tokens", spec_json, "--num-speculative-tokens"
+    )
+    draft_model = _merge(draft_model, "model", spec_json, "--draft-model")
+    length = _merge(
+        acceptance_length,
+        "synthetic_acceptance_length",
+        spec_json,
+        "--spec-decode-acceptance-length",
+    )
+    rate = _merge(
+        acceptance_rate, "synthetic_acceptance_rate", spec_json, "--spec-decode-acceptance-rate"
+    )
+    rates = spec_json.get("synthetic_acceptance_rates")
+    name = served_model_name or model
+    resolution = None
+    if acceptance_profile is not None:
+        if length is not None or rate is not None or rates is not None:
+            fail(
+                "--acceptance-profile replays the registry's value: do not also force a length or rate",
+                code=2,
+            )
+        if not method or not k:
+            fail(
+                "--acceptance-profile needs --method and --num-speculative-tokens (the profile key)",
+                code=2,
+            )
+        with reported():
+            workload = WorkloadAcceptance.model_validate(
+                {"thinking": thinking, "category": category}
+            )
+            pin = (
+                None
+                if acceptance_profile == "registry"
+                else AcceptancePin(profiles=acceptance_profile)
+            )
+            resolution = resolve(
+                model=name, method=method, num_spec_tokens=k, hardware=hardware,
+                registry=load_registry(registry), workload=workload, scenario=pin,
+            )  # fmt: skip
+        rates = resolution.per_position_rates
+    try:
+        spec = SpeculativeConfig(
+            method=method,
+            num_speculative_tokens=k or 0,
+            acceptance_length=length if rates is None else None,
+            acceptance_rate=rate,
+            acceptance_rates=rates,
+            confidence_schedule=confidence_schedule,
+            draft_model=draft_model,
+            ngram_max=spec_json.get("prompt_lookup_max", 3),
+            ngram_min=spec_json.get("prompt_lookup_min", 1),
+            seed=seed,
+        )
+        config = EngineConfig(
+            model=model,
+            speculative=spec,
+            executor=executor.value,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens or max(8192, max_model_len),
+            kv_cache_tokens=kv_cache_tokens,
+            device=device,
+            seed=seed,
+            step_cost=StepCost(),
+        )
+        config.validate()
+    except ConfigError as exc:
+        fail(f"refused: {exc}")
+    if resolution is not None:
+        log.info(
+            "Acceptance profile: %s from the %s layer (%s: %s, method %s); source: %s%s",
+            f"{resolution.acceptance_length:g}", resolution.layer, resolution.profile_set,
+            resolution.profile, resolution.method, resolution.source or "(none)",
+            f"; measured on {resolution.measured_on}" if resolution.measured_on else "",
+        )  # fmt: skip
+    run_server(config, name, host, port, api_key, stats_level.value, max_queue, resolution)
+
+
+def run_server(
+    config: Any,
+    served_model_name: str,
+    host: str,
+    port: int,
+    api_key: str | None,
+    stats_level: str,
+    max_queue: int,
+    resolution: Any = None,
+) -> None:
+    """Build the engine and app, then serve until SIGINT/SIGTERM (exit 0)."""
+    import uvicorn
+
+    from speclens.engine import Engine
+    from speclens.server import EngineRunner, ServerSettings, create_app
+
+    engine = Engine(config)
+    spec = config.speculative
+    acceptance: dict[str, Any] = {
+        "method": spec.method,
+        "num_speculative_tokens": spec.num_speculative_tokens,
+        "forced": spec.forced,
+        "acceptance_length": spec.forced_acceptance_length,
+        "per_position_rates": spec.per_position_rates,
+    }
+    if resolution is not None:
+        acceptance["resolution"] = resolution.model_dump()
+    settings = ServerSettings(
+        served_model_name=served_model_name,
+        api_key=api_key,
+        stats_level=stats_level,  # type: ignore[arg-type]
+        acceptance=acceptance,
+        max_n=max(1, min(16, config.max_num_seqs)),
+    )
+    app = create_app(EngineRunner(engine, max_queue=max_queue), settings)
+    log.info(
+        "speclens serving %s on http://%s:%d (executor %s)",
+        served_model_name,
+        host,
+        port,
+        config.executor,
+    )
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

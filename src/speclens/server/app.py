@@ -1,0 +1,374 @@
+"""The FastAPI application: OpenAI-compatible routes, SSE streaming, ``/debug/mtp_stats``,
+``/metrics``. User input never yields a 500: every refusal is an OpenAI-style error body."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from speclens import __version__
+from speclens.engine import RequestOutput, SamplingError, SamplingParams
+from speclens.server.metrics import ServerMetrics
+from speclens.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    StatsLevel,
+    choice_stats,
+    error_body,
+    root_metrics,
+)
+from speclens.server.runner import EngineRunner, QueueFull
+
+
+@dataclass
+class ServerSettings:
+    served_model_name: str
+    api_key: str | None = None
+    stats_level: StatsLevel = "none"
+    default_max_tokens: int = 16
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_n: int = 16
+    #: What /version reports about acceptance (settings, and a resolution's provenance).
+    acceptance: dict[str, Any] = field(default_factory=dict)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _sse(data: Any) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
+    """The app around a runner; the runner's engine thread starts and stops with the app."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runner.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            runner.stop()
+
+    app = FastAPI(title="speclens", version=__version__, lifespan=lifespan)
+    metrics = ServerMetrics(runner, settings.served_model_name)
+    engine = runner.engine
+    tokenizer = engine.tokenizer
+
+    # ------------------------------------------------------------------ errors and guards
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> Response:
+        return _json(error_body(exc.message, exc.status, exc.param), exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        message = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body')}: {e.get('msg')}"
+            for e in exc.errors()
+        )
+        return _json(error_body(message or "invalid request", 400, ".".join(loc) or None), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        return _json(error_body(str(exc.detail), exc.status_code), exc.status_code)
+
+    @app.middleware("http")
+    async def _guard(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
+            message = f"request body of {length} bytes exceeds {settings.max_body_bytes}"
+            return _json(error_body(message, 413), 413)
+        if (
+            settings.api_key
+            and request.url.path.startswith("/v1/")
+            and request.headers.get("authorization") != f"Bearer {settings.api_key}"
+        ):
+            return _json(error_body("invalid or missing API key", 401), 401)
+        return await call_next(request)
+
+    def _check_ready() -> None:
+        if not runner.ready:
+            raise ApiError(503, "the engine is not ready")
+
+    def _check_model(name: str | None) -> None:
+        if name is not None and name != settings.served_model_name:
+            raise ApiError(
+                400, f"the model {name!r} does not exist; this server serves "
+                f"{settings.served_model_name!r}", "model",
+            )  # fmt: skip
+
+    # ------------------------------------------------------------------ plain routes
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if runner.ready else 503)
+
+    @app.get("/version")
+    async def version() -> Response:
+        return _json(
+            {
+                "version": __version__,
+                "engine": "speclens",
+                "model": settings.served_model_name,
+                "executor": engine.config.executor,
+                "acceptance": settings.acceptance,
+            }
+        )
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return _json(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": settings.served_model_name,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": "speclens",
+                        "root": engine.config.model,
+                        "max_model_len": engine.config.max_model_len,
+                    }
+                ],
+            }
+        )
+
+    @app.get("/debug/mtp_stats")
+    async def mtp_stats() -> Response:
+        _check_ready()
+        return _json(runner.snapshot().stats.mtp_stats())
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # ------------------------------------------------------------------ generation
+    async def _start(
+        prompt: list[int], params: SamplingParams, request_id: str
+    ) -> asyncio.Queue[RequestOutput | None]:
+        _check_ready()
+        if params.n > settings.max_n:
+            raise ApiError(400, f"n must be at most {settings.max_n}, got {params.n}", "n")
+        try:
+            return await runner.submit(prompt, params, request_id)
+        except QueueFull as exc:
+            raise ApiError(503, str(exc)) from None
+        except SamplingError as exc:
+            raise ApiError(400, str(exc)) from None
+
+    def _sampling(body: CompletionRequest | ChatCompletionRequest) -> SamplingParams:
+        try:
+            return body.sampling_params(settings.default_max_tokens)
+        except SamplingError as exc:
+            raise ApiError(400, str(exc)) from None
+
+    def _encode(text: str) -> list[int]:
+        return tokenizer.encode(text)
+
+    async def _final(
+        request: Request, q: asyncio.Queue[RequestOutput | None], request_id: str
+    ) -> RequestOutput | None:
+        """Wait for the finished output, aborting the request if the client goes away."""
+        last = None
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(q.get(), timeout=0.5)
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        runner.abort(request_id)
+                        return None
+                    continue
+                if item is None:
+                    return last
+                last = item
+                if item.finished:
+                    return item
+        except asyncio.CancelledError:
+            runner.abort(request_id)
+            raise
+
+    def _usage(out: RequestOutput) -> dict[str, int]:
+        return out.usage
+
+    def _stats_fields(out: RequestOutput, index: int) -> dict[str, Any]:
+        if settings.stats_level == "none" or len(out.outputs) != 1:
+            return {}
+        return {
+            "speculative_decoding_stats": choice_stats(
+                out.outputs[index].acceptance, settings.stats_level
+            )
+        }
+
+    def _root(out: RequestOutput) -> dict[str, Any]:
+        if settings.stats_level == "none":
+            return {}
+        if len(out.outputs) != 1:
+            return {"metrics": None}
+        return {"metrics": root_metrics(out.outputs[0].acceptance, settings.stats_level)}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        _check_model(body.model)
+        if body.echo or body.logprobs is not None:
+            raise ApiError(
+                400, "echo and logprobs are not supported", "echo" if body.echo else "logprobs"
+            )
+        prompt = body.prompt if isinstance(body.prompt, list) else _encode(body.prompt)
+        if not prompt:
+            raise ApiError(400, "the prompt is empty", "prompt")
+        if not all(isinstance(t, int) for t in prompt):
+            raise ApiError(400, "a token-id prompt must be a list of integers", "prompt")
+        params = _sampling(body)
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        q = await _start(prompt, params, request_id)  # type: ignore[arg-type]
+        created = int(time.time())
+        if body.stream:
+            return StreamingResponse(
+                _stream(request, q, request_id, body, created, "text_completion"),
+                media_type="text/event-stream",
+            )
+        out = await _final(request, q, request_id)
+        if out is None:
+            return Response(status_code=499)
+        choices = [
+            {
+                "index": c.index,
+                "text": c.text,
+                "logprobs": None,
+                "finish_reason": c.finish_reason,
+                **_stats_fields(out, c.index),
+            }
+            for c in out.outputs
+        ]
+        return _json(
+            {
+                "id": request_id,
+                "object": "text_completion",
+                "created": created,
+                "model": settings.served_model_name,
+                "choices": choices,
+                "usage": _usage(out),
+                **_root(out),
+            }
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        _check_model(body.model)
+        try:
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            text = tokenizer.apply_chat_template(messages)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "messages") from None
+        params = _sampling(body)
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        q = await _start(_encode(text), params, request_id)
+        created = int(time.time())
+        if body.stream:
+            return StreamingResponse(
+                _stream(request, q, request_id, body, created, "chat.completion.chunk"),
+                media_type="text/event-stream",
+            )
+        out = await _final(request, q, request_id)
+        if out is None:
+            return Response(status_code=499)
+        choices = [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": None,
+                "finish_reason": c.finish_reason,
+                **_stats_fields(out, c.index),
+            }
+            for c in out.outputs
+        ]
+        return _json(
+            {
+                "id": request_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": settings.served_model_name,
+                "choices": choices,
+                "usage": _usage(out),
+                **_root(out),
+            }
+        )
+
+    async def _stream(
+        request: Request,
+        q: asyncio.Queue[RequestOutput | None],
+        request_id: str,
+        body: CompletionRequest | ChatCompletionRequest,
+        created: int,
+        kind: str,
+    ) -> AsyncIterator[bytes]:
+        chat = kind == "chat.completion.chunk"
+        base = {
+            "id": request_id,
+            "object": kind,
+            "created": created,
+            "model": settings.served_model_name,
+        }
+        finished = False
+        try:
+            if chat:
+                yield _sse({**base, "choices": [
+                    {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                    for i in range(body.n)
+                ]})  # fmt: skip
+            last: RequestOutput | None = None
+            while True:
+                out = await q.get()
+                if out is None:
+                    break
+                last = out
+                for choice in out.outputs:
+                    text = out.new_text[choice.index]
+                    done = choice.finish_reason is not None and out.finished
+                    if not text and not done and not out.new_token_ids[choice.index]:
+                        continue
+                    piece: dict[str, Any] = {"delta": {"content": text}} if chat else {"text": text}
+                    entry = {"index": choice.index, **piece, "logprobs": None,
+                             "finish_reason": choice.finish_reason if out.finished else None}  # fmt: skip
+                    if out.finished:
+                        entry.update(_stats_fields(out, choice.index))
+                    chunk: dict[str, Any] = {**base, "choices": [entry]}
+                    if body.continuous_usage:
+                        chunk["usage"] = _usage(out)
+                    if out.finished and not body.include_usage:
+                        chunk.update(_root(out))
+                    yield _sse(chunk)
+                if out.finished:
+                    finished = True
+                    break
+            if finished and last is not None and body.include_usage:
+                yield _sse({**base, "choices": [], "usage": _usage(last), **_root(last)})
+            yield b"data: [DONE]\n\n"
+        finally:
+            if not finished:  # the client went away, or the server is stopping
+                runner.abort(request_id)
+
+    return app

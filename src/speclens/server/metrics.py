@@ -1,0 +1,152 @@
+"""``GET /metrics``: Prometheus text, with ATOM's and vLLM's speculative-decoding names.
+
+Counters of acceptance are read from the engine's statistics at scrape time (one source of
+truth, so ``/metrics`` always agrees with ``/debug/mtp_stats``); serving figures (tokens, TTFT,
+inter-token latency, end-to-end latency) are observed as outputs stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from speclens.engine import RequestOutput
+from speclens.server.runner import EngineRunner
+
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+
+
+class _SpecDecodeCollector(Collector):
+    def __init__(self, runner: EngineRunner, model_name: str) -> None:
+        self.runner = runner
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.runner.snapshot()
+        stats = snap.stats
+        labels = ["model_name"]
+        value = [self.model_name]
+
+        def counter(name: str, doc: str, amount: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=labels)
+            family.add_metric(value, amount)
+            return family
+
+        def gauge(name: str, doc: str, amount: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=labels)
+            family.add_metric(value, amount)
+            return family
+
+        yield gauge("vllm:num_requests_running", "Requests in the running batch.", snap.num_running)
+        yield gauge(
+            "vllm:num_requests_waiting", "Requests waiting to be scheduled.", snap.num_waiting
+        )
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", snap.kv_usage)
+        if not stats.enabled:
+            return
+        # vLLM's counters: an InferenceX-style collector measures AL = 1 + d(accepted) / d(drafts).
+        yield counter(
+            "vllm:spec_decode_num_drafts",
+            "Verify steps (request-steps with drafts).",
+            stats.num_drafts,
+        )
+        yield counter(
+            "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", stats.num_draft_tokens
+        )
+        yield counter(
+            "vllm:spec_decode_num_accepted_tokens",
+            "Draft tokens accepted.",
+            stats.num_accepted_tokens,
+        )
+        per_pos = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted draft tokens by position (0-based).",
+            labels=[*labels, "position"],
+        )
+        for position, count in enumerate(stats.accepted_per_position):
+            per_pos.add_metric([*value, str(position)], count)
+        yield per_pos
+        # ATOM's names, the same numbers /debug/mtp_stats reports.
+        yield gauge(
+            "atom:mtp_average_tokens_per_forward",
+            "Realized acceptance length.",
+            stats.acceptance_length,
+        )
+        yield gauge(
+            "atom:mtp_acceptance_rate", "Accepted over drafted tokens.", stats.draft_acceptance_rate
+        )
+        yield counter(
+            "atom:mtp_accepted_tokens", "Draft tokens accepted.", stats.num_accepted_tokens
+        )
+        yield counter("atom:mtp_draft_tokens", "Draft tokens proposed.", stats.num_draft_tokens)
+        steps = CounterMetricFamily(
+            "atom:mtp_decode_steps",
+            "Verify steps by accepted draft tokens.",
+            labels=[*labels, "accepted_tokens"],
+        )
+        for accepted, count in stats.histogram.counts.items():
+            steps.add_metric([*value, str(accepted)], count)
+        yield steps
+
+
+class ServerMetrics:
+    """The registry behind ``/metrics``, and the serving figures observed as outputs stream."""
+
+    def __init__(self, runner: EngineRunner, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_SpecDecodeCollector(runner, model_name))
+        labels = ["model_name"]
+        self.model_name = model_name
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prefilled prompt tokens.", labels, registry=self.registry
+        )
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Generated tokens.", labels, registry=self.registry
+        )
+        self.request_success = Counter(
+            "vllm:request_success",
+            "Finished requests by finish reason.",
+            [*labels, "finished_reason"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token.", labels,
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds", "Inter-token latency (per token).", labels,
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "End-to-end request latency.", labels,
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self._last: dict[str, float] = {}
+        runner.listeners.append(self.observe)
+
+    def observe(self, out: RequestOutput, now: float) -> None:
+        """Called on the engine thread for every output."""
+        name = self.model_name
+        new = sum(len(ids) for ids in out.new_token_ids)
+        last = self._last.get(out.request_id)
+        if last is None:
+            self.prompt_tokens.labels(name).inc(out.prompt_tokens)
+            if out.first_token_time is not None:
+                self.ttft.labels(name).observe(out.first_token_time - out.arrival_time)
+        elif new:
+            gap = (now - last) / new
+            for _ in range(new):
+                self.itl.labels(name).observe(gap)
+        self.generation_tokens.labels(name).inc(new)
+        self._last[out.request_id] = now
+        if out.finished:
+            self._last.pop(out.request_id, None)
+            self.e2e.labels(name).observe(now - out.arrival_time)
+            for choice in out.outputs:
+                self.request_success.labels(name, choice.finish_reason or "abort").inc()

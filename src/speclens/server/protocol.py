@@ -1,0 +1,167 @@
+"""The OpenAI-compatible wire format: request bodies, and the per-request speculative-decoding
+payloads in both shapes engines put on the wire.
+
+- per choice, ``speculative_decoding_stats``: the histogram as a map with string keys;
+- at the response root, vLLM's ``metrics.speculative_decoding``: the histogram as a dense list,
+  index j = steps that accepted exactly j drafts, length K + 1.
+
+``summary`` carries the totals; ``detailed`` adds the per-step arrays. Both are null for n > 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from speclens.engine import RequestAcceptance, SamplingParams
+
+StatsLevel = Literal["none", "summary", "detailed"]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Request(BaseModel):
+    """Fields both endpoints share. Unknown OpenAI fields are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    n: int = Field(1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    ignore_eos: bool = False
+    user: str | None = None
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(
+            max_tokens=self.max_tokens or default_max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop=[s for s in stop if s],
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos,
+            n=self.n,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        if isinstance(value, list) and value and isinstance(value[0], str | list):
+            if len(value) != 1:
+                raise ValueError("send one prompt per request (got a batch of prompts)")
+            return value[0]
+        return value
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError("only text content parts are supported")
+            parts.append(part["text"])
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        params = super().sampling_params(default_max_tokens)
+        if self.max_tokens is None and self.max_completion_tokens is not None:
+            params.max_tokens = self.max_completion_tokens
+        return params
+
+
+def choice_stats(acceptance: RequestAcceptance, level: StatsLevel) -> dict[str, Any] | None:
+    """The per-choice ``speculative_decoding_stats`` object (histogram keyed by strings)."""
+    if level == "none" or acceptance.num_spec_tokens is None:
+        return None
+    out: dict[str, Any] = {
+        "mean_acceptance_length": acceptance.mean_acceptance_length,
+        "draft_acceptance_rate": acceptance.draft_acceptance_rate,
+        "acceptance_histogram": {str(j): n for j, n in acceptance.histogram.counts.items()},
+        "num_accepted_draft_tokens": acceptance.num_accepted_tokens,
+        "num_draft_tokens": acceptance.num_draft_tokens,
+        "num_spec_steps": acceptance.num_spec_steps,
+        "num_spec_tokens": acceptance.num_spec_tokens,
+    }
+    if level == "detailed":
+        out["per_step_accepted"] = list(acceptance.per_step_accepted)
+        out["per_step_drafted"] = list(acceptance.per_step_drafted)
+    return out
+
+
+def root_metrics(acceptance: RequestAcceptance, level: StatsLevel) -> dict[str, Any] | None:
+    """vLLM's response-root ``metrics`` object with ``speculative_decoding`` (dense histogram)."""
+    if level == "none" or acceptance.num_spec_tokens is None:
+        return None
+    k = acceptance.num_spec_tokens
+    spec: dict[str, Any] = {
+        "num_spec_tokens": k,
+        "num_spec_steps": acceptance.num_spec_steps,
+        "num_draft_tokens": acceptance.num_draft_tokens,
+        "num_accepted_draft_tokens": acceptance.num_accepted_tokens,
+        "mean_acceptance_length": acceptance.mean_acceptance_length,
+        "draft_acceptance_rate": acceptance.draft_acceptance_rate,
+        "acceptance_histogram": acceptance.histogram.dense(k),
+    }
+    if level == "detailed":
+        spec["per_step_accepted"] = list(acceptance.per_step_accepted)
+        spec["per_step_drafted"] = list(acceptance.per_step_drafted)
+    return {"speculative_decoding": spec}
+
+
+def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
+    """An OpenAI-style error object."""
+    kinds = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        404: "not_found_error",
+        413: "invalid_request_error",
+        503: "service_unavailable",
+    }
+    return {
+        "error": {
+            "message": message,
+            "type": kinds.get(status, "server_error"),
+            "param": param,
+            "code": status,
+        }
+    }

@@ -1,0 +1,196 @@
+"""Drive the (single-threaded) engine from an asyncio server.
+
+One thread owns the engine: it drains an inbox of adds and aborts, runs ``step()``, and hands
+each request's outputs to that request's asyncio queue. With the ``sim`` executor it sleeps each
+step's priced cost in real time, so a mock server paces tokens like the real thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from speclens.engine import Engine, RequestOutput, SamplingParams
+from speclens.sampling import SpecDecodeStats
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[RequestOutput, float], None]
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at its limit (the server answers 503)."""
+
+
+@dataclass
+class _Pending:
+    prompt: list[int]
+    params: SamplingParams
+    request_id: str
+    future: asyncio.Future[asyncio.Queue[RequestOutput | None]]
+
+
+@dataclass
+class Snapshot:
+    """A consistent read of the engine's counters, taken between steps."""
+
+    stats: SpecDecodeStats
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    num_free_blocks: int
+    num_blocks: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class EngineRunner:
+    """The engine on its own thread, with asyncio queues per request."""
+
+    def __init__(self, engine: Engine, max_queue: int = 4096, realtime: bool = True) -> None:
+        self.engine = engine
+        self.max_queue = max_queue
+        self.realtime = realtime and engine.config.executor == "sim"
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._queues: dict[str, asyncio.Queue[RequestOutput | None]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending = 0
+        self.listeners: list[Listener] = []
+        self.ready = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="speclens-engine", daemon=True)
+        self._thread.start()
+        self.ready = True
+
+    def stop(self) -> None:
+        """Abort whatever is in flight (its streams end with finish_reason 'abort') and join."""
+        self.ready = False
+        self._inbox.put(("abort_all", None))
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ from the event loop
+    async def submit(
+        self, prompt: Sequence[int], params: SamplingParams, request_id: str
+    ) -> asyncio.Queue[RequestOutput | None]:
+        """Queue a request; returns the queue its outputs arrive on (``None`` ends it).
+
+        Raises ``QueueFull`` at the queue limit and the engine's ``SamplingError`` for a
+        request it refuses.
+        """
+        if self._pending + self.engine.num_waiting >= self.max_queue:
+            raise QueueFull(f"the request queue is full ({self.max_queue} waiting)")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[asyncio.Queue[RequestOutput | None]] = loop.create_future()
+        self._pending += 1
+        try:
+            self._inbox.put(("add", _Pending(list(prompt), params, request_id, future)))
+            self._wake.set()
+            return await future
+        finally:
+            self._pending -= 1
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (e.g. its client went away); safe to call from any thread."""
+        self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    def snapshot(self) -> Snapshot:
+        engine = self.engine
+        with self._lock:
+            stats = SpecDecodeStats(engine.stats.num_spec_tokens, engine.stats.enabled)
+            stats.update(engine.stats)
+            return Snapshot(
+                stats=stats,
+                num_running=engine.num_running,
+                num_waiting=engine.num_waiting + self._pending,
+                kv_usage=engine.blocks.usage,
+                num_free_blocks=engine.blocks.num_free,
+                num_blocks=engine.blocks.num_blocks,
+            )
+
+    # ------------------------------------------------------------------ the engine thread
+    def _deliver(self, request_id: str, item: RequestOutput | None) -> None:
+        q = self._queues.get(request_id)
+        if q is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(q.put_nowait, item)
+        if item is None or (item is not None and item.finished):
+            self._queues.pop(request_id, None)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                kind, item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self._add(item)
+            elif kind == "abort":
+                with self._lock:
+                    self.engine.abort(item)
+                self._deliver(item, None)
+            elif kind == "abort_all":
+                for request_id in list(self._queues):
+                    with self._lock:
+                        self.engine.abort(request_id)
+                    self._deliver(request_id, None)
+
+    def _add(self, pending: _Pending) -> None:
+        loop = self._loop
+        assert loop is not None
+        try:
+            with self._lock:
+                self.engine.add_request(pending.prompt, pending.params, pending.request_id)
+        except Exception as exc:  # the handler turns it into an HTTP error
+            loop.call_soon_threadsafe(_set_exception, pending.future, exc)
+            return
+        q: asyncio.Queue[RequestOutput | None] = asyncio.Queue()
+        self._queues[pending.request_id] = q
+        loop.call_soon_threadsafe(_set_result, pending.future, q, self, pending.request_id)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._drain()
+            if not self.engine.has_unfinished():
+                self._wake.wait(timeout=0.1)
+                self._wake.clear()
+                continue
+            with self._lock:
+                outputs = self.engine.step()
+                seconds = self.engine.steps[-1].seconds if self.engine.steps else 0.0
+            now = time.perf_counter()
+            for out in outputs:
+                for listener in self.listeners:
+                    listener(out, now)
+                self._deliver(out.request_id, out)
+            if self.realtime and seconds > 0:
+                self._stop.wait(seconds)
+        self._drain()
+
+
+def _set_result(
+    future: asyncio.Future[Any], value: Any, runner: EngineRunner, request_id: str
+) -> None:
+    if future.cancelled():  # the client left while the request was being queued
+        runner.abort(request_id)
+    else:
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.cancelled():
+        future.set_exception(exc)

@@ -7,7 +7,7 @@ import logging
 import typer
 
 from speclens import __version__
-from speclens.cli import demo, profiles, serve
+from speclens.cli import bench, demo, profiles, serve
 
 app = typer.Typer(
     name="speclens",
@@ -19,6 +19,7 @@ app = typer.Typer(
 app.add_typer(profiles.app, name="profiles")
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
+app.command("bench")(bench.bench)
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,169 @@
+"""Every figure of a run, computed once from the records: latency, throughput, goodput, and
+acceptance (per request, token-weighted, pooled histogram, per category), plus the cross-check
+of each request's verify steps and accepted drafts against its ``completion_tokens``."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from speclens.acceptance import AcceptanceHistogram
+from speclens.bench.client import RequestRecord, RunResult
+
+SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
+
+
+def distribution(values: Iterable[float | None], scale: float = 1.0) -> dict[str, float] | None:
+    """mean, p50, p90, p99, min, max (scaled, e.g. to ms); None when there are no values."""
+    data = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if data.size == 0:
+        return None
+    data = data * scale
+    return {
+        "mean": float(data.mean()),
+        "p50": float(np.percentile(data, 50)),
+        "p90": float(np.percentile(data, 90)),
+        "p99": float(np.percentile(data, 99)),
+        "min": float(data.min()),
+        "max": float(data.max()),
+        "count": int(data.size),
+    }
+
+
+def parse_slo(text: str | None) -> dict[str, float]:
+    """``ttft:200,tpot:20`` (milliseconds) -> {"ttft": 0.2, "tpot": 0.02}."""
+    if not text:
+        return {}
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition(":")
+        name = name.strip().lower()
+        if not sep or name not in SLO_METRICS:
+            raise ValueError(f"--slo: expected NAME:MS with NAME in {SLO_METRICS}, got {part!r}")
+        try:
+            out[name] = float(value) / 1000.0
+        except ValueError:
+            raise ValueError(f"--slo: {value!r} is not a number of milliseconds") from None
+    return out
+
+
+def _meets(record: RequestRecord, slo: dict[str, float]) -> bool:
+    values = {
+        "ttft": record.ttft,
+        "tpot": record.tpot,
+        "itl": max(record.itl) if record.itl else None,
+        "e2e": record.latency,
+    }
+    return all(values[name] is not None and values[name] <= limit for name, limit in slo.items())  # type: ignore[operator]
+
+
+def consistency_problem(record: RequestRecord) -> str | None:
+    """A request's stats cannot account for its tokens: more tokens than its steps produced.
+
+    Each verify step emits its accepted drafts plus one token, and the first token comes from
+    prefill, so completion_tokens <= steps + accepted + 1 (fewer when max_tokens cut the last
+    step short, or a stop string ended it).
+    """
+    spec, tokens = record.spec, record.completion_tokens
+    if spec is None or tokens is None:
+        return None
+    produced = spec["num_spec_steps"] + spec["num_accepted_draft_tokens"] + 1
+    if tokens > produced:
+        return f"completion_tokens {tokens} > steps + accepted + 1 = {produced}"
+    return None
+
+
+def acceptance(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    with_stats = [r for r in records if r.spec is not None]
+    pooled = AcceptanceHistogram()
+    drafted = accepted = steps = 0
+    per_category: dict[str, AcceptanceHistogram] = defaultdict(AcceptanceHistogram)
+    for r in with_stats:
+        spec = r.spec
+        assert spec is not None
+        hist = AcceptanceHistogram({int(j): n for j, n in spec["acceptance_histogram"].items()})
+        pooled.update(hist)
+        per_category[r.category].update(hist)
+        drafted += spec["num_draft_tokens"]
+        accepted += spec["num_accepted_draft_tokens"]
+        steps += spec["num_spec_steps"]
+    statuses: dict[str, int] = defaultdict(int)
+    for r in records:
+        statuses[r.spec_status] += 1
+    inconsistent = [
+        {"index": r.index, "problem": p} for r in with_stats if (p := consistency_problem(r))
+    ]
+    return {
+        "requests_with_stats": len(with_stats),
+        "detection": dict(statuses),
+        "adapters": sorted({r.spec_adapter for r in with_stats if r.spec_adapter}),
+        "num_spec_tokens": next((r.spec["num_spec_tokens"] for r in with_stats if r.spec and r.spec.get("num_spec_tokens")), None),
+        "per_request_al": distribution(r.spec["mean_acceptance_length"] for r in with_stats if r.spec and r.spec["num_spec_steps"]),
+        "per_request_draft_acceptance_rate": distribution(
+            r.spec["draft_acceptance_rate"] for r in with_stats if r.spec and r.spec["num_draft_tokens"]
+        ),
+        "token_weighted_al": pooled.acceptance_length if steps else None,
+        "draft_acceptance_rate": accepted / drafted if drafted else None,
+        "accepted_per_step": accepted / steps if steps else None,
+        "verify_steps": steps,
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+        "histogram": {str(j): n for j, n in pooled.counts.items()},
+        "zero_step_requests": sum(1 for r in with_stats if r.spec and r.spec["num_spec_steps"] == 0),
+        "al_by_category": {
+            c: {"al": h.acceptance_length, "verify_steps": h.num_steps}
+            for c, h in sorted(per_category.items())
+        },
+        "inconsistent_requests": inconsistent,
+    }  # fmt: skip
+
+
+def summarize(result: RunResult, slo: dict[str, float] | None = None) -> dict[str, Any]:
+    measured = [r for r in result.records if not r.warmup]
+    ok = [r for r in measured if r.success]
+    duration = result.duration or float("nan")
+    output_tokens = sum(r.completion_tokens or 0 for r in ok)
+    figures: dict[str, Any] = {
+        "requests": {
+            "sent": len(measured),
+            "completed": len(ok),
+            "failed": len(measured) - len(ok),
+            "warmup": len(result.records) - len(measured),
+            "errors": _error_counts(measured),
+        },
+        "duration_s": result.duration,
+        "interrupted": result.interrupted,
+        "throughput": {
+            "requests_per_s": len(ok) / duration if ok else 0.0,
+            "output_tokens_per_s": output_tokens / duration if ok else 0.0,
+            "total_output_tokens": output_tokens,
+            "total_prompt_tokens": sum(r.prompt_tokens or 0 for r in ok),
+        },
+        "latency_ms": {
+            "ttft": distribution((r.ttft for r in ok), 1000.0),
+            "tpot": distribution((r.tpot for r in ok), 1000.0),
+            "itl": distribution((x for r in ok for x in r.itl), 1000.0),
+            "e2e": distribution((r.latency for r in ok), 1000.0),
+        },
+        "acceptance": acceptance(ok),
+    }
+    if slo:
+        good = [r for r in ok if _meets(r, slo)]
+        figures["goodput"] = {
+            "slo_ms": {k: v * 1000 for k, v in slo.items()},
+            "requests_per_s": len(good) / duration if good else 0.0,
+            "fraction": len(good) / len(ok) if ok else 0.0,
+        }
+    return figures
+
+
+def _error_counts(records: Iterable[RequestRecord]) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for r in records:
+        if r.error:
+            counts[r.error.split(":", 1)[0][:60]] += 1
+    return dict(counts)

@@ -1,0 +1,230 @@
+"""Reports: rich console tables, and files: summary.json, records.jsonl, summary.csv, PNG plots."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from speclens.bench.client import RequestRecord
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def print_summary(console: Console, summary: dict[str, Any]) -> None:
+    figures = summary["figures"]
+    req, tput = figures["requests"], figures["throughput"]
+    head = Table(title="Run", show_header=False)
+    head.add_row(
+        "requests", f"{req['completed']} completed, {req['failed']} failed, {req['warmup']} warm-up"
+    )
+    head.add_row(
+        "duration",
+        f"{figures['duration_s']:.2f} s" + (" (interrupted)" if figures["interrupted"] else ""),
+    )
+    head.add_row("request throughput", f"{tput['requests_per_s']:.2f} req/s")
+    head.add_row("output throughput", f"{tput['output_tokens_per_s']:,.1f} tok/s")
+    if "goodput" in figures:
+        good = figures["goodput"]
+        head.add_row(
+            "goodput",
+            f"{good['requests_per_s']:.2f} req/s ({good['fraction']:.1%} within {good['slo_ms']} ms)",
+        )
+    console.print(head)
+
+    latency = Table(title="Latency (ms)")
+    for col in ("metric", "mean", "p50", "p90", "p99", "min", "max"):
+        latency.add_column(col, justify="right" if col != "metric" else "left")
+    for name, dist in figures["latency_ms"].items():
+        if dist is None:
+            latency.add_row(name.upper(), *["-"] * 6)
+        else:
+            latency.add_row(
+                name.upper(), *(_fmt(dist[k]) for k in ("mean", "p50", "p90", "p99", "min", "max"))
+            )
+    console.print(latency)
+
+    acc = figures["acceptance"]
+    table = Table(title="Acceptance", show_header=False)
+    table.add_row(
+        "requests with stats",
+        f"{acc['requests_with_stats']} ({', '.join(acc['adapters']) or 'none'})",
+    )
+    table.add_row("token-weighted AL", _fmt(acc["token_weighted_al"], 4))
+    per_req = acc["per_request_al"]
+    if per_req:
+        table.add_row(
+            "per-request AL",
+            f"mean {per_req['mean']:.4f}, p50 {per_req['p50']:.4f}, p90 {per_req['p90']:.4f}, p99 {per_req['p99']:.4f}",
+        )
+    table.add_row("draft acceptance rate", _fmt(acc["draft_acceptance_rate"], 4))
+    table.add_row("accepted per verify step", _fmt(acc["accepted_per_step"], 4))
+    table.add_row("verify steps", str(acc["verify_steps"]))
+    table.add_row(
+        "histogram (accepted: steps)",
+        ", ".join(f"{j}: {n}" for j, n in acc["histogram"].items()) or "-",
+    )
+    table.add_row("zero-step requests", str(acc["zero_step_requests"]))
+    for category, row in acc["al_by_category"].items():
+        table.add_row(f"AL [{category}]", f"{row['al']:.4f} over {row['verify_steps']} steps")
+    if acc["inconsistent_requests"]:
+        table.add_row("inconsistent requests", str(len(acc["inconsistent_requests"])))
+    server = summary.get("server_check") or {}
+    if server.get("available"):
+        table.add_row(
+            "server counters",
+            ("agree" if server["consistent"] else "; ".join(server["flags"]))
+            + f" ({server['source']})",
+        )
+    console.print(table)
+    for warning in summary.get("warnings", []):
+        console.print(f"[bold yellow]warning:[/] {warning}")
+    verdict = summary.get("verdict")
+    if verdict:
+        style = "bold green" if verdict["passed"] else "bold red"
+        word = "PASS" if verdict["passed"] else "FAIL"
+        console.print(
+            f"[{style}]verification {word}[/]: expected AL {verdict['expected_acceptance_length']:g}: {verdict['reason']}"
+        )
+
+
+def _flatten(data: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from _flatten(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(data, list) and not all(isinstance(v, int | float | str) for v in data):
+        for i, value in enumerate(data):
+            yield from _flatten(value, f"{prefix}[{i}]")
+    else:
+        yield prefix, data
+
+
+def record_row(record: RequestRecord) -> dict[str, Any]:
+    return {
+        "index": record.index,
+        "category": record.category,
+        "warmup": record.warmup,
+        "success": record.success,
+        "status": record.status,
+        "error": record.error,
+        "start_s": record.start,
+        "ttft_s": record.ttft,
+        "latency_s": record.latency,
+        "tpot_s": record.tpot,
+        "itl_s": record.itl,
+        "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens,
+        "finish_reason": record.finish_reason,
+        "spec_decode_acceptance": record.spec,
+        "spec_decode_status": record.spec_status,
+        "spec_decode_adapter": record.spec_adapter,
+        "spec_decode_message": record.spec_message,
+        "raw": record.responses,
+    }
+
+
+def write_files(out_dir: Path, summary: dict[str, Any], records: list[RequestRecord]) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    path = out_dir / "summary.json"
+    path.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    written.append(path)
+    path = out_dir / "records.jsonl"
+    with path.open("wb") as fh:
+        for record in records:
+            fh.write(orjson.dumps(record_row(record)) + b"\n")
+    written.append(path)
+    path = out_dir / "summary.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["figure", "value"])
+        for key, value in _flatten(summary["figures"]):
+            writer.writerow(
+                [key, value if not isinstance(value, list) else " ".join(map(str, value))]
+            )
+    written.append(path)
+    written += plots(out_dir, summary, records)
+    return written
+
+
+def plots(out_dir: Path, summary: dict[str, Any], records: list[RequestRecord]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    written: list[Path] = []
+    measured = [r for r in records if not r.warmup and r.success]
+    acc = summary["figures"]["acceptance"]
+    verdict = summary.get("verdict")
+    if acc["histogram"]:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        hist = {int(j): n for j, n in acc["histogram"].items()}
+        steps = sum(hist.values())
+        xs = sorted(hist)
+        ax.bar([x - 0.2 for x in xs], [hist[x] / steps for x in xs], width=0.4, label="observed")
+        if verdict:
+            expected = {int(j): p for j, p in verdict["expected_distribution"].items()}
+            ax.bar(
+                [x + 0.2 for x in expected],
+                list(expected.values()),
+                width=0.4,
+                label="forced schedule",
+            )
+        ax.set_xlabel("accepted drafts per verify step")
+        ax.set_ylabel("fraction of verify steps")
+        ax.set_title(f"Pooled acceptance histogram ({steps} steps)")
+        ax.legend()
+        written.append(_save(fig, out_dir / "acceptance_histogram.png"))
+    pairs = [
+        (r.spec["mean_acceptance_length"], r.tpot * 1000) for r in measured if r.spec and r.tpot
+    ]
+    if pairs:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.scatter([p[1] for p in pairs], [p[0] for p in pairs], s=10)
+        ax.set_xlabel("TPOT (ms)")
+        ax.set_ylabel("request AL")
+        ax.set_title("Acceptance length against time per output token")
+        written.append(_save(fig, out_dir / "al_vs_tpot.png"))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    drawn = False
+    for name, values in (
+        ("TTFT", [r.ttft for r in measured]),
+        ("TPOT", [r.tpot for r in measured]),
+        ("E2E", [r.latency for r in measured]),
+    ):
+        data = np.sort(np.array([v * 1000 for v in values if v is not None]))
+        if data.size:
+            ax.plot(data, np.arange(1, data.size + 1) / data.size, label=name)
+            drawn = True
+    if drawn:
+        ax.set_xscale("log")
+        ax.set_xlabel("ms")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title("Latency CDFs")
+        ax.legend()
+        written.append(_save(fig, out_dir / "latency_cdf.png"))
+    else:
+        plt.close(fig)
+    return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,122 @@
+"""What the server says about itself: ``/version`` and its acceptance counters, scraped before
+and after a run so the client's totals can be checked against the server's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+
+VLLM = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
+
+
+def parse_metrics(text: str) -> dict[str, float] | None:
+    """vLLM's counters, or ATOM's names, from Prometheus text; None when neither is there."""
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        total = sum(s.value for s in family.samples if not s.name.endswith("_created"))
+        sums[family.name] = sums.get(family.name, 0.0) + total
+    if all(name in sums for name in VLLM.values()):
+        return {key: sums[name] for key, name in VLLM.items()} | {"source": "metrics:vllm"}  # type: ignore[dict-item]
+    if "atom:mtp_decode_steps" in sums and "atom:mtp_accepted_tokens" in sums:
+        return {
+            "drafts": sums["atom:mtp_decode_steps"],
+            "draft_tokens": sums.get("atom:mtp_draft_tokens", float("nan")),
+            "accepted_tokens": sums["atom:mtp_accepted_tokens"],
+            "source": "metrics:atom",  # type: ignore[dict-item]
+        }
+    return None
+
+
+async def _get(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str]
+) -> tuple[int, bytes]:
+    try:
+        async with session.get(url, headers=headers) as resp:
+            return resp.status, await resp.read()
+    except (aiohttp.ClientError, TimeoutError):
+        return 0, b""
+
+
+async def scrape(base_url: str, api_key: str | None = None) -> dict[str, Any] | None:
+    """The server's acceptance counters: /metrics first, then /debug/mtp_stats."""
+    base = base_url.rstrip("/")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        status, body = await _get(session, base + "/metrics", headers)
+        if status == 200:
+            try:
+                parsed = parse_metrics(body.decode("utf-8", errors="replace"))
+            except ValueError:
+                parsed = None
+            if parsed is not None:
+                return parsed
+        status, body = await _get(session, base + "/debug/mtp_stats", headers)
+        if status == 200:
+            try:
+                stats = orjson.loads(body)
+                return {
+                    "drafts": float(sum(stats["distribution"].values())),
+                    "draft_tokens": float(stats["total_draft_tokens"]),
+                    "accepted_tokens": float(stats["total_accepted_tokens"]),
+                    "source": "debug/mtp_stats",
+                }
+            except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+                return None
+    return None
+
+
+async def server_info(base_url: str, api_key: str | None = None) -> dict[str, Any] | None:
+    """The server's ``/version`` (speclens and vLLM report one), or None."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        status, body = await _get(session, base_url.rstrip("/") + "/version", headers)
+    if status != 200:
+        return None
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else {"version": data}
+
+
+def cross_check(
+    before: dict[str, Any] | None, after: dict[str, Any] | None, client: dict[str, Any]
+) -> dict[str, Any]:
+    """The server's counters gained over the run against the client's per-request totals."""
+    if before is None or after is None:
+        return {"available": False, "note": "the server exposes no acceptance counters"}
+    delta = {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted_tokens")}
+    mine = {
+        "drafts": client["verify_steps"],
+        "draft_tokens": client["draft_tokens"],
+        "accepted_tokens": client["accepted_tokens"],
+    }
+    flags = []
+    for key, value in delta.items():
+        if value != value:  # NaN: not reported
+            continue
+        if value > mine[key]:
+            flags.append(
+                f"server counted {value - mine[key]:g} more {key} than the client's requests carried: traffic the client did not send"
+            )
+        elif value < mine[key]:
+            flags.append(
+                f"server counted {mine[key] - value:g} fewer {key} than the client's requests report"
+            )
+    return {
+        "available": True,
+        "source": after.get("source"),
+        "server_delta": delta,
+        "client_totals": mine,
+        "server_al": 1.0 + delta["accepted_tokens"] / delta["drafts"] if delta["drafts"] else None,
+        "consistent": not flags,
+        "flags": flags,
+    }

@@ -1,0 +1,72 @@
+"""Judge a run against the acceptance it was supposed to hit.
+
+Under forced acceptance at AL X, every verify step accepts floor(X - 1) or ceil(X - 1) drafts
+(the minimum-variance schedule), the latter with probability frac(X - 1). The verdict checks the
+realized token-weighted AL against X within ``z`` standard errors of that schedule, that no step
+fell outside those two counts, and that the split lies within ``z`` standard errors of frac.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from speclens.acceptance import accepted_count_distribution, minimum_variance_rates
+
+DEFAULT_Z = 4.0
+
+
+def verify(
+    histogram: dict[str, int], expected_length: float, k: int, z: float = DEFAULT_Z
+) -> dict[str, Any]:
+    """The verdict and the numbers behind it (``passed`` is the bottom line)."""
+    counts = {int(j): n for j, n in histogram.items() if n}
+    steps = sum(counts.values())
+    expected = accepted_count_distribution(minimum_variance_rates(expected_length, k))
+    out: dict[str, Any] = {
+        "expected_acceptance_length": expected_length,
+        "num_spec_tokens": k,
+        "z": z,
+        "verify_steps": steps,
+        "expected_distribution": {str(j): p for j, p in expected.items()},
+    }
+    if steps == 0:
+        return {**out, "passed": False, "reason": "no verify steps were reported: nothing to judge"}
+    realized = 1.0 + sum(j * n for j, n in counts.items()) / steps
+    high = max(expected)
+    p_high = expected[high] if len(expected) == 2 else 0.0
+    se = math.sqrt(p_high * (1.0 - p_high) / steps)
+    tolerance = z * se + 1e-9
+    unexpected = {str(j): n for j, n in sorted(counts.items()) if j not in expected}
+    observed_high = counts.get(high, 0) / steps if len(expected) == 2 else None
+    al_ok = abs(realized - expected_length) <= tolerance
+    split_ok = observed_high is None or abs(observed_high - p_high) <= tolerance
+    histogram_ok = not unexpected and split_ok
+    reasons = []
+    if not al_ok:
+        reasons.append(
+            f"realized AL {realized:.4f} is outside {expected_length:g} ± {tolerance:.4f} "
+            f"({z:g} standard errors of {se:.4f} over {steps} verify steps)"
+        )
+    if unexpected:
+        reasons.append(
+            f"steps accepted counts the schedule never draws: {unexpected} "
+            f"(expected only {sorted(expected)})"
+        )
+    if not split_ok:
+        reasons.append(
+            f"{observed_high:.4f} of steps accepted {high}, expected {p_high:.4f} ± {tolerance:.4f}"
+        )
+    return {
+        **out,
+        "realized_acceptance_length": realized,
+        "standard_error": se,
+        "interval": [expected_length - tolerance, expected_length + tolerance],
+        "al_ok": al_ok,
+        "histogram_ok": histogram_ok,
+        "unexpected_buckets": unexpected,
+        "observed_split": observed_high,
+        "expected_split": p_high if len(expected) == 2 else None,
+        "passed": al_ok and histogram_ok,
+        "reason": "; ".join(reasons) or "realized AL and histogram match the forced schedule",
+    }

@@ -19,8 +19,8 @@ from typing import Any, Literal
 import aiohttp
 import numpy as np
 import orjson
-from speclens.bench.adapters import detect
 
+from speclens.bench.adapters import detect
 from speclens.bench.datasets import Prompt
 from speclens.bench.sse import SSEParser
 

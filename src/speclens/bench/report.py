@@ -77,7 +77,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     )
     table.add_row("zero-step requests", str(acc["zero_step_requests"]))
     for category, row in acc["al_by_category"].items():
-        table.add_row(f"AL [{category}]", f"{row['al']:.4f} over {row['verify_steps']} steps")
+        table.add_row(f"AL ({category})", f"{row['al']:.4f} over {row['verify_steps']} steps")
     if acc["inconsistent_requests"]:
         table.add_row("inconsistent requests", str(len(acc["inconsistent_requests"])))
     server = summary.get("server_check") or {}
@@ -138,12 +138,17 @@ def write_files(out_dir: Path, summary: dict[str, Any], records: list[RequestRec
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     path = out_dir / "summary.json"
-    path.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    path.write_bytes(
+        orjson.dumps(
+            summary,
+            option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
+        )
+    )
     written.append(path)
     path = out_dir / "records.jsonl"
     with path.open("wb") as fh:
         for record in records:
-            fh.write(orjson.dumps(record_row(record)) + b"\n")
+            fh.write(orjson.dumps(record_row(record), option=orjson.OPT_NON_STR_KEYS) + b"\n")
     written.append(path)
     path = out_dir / "summary.csv"
     with path.open("w", newline="", encoding="utf-8") as fh:
@@ -183,6 +188,8 @@ def plots(out_dir: Path, summary: dict[str, Any], records: list[RequestRecord]) 
                 width=0.4,
                 label="forced schedule",
             )
+        ticks = set(xs) | ({int(j) for j in verdict["expected_distribution"]} if verdict else set())
+        ax.set_xticks(sorted(ticks))
         ax.set_xlabel("accepted drafts per verify step")
         ax.set_ylabel("fraction of verify steps")
         ax.set_title(f"Pooled acceptance histogram ({steps} steps)")

@@ -16,20 +16,24 @@ VLLM = {
 }
 
 
-def parse_metrics(text: str) -> dict[str, float] | None:
+def parse_metrics(text: str) -> dict[str, Any] | None:
     """vLLM's counters, or ATOM's names, from Prometheus text; None when neither is there."""
     sums: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        total = sum(s.value for s in family.samples if not s.name.endswith("_created"))
-        sums[family.name] = sums.get(family.name, 0.0) + total
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            name = sample.name.removesuffix("_total")  # exporters differ on where _total goes
+            sums[name] = sums.get(name, 0.0) + sample.value
     if all(name in sums for name in VLLM.values()):
-        return {key: sums[name] for key, name in VLLM.items()} | {"source": "metrics:vllm"}  # type: ignore[dict-item]
+        out: dict[str, Any] = {key: sums[name] for key, name in VLLM.items()}
+        return out | {"source": "metrics:vllm"}
     if "atom:mtp_decode_steps" in sums and "atom:mtp_accepted_tokens" in sums:
         return {
             "drafts": sums["atom:mtp_decode_steps"],
             "draft_tokens": sums.get("atom:mtp_draft_tokens", float("nan")),
             "accepted_tokens": sums["atom:mtp_accepted_tokens"],
-            "source": "metrics:atom",  # type: ignore[dict-item]
+            "source": "metrics:atom",
         }
     return None
 

@@ -145,7 +145,7 @@ def bench(
             )  # fmt: skip
         expectation = Expectation(res.acceptance_length, res.num_spec_tokens, res.model_dump())
     config = LoadConfig(
-        url=url, model=model, endpoint=endpoint.value, api_key=api_key,  # type: ignore[arg-type]
+        url=url, model=model, endpoint=endpoint.value, api_key=api_key,
         num_requests=count, duration=duration,
         concurrency=None if request_rate else (concurrency or 8), request_rate=request_rate,
         burstiness=burstiness, warmup=warmup, max_tokens=max_tokens, ignore_eos=ignore_eos,

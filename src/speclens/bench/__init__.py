@@ -1,0 +1,1 @@
+"""The benchmark client: load, raw responses, per-request acceptance records, reports."""

@@ -1,0 +1,271 @@
+"""What every built-in adapter shares: strict field reading, the usage and n > 1 rules, and a base
+class that turns any failure into ``None`` plus a reason.
+
+The wire is untrusted JSON, so every reader checks the type it gets (a count must be a JSON
+integer, a ratio a finite number) and raises ``Malformed`` with the field's path otherwise;
+nothing is coerced, because a payload of the wrong type is one we do not understand.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, TypeGuard
+
+import pydantic
+
+from speclens.bench.record import MAX_COUNT, SpecDecodeAcceptanceRecord
+
+logger = logging.getLogger("speclens.bench.adapters")
+
+Responses = list[dict[str, Any]]
+
+_KEY = re.compile(r"0|[1-9][0-9]*")
+
+
+class Malformed(Exception):
+    """The payload is present but cannot become a record; the message says why."""
+
+
+class MultipleSequences(Malformed):
+    """The request produced several sequences; its acceptance is suppressed, not mixed."""
+
+
+# --- walking the responses ------------------------------------------------------------------------
+
+
+def objects(responses: object) -> Iterator[dict[str, Any]]:
+    """The JSON objects among ``responses`` (anything else a client appended is skipped)."""
+    if isinstance(responses, list):
+        for item in responses:
+            if isinstance(item, dict):
+                yield item
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """A JSON integer: ``bool`` is an ``int`` subclass in Python but not a number on the wire."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def choices(response: Mapping[str, Any]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(index, choice)`` for each choice object; a choice without an integer index takes its
+    position, which is what a single-sequence stream without indices means."""
+    raw = response.get("choices")
+    if isinstance(raw, list):
+        for position, choice in enumerate(raw):
+            if isinstance(choice, dict):
+                index = choice.get("index")
+                yield (index if is_int(index) else position), choice
+
+
+def sequence_count(responses: object) -> int:
+    """How many sequences the request produced: distinct choice indices across all objects, the
+    most choices any one body carried, or distinct root ``index`` values (SGLang's native
+    streaming labels each sequence's chunk at the root)."""
+    indices: set[object] = set()
+    root_indices: set[object] = set()
+    most = 0
+    for response in objects(responses):
+        raw = response.get("choices")
+        if isinstance(raw, list):
+            most = max(most, len(raw))
+            indices.update(index for index, _ in choices(response))
+        root = response.get("index")
+        if is_int(root):
+            root_indices.add(root)
+    return max(len(indices), len(root_indices), most)
+
+
+def last_choice_value(responses: object, key: str) -> tuple[bool, Any]:
+    """``(found, value)`` for the last choice carrying a non-null ``key`` (streaming engines put
+    the final stats on the finishing chunk's choice; a cumulative re-send is superseded)."""
+    found, value = False, None
+    for response in objects(responses):
+        for _, choice in choices(response):
+            if choice.get(key) is not None:
+                found, value = True, choice[key]
+    return found, value
+
+
+def completion_tokens(responses: object) -> int | None:
+    """``usage.completion_tokens`` of the last object carrying usage; ``None`` when none did.
+
+    Only the usage counts: engine-side fields such as SGLang's ``meta_info.completion_tokens``
+    are ignored so every engine's record normalizes against the same number.
+    """
+    usage: Any = None
+    for response in objects(responses):
+        value = response.get("usage")
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise Malformed(f"usage is not an object: {value!r:.80}")
+        usage = value
+    if usage is None or usage.get("completion_tokens") is None:
+        return None
+    return as_count(usage["completion_tokens"], "usage.completion_tokens")
+
+
+# --- reading fields -------------------------------------------------------------------------------
+
+
+def as_object(value: object, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise Malformed(f"{where} is not an object: {value!r:.80}")
+    return value
+
+
+def as_count(value: object, where: str) -> int:
+    """A JSON integer in [0, 2**63 - 1]."""
+    if not is_int(value):
+        raise Malformed(f"{where} is not an integer: {value!r:.80}")
+    if not 0 <= value <= MAX_COUNT:
+        raise Malformed(f"{where} is out of range: {value}")
+    return value
+
+
+def as_number(value: object, where: str) -> float:
+    """A finite JSON number (an integer is fine: some servers write 1 for 1.0)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise Malformed(f"{where} is not a number: {value!r:.80}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise Malformed(f"{where} is out of range") from None
+    if not math.isfinite(number):
+        raise Malformed(f"{where} is not finite: {value!r}")
+    return number
+
+
+def required(obj: Mapping[str, Any], key: str, where: str) -> Any:
+    """A field that must be present and non-null."""
+    if obj.get(key) is None:
+        raise Malformed(f"{where}.{key} is missing")
+    return obj[key]
+
+
+def count(obj: Mapping[str, Any], key: str, where: str) -> int:
+    """A required count."""
+    return as_count(required(obj, key, where), f"{where}.{key}")
+
+
+def number(obj: Mapping[str, Any], key: str, where: str) -> float:
+    """A required finite number."""
+    return as_number(required(obj, key, where), f"{where}.{key}")
+
+
+def optional_count(obj: Mapping[str, Any], key: str, where: str) -> int | None:
+    return None if obj.get(key) is None else as_count(obj[key], f"{where}.{key}")
+
+
+def optional_number(obj: Mapping[str, Any], key: str, where: str) -> float | None:
+    return None if obj.get(key) is None else as_number(obj[key], f"{where}.{key}")
+
+
+def aliased_count(obj: Mapping[str, Any], keys: tuple[str, ...], where: str) -> int | None:
+    """One count that engines spell several ways; every spelling present must agree."""
+    seen = {key: as_count(obj[key], f"{where}.{key}") for key in keys if obj.get(key) is not None}
+    if len(set(seen.values())) > 1:
+        raise Malformed(f"{where}: {seen} disagree")
+    return next(iter(seen.values()), None)
+
+
+def count_list(obj: Mapping[str, Any], key: str, where: str) -> list[int] | None:
+    """An optional array of counts (the per-step arrays)."""
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise Malformed(f"{where}.{key} is not an array: {value!r:.80}")
+    return [as_count(v, f"{where}.{key}[{i}]") for i, v in enumerate(value)]
+
+
+def dense_histogram(value: object, where: str) -> dict[int, int]:
+    """A dense list, index j = steps that accepted exactly j drafts."""
+    if not isinstance(value, list):
+        raise Malformed(f"{where} is not an array: {value!r:.80}")
+    return {j: as_count(n, f"{where}[{j}]") for j, n in enumerate(value)}
+
+
+def keyed_histogram(value: object, where: str) -> dict[int, int]:
+    """A map keyed by accepted-draft count: JSON string keys ("0", "12"; no signs, spaces or
+    leading zeros) int-cast; integer keys are taken as they are (a pre-parsed payload)."""
+    obj = as_object(value, where)
+    out: dict[int, int] = {}
+    for key, n in obj.items():
+        if is_int(key):
+            j = key
+        elif isinstance(key, str) and _KEY.fullmatch(key):
+            j = int(key)
+        else:
+            raise Malformed(f"{where} has a key that is not a count: {key!r:.40}")
+        if j in out:
+            raise Malformed(f"{where} holds key {j} twice")
+        out[j] = as_count(n, f"{where}[{key!r}]")
+    return out
+
+
+def any_histogram(value: object, where: str) -> dict[int, int]:
+    """Dense list or keyed map, whichever the engine sent."""
+    return (
+        dense_histogram(value, where) if isinstance(value, list) else keyed_histogram(value, where)
+    )
+
+
+# --- the base class -------------------------------------------------------------------------------
+
+
+def _summarize(exc: pydantic.ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'record'}: {e['msg']}" for e in exc.errors()
+    )
+
+
+class BuiltinAdapter:
+    """Stateless; subclasses say where their shape lives (``_present``) and how it maps
+    (``_build``). ``adapt`` never raises: a failure becomes ``None``, and ``diagnose`` says why."""
+
+    name: ClassVar[str]
+    priority: ClassVar[int]
+    engine: ClassVar[str]
+
+    @classmethod
+    def can_adapt(cls, responses: Responses) -> bool:
+        try:
+            return cls._present(responses)
+        except Exception:  # an adapter must never take detection down
+            logger.debug("%s: can_adapt failed", cls.name, exc_info=True)
+            return False
+
+    @classmethod
+    def adapt(cls, responses: Responses) -> SpecDecodeAcceptanceRecord | None:
+        return cls.diagnose(responses)[0]
+
+    @classmethod
+    def diagnose(cls, responses: Responses) -> tuple[SpecDecodeAcceptanceRecord | None, str | None]:
+        """``(record, None)``, or ``(None, why there is no record)``."""
+        try:
+            if not cls._present(responses):
+                return None, f"{cls.name}: no payload of this shape"
+            n = sequence_count(responses)
+            if n > 1:
+                raise MultipleSequences(f"n > 1 ({n} sequences): acceptance is suppressed")
+            return cls._build(responses), None
+        except Malformed as exc:
+            reason = str(exc)
+        except pydantic.ValidationError as exc:
+            reason = f"self-contradicting: {_summarize(exc)}"
+        except Exception as exc:  # anything else is a payload shape nobody anticipated
+            logger.debug("%s: adapt failed", cls.name, exc_info=True)
+            reason = f"unreadable payload ({type(exc).__name__}: {exc})"
+        return None, f"{cls.name}: {reason}"
+
+    @classmethod
+    def _present(cls, responses: Responses) -> bool:
+        raise NotImplementedError
+
+    @classmethod
+    def _build(cls, responses: Responses) -> SpecDecodeAcceptanceRecord:
+        raise NotImplementedError

@@ -1,0 +1,96 @@
+"""vLLM's merged shape: response-root ``metrics.speculative_decoding`` with a dense histogram.
+
+Enabled with ``--per-request-spec-decode-metrics {summary,detailed}``; present only for n == 1; in
+a stream it rides the final usage chunk (our server puts it on the finishing chunk when the client
+asked for no usage). The histogram is a list, index j = steps that accepted exactly j drafts, of
+length K + 1, so K is read from its length when ``num_spec_tokens`` is absent. Field names follow
+``speclens.server.protocol.root_metrics``; vLLM's ``num_drafts`` / ``num_accepted_tokens`` (its
+Prometheus counter names) are read as aliases, and every spelling present must agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from speclens.acceptance.histogram import AcceptanceHistogram
+from speclens.bench.adapters._common import (
+    BuiltinAdapter,
+    Malformed,
+    Responses,
+    aliased_count,
+    as_object,
+    completion_tokens,
+    count,
+    count_list,
+    dense_histogram,
+    objects,
+    optional_count,
+    optional_number,
+    required,
+)
+from speclens.bench.record import SpecDecodeAcceptanceRecord
+
+WHERE = "metrics.speculative_decoding"
+STEPS = ("num_spec_steps", "num_drafts")
+ACCEPTED = ("num_accepted_draft_tokens", "num_accepted_tokens")
+
+
+def _last(responses: Responses) -> tuple[bool, Any]:
+    found, value = False, None
+    for response in objects(responses):
+        metrics = response.get("metrics")
+        if isinstance(metrics, dict) and metrics.get("speculative_decoding") is not None:
+            found, value = True, metrics["speculative_decoding"]
+    return found, value
+
+
+class VLLMMetricsAdapter(BuiltinAdapter):
+    """Second to the per-choice object: our server sends both, and they must agree."""
+
+    name = "vllm-root-metrics"
+    priority = 110
+    engine = "vllm"
+
+    @classmethod
+    def _present(cls, responses: Responses) -> bool:
+        return _last(responses)[0]
+
+    @classmethod
+    def _build(cls, responses: Responses) -> SpecDecodeAcceptanceRecord:
+        spec = as_object(_last(responses)[1], WHERE)
+        dense = required(spec, "acceptance_histogram", WHERE)
+        hist = dense_histogram(dense, f"{WHERE}.acceptance_histogram")
+        k = optional_count(spec, "num_spec_tokens", WHERE)
+        if k is None:
+            k = len(hist) - 1
+            if k < 1:
+                raise Malformed(f"{WHERE}.acceptance_histogram has {len(hist)} entries: no K >= 1")
+        elif len(hist) != k + 1:
+            raise Malformed(
+                f"{WHERE}.acceptance_histogram has {len(hist)} entries, not K + 1 = {k + 1}"
+            )
+        steps = aliased_count(spec, STEPS, WHERE)
+        accepted = aliased_count(spec, ACCEPTED, WHERE)
+        if steps is None or accepted is None:
+            missing = STEPS if steps is None else ACCEPTED
+            raise Malformed(f"{WHERE}: none of {', '.join(missing)} is present")
+        drafted = count(spec, "num_draft_tokens", WHERE)
+        mean = optional_number(spec, "mean_acceptance_length", WHERE)
+        rate = optional_number(spec, "draft_acceptance_rate", WHERE)
+        return SpecDecodeAcceptanceRecord(
+            engine=cls.engine,
+            mean_acceptance_length=(
+                AcceptanceHistogram(hist).acceptance_length if mean is None else mean
+            ),
+            draft_acceptance_rate=(accepted / drafted if drafted else 0.0)
+            if rate is None
+            else rate,
+            acceptance_histogram=hist,
+            num_accepted_draft_tokens=accepted,
+            num_draft_tokens=drafted,
+            num_spec_steps=steps,
+            num_spec_tokens=k,
+            completion_tokens=completion_tokens(responses),
+            per_step_accepted=count_list(spec, "per_step_accepted", WHERE),
+            per_step_drafted=count_list(spec, "per_step_drafted", WHERE),
+        )

@@ -136,6 +136,34 @@ def _finish_reason(chunk: dict[str, Any]) -> str | None:
     return None
 
 
+_PLAIN_ROOT = frozenset({"id", "object", "created", "model", "choices", "usage", "system_fingerprint"})
+_PLAIN_CHOICE = frozenset({"index", "text", "delta", "logprobs", "finish_reason", "stop_reason"})
+
+
+def carriers(responses: list[Any]) -> list[dict[str, Any]]:
+    """The objects that can carry speculative-decoding stats or usage, in order: any with an
+    extra field, a finished choice, and the last one with usage. Plain content chunks (most of a
+    stream) are skipped, so detection costs per request, not per token."""
+    last_usage = max((i for i, r in enumerate(responses) if _usage(r)), default=-1)
+    out = []
+    for i, r in enumerate(responses):
+        if not isinstance(r, dict):
+            continue
+        choices = r.get("choices")
+        interesting = (
+            i == last_usage
+            or not _PLAIN_ROOT.issuperset(r)
+            or not isinstance(choices, list)
+            or any(
+                not isinstance(c, dict) or c.get("finish_reason") or not _PLAIN_CHOICE.issuperset(c)
+                for c in choices
+            )
+        )
+        if interesting:
+            out.append(r)
+    return out
+
+
 def _usage(chunk: Any) -> dict[str, Any] | None:
     usage = chunk.get("usage") if isinstance(chunk, dict) else None
     return usage if isinstance(usage, dict) else None
@@ -227,7 +255,7 @@ class LoadGenerator:
         record.finish_reason = next(
             (f for r in record.responses if isinstance(r, dict) and (f := _finish_reason(r))), None
         )
-        detection = detect([r for r in record.responses if isinstance(r, dict)])
+        detection = detect(carriers(record.responses))
         record.spec_status = detection.status
         record.spec_adapter = detection.adapter
         record.spec_message = detection.message

@@ -67,6 +67,15 @@ def _speculative_json(text: str | None) -> dict[str, Any]:
     return data
 
 
+def _step_cost(text: str | None, cls: Any) -> Any:
+    if not text:
+        return cls()
+    try:
+        return cls(**json.loads(text))
+    except (json.JSONDecodeError, TypeError) as exc:
+        fail(f"--step-cost: expected a JSON object of StepCost fields: {exc}", code=2)
+
+
 def _merge(flag: Any, key: str, config: dict[str, Any], name: str) -> Any:
     value = config.get(key)
     if flag is not None and value is not None and flag != value:
@@ -152,6 +161,11 @@ def serve(
     ),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("cpu", "--device"),
+    step_cost: str | None = typer.Option(
+        None,
+        "--step-cost",
+        help="sim executor: JSON of StepCost fields (seconds), e.g. '{\"base\": 0.002}'.",
+    ),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API."""
     from speclens.acceptance import AcceptancePin, WorkloadAcceptance, resolve
@@ -224,7 +238,7 @@ def serve(
             kv_cache_tokens=kv_cache_tokens,
             device=device,
             seed=seed,
-            step_cost=StepCost(),
+            step_cost=_step_cost(step_cost, StepCost),
         )
         config.validate()
     except ConfigError as exc:

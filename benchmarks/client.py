@@ -1,0 +1,216 @@
+"""How fast the benchmark client can drive a server, against a bare aiohttp loop.
+
+Starts a server in a subprocess, then sends the same load (streamed requests of ``--tokens``
+tokens at concurrency ``--concurrency``) with:
+
+- a bare aiohttp loop that only reads the lines (the ceiling any Python client can reach here);
+- ``speclens bench``'s load generator: full SSE parsing, per-chunk timestamps, usage-based token
+  counts, adapter detection, every record and raw payload kept;
+- AIPerf, when the ``aiperf`` command is installed (same server, same load).
+
+It prints the sustained request rate of each, as a ratio against the bare loop, and the client's
+CPU time per streamed token. Servers:
+
+- ``standin`` (default): a minimal aiohttp server that streams fixed chunks carrying usage and
+  per-request stats, so the client, not the server, is the bottleneck;
+- ``serve``: ``speclens serve --executor sim`` with a zero step cost.
+
+    python benchmarks/client.py [--server standin|serve] [--requests 2000] [--concurrency 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from speclens.bench.client import LoadConfig, LoadGenerator
+from speclens.bench.datasets import random_prompts
+
+STANDIN = r"""
+import sys, orjson
+from aiohttp import web
+TOKENS = int(sys.argv[2])
+
+async def completions(request):
+    body = await request.json()
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    base = {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": body["model"]}
+    for i in range(TOKENS):
+        chunk = dict(base, choices=[{"index": 0, "text": "x", "finish_reason": None}],
+                     usage={"prompt_tokens": 8, "completion_tokens": i + 1, "total_tokens": 9 + i})
+        if i == TOKENS - 1:
+            chunk["choices"][0]["finish_reason"] = "length"
+            chunk["choices"][0]["speculative_decoding_stats"] = {
+                "mean_acceptance_length": 4.0, "draft_acceptance_rate": 3 / 7,
+                "acceptance_histogram": {"3": (TOKENS - 1) // 4}, "num_accepted_draft_tokens": 3 * ((TOKENS - 1) // 4),
+                "num_draft_tokens": 7 * ((TOKENS - 1) // 4), "num_spec_steps": (TOKENS - 1) // 4, "num_spec_tokens": 7}
+        await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    return resp
+
+app = web.Application()
+app.router.add_post("/v1/completions", completions)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(kind: str, port: int, tokens: int) -> subprocess.Popen[bytes]:
+    if kind == "standin":
+        cmd = [sys.executable, "-c", STANDIN, str(port), str(tokens)]
+    else:
+        zero = json.dumps(
+            {
+                k: 0.0
+                for k in (
+                    "base",
+                    "per_token",
+                    "per_seq",
+                    "per_context_token",
+                    "draft_base",
+                    "draft_per_token",
+                )
+            }
+        )
+        cmd = [
+            sys.executable, "-m", "speclens", "serve", "--executor", "sim", "--method", "draft_model",
+            "--num-speculative-tokens", "3", "--spec-decode-acceptance-length", "4",
+            "--per-request-spec-decode-stats", "summary", "--max-num-seqs", "256",
+            "--step-cost", zero, "--port", str(port),
+        ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{kind} server did not start")
+
+
+async def bare_loop(url: str, requests: int, concurrency: int, tokens: int) -> float:
+    """Requests/s of a loop that posts and reads lines, nothing else."""
+    body = {
+        "model": "dummy",
+        "prompt": "hi",
+        "max_tokens": tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    limit = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+
+        async def one() -> None:
+            async with limit, session.post(url + "/v1/completions", json=body) as resp:
+                async for _line in resp.content:
+                    pass
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(requests)))
+        return requests / (time.perf_counter() - start)
+
+
+async def ours(url: str, requests: int, concurrency: int, tokens: int) -> tuple[float, float, int]:
+    """(requests/s, client CPU seconds per token, requests with stats) for speclens's client."""
+    config = LoadConfig(url=url, model="dummy", num_requests=requests, concurrency=concurrency,
+                        max_tokens=tokens, ignore_eos=True)  # fmt: skip
+    generator = LoadGenerator(config, random_prompts(64, 8, tokens, seed=0))
+    cpu = time.process_time()
+    start = time.perf_counter()
+    result = await generator.run()
+    wall = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    done = [r for r in result.records if r.success]
+    streamed = sum(r.completion_tokens or 0 for r in done)
+    assert len(done) == requests, [r.error for r in result.records if not r.success][:3]
+    return requests / wall, cpu / max(streamed, 1), sum(1 for r in done if r.spec)
+
+
+def aiperf(url: str, requests: int, concurrency: int, tokens: int) -> float | None:
+    exe = shutil.which("aiperf")
+    if exe is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [
+            exe, "profile", "--model", "dummy", "--url", url, "--endpoint-type", "completions",
+            "--streaming", "--concurrency", str(concurrency), "--request-count", str(requests),
+            "--output-tokens-mean", str(tokens), "--extra-inputs", "ignore_eos:true",
+            "--artifact-dir", tmp, "--ui-type", "none",
+        ]  # fmt: skip
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            print(f"aiperf failed: {proc.stderr[-500:]}", file=sys.stderr)
+            return None
+        for path in Path(tmp).rglob("*.json"):
+            try:
+                data = json.loads(path.read_text())
+            except (ValueError, OSError):
+                continue
+            rate = data.get("request_throughput", {}).get("avg") if isinstance(data, dict) else None
+            if rate:
+                return float(rate)
+        return requests / wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--server", choices=("standin", "serve"), default="standin")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=16)
+    args = parser.parse_args()
+    port = free_port()
+    server = start_server(args.server, port, args.tokens)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        asyncio.run(bare_loop(url, 200, args.concurrency, args.tokens))  # warm up
+        base = asyncio.run(bare_loop(url, args.requests, args.concurrency, args.tokens))
+        rate, cpu_per_token, with_stats = asyncio.run(
+            ours(url, args.requests, args.concurrency, args.tokens)
+        )
+        peer = aiperf(url, args.requests, args.concurrency, args.tokens)
+    finally:
+        server.terminate()
+        server.wait(timeout=15)
+    print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+          f"server {args.server}, {args.requests} streamed {args.tokens}-token requests at concurrency {args.concurrency}")  # fmt: skip
+    print("| client | requests/s | ratio to bare loop |")
+    print("|---|---:|---:|")
+    print(f"| bare aiohttp loop (reads lines only) | {base:,.0f} | 1.00 |")
+    print(
+        f"| speclens bench (full parsing, records kept; {with_stats} with stats) | {rate:,.0f} | {rate / base:.2f} |"
+    )
+    if peer is None:
+        print("| AIPerf | not installed | - |")
+    else:
+        print(f"| AIPerf | {peer:,.0f} | {peer / base:.2f} |")
+        print(f"\nspeclens / AIPerf: {rate / peer:.2f}")
+    print(f"\nclient CPU per streamed token: {cpu_per_token * 1e6:.1f} µs")
+
+
+if __name__ == "__main__":
+    main()

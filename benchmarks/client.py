@@ -146,16 +146,20 @@ async def ours(url: str, requests: int, concurrency: int, tokens: int) -> tuple[
     return requests / wall, cpu / max(streamed, 1), sum(1 for r in done if r.spec)
 
 
-def aiperf(url: str, requests: int, concurrency: int, tokens: int) -> float | None:
-    exe = shutil.which("aiperf")
+def aiperf(url: str, requests: int, concurrency: int, tokens: int, exe: str | None) -> float | None:
+    exe = exe or shutil.which("aiperf")
     if exe is None:
         return None
     with tempfile.TemporaryDirectory() as tmp:
+        from speclens.engine.tokenizer import ByteTokenizer
+
+        ByteTokenizer(320).save(Path(tmp) / "tokenizer")  # AIPerf needs a local tokenizer offline
         cmd = [
             exe, "profile", "--model", "dummy", "--url", url, "--endpoint-type", "completions",
             "--streaming", "--concurrency", str(concurrency), "--request-count", str(requests),
             "--output-tokens-mean", str(tokens), "--extra-inputs", "ignore_eos:true",
-            "--artifact-dir", tmp, "--ui-type", "none",
+            "--artifact-dir", str(Path(tmp) / "out"), "--ui-type", "none", "--tokenizer", str(Path(tmp) / "tokenizer"),
+            "--use-server-token-count",
         ]  # fmt: skip
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -163,14 +167,14 @@ def aiperf(url: str, requests: int, concurrency: int, tokens: int) -> float | No
         if proc.returncode != 0:
             print(f"aiperf failed: {proc.stderr[-500:]}", file=sys.stderr)
             return None
-        for path in Path(tmp).rglob("*.json"):
+        for path in (Path(tmp) / "out").rglob("*aiperf*.json"):
             try:
                 data = json.loads(path.read_text())
             except (ValueError, OSError):
                 continue
-            rate = data.get("request_throughput", {}).get("avg") if isinstance(data, dict) else None
-            if rate:
-                return float(rate)
+            entry = data.get("request_throughput") if isinstance(data, dict) else None
+            if isinstance(entry, dict) and entry.get("avg"):
+                return float(entry["avg"])
         return requests / wall
 
 
@@ -182,6 +186,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--aiperf", default=None, help="the aiperf command (default: on PATH)")
     args = parser.parse_args()
     port = free_port()
     server = start_server(args.server, port, args.tokens)
@@ -192,7 +197,7 @@ def main() -> None:
         rate, cpu_per_token, with_stats = asyncio.run(
             ours(url, args.requests, args.concurrency, args.tokens)
         )
-        peer = aiperf(url, args.requests, args.concurrency, args.tokens)
+        peer = aiperf(url, args.requests, args.concurrency, args.tokens, args.aiperf)
     finally:
         server.terminate()
         server.wait(timeout=15)

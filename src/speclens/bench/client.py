@@ -136,7 +136,9 @@ def _finish_reason(chunk: dict[str, Any]) -> str | None:
     return None
 
 
-_PLAIN_ROOT = frozenset({"id", "object", "created", "model", "choices", "usage", "system_fingerprint"})
+_PLAIN_ROOT = frozenset(
+    {"id", "object", "created", "model", "choices", "usage", "system_fingerprint"}
+)
 _PLAIN_CHOICE = frozenset({"index", "text", "delta", "logprobs", "finish_reason", "stop_reason"})
 
 
@@ -210,30 +212,36 @@ class LoadGenerator:
                     async for raw in resp.content.iter_any():
                         now = time.perf_counter() - t0
                         for event in parser.feed(raw):
-                            if event.data.strip() == "[DONE]":
+                            data = event.data
+                            if data == "[DONE]" or data.strip() == "[DONE]":
                                 done = True
                                 continue
                             try:
-                                chunk = orjson.loads(event.data)
+                                chunk = orjson.loads(data)
                             except orjson.JSONDecodeError:
-                                record.responses.append({"unparsed": event.data[:1000]})
+                                record.responses.append({"unparsed": data[:1000]})
                                 continue
                             record.responses.append(chunk)
-                            usage = _usage(chunk)
-                            tokens = None
-                            if usage and isinstance(usage.get("completion_tokens"), int):
-                                tokens = usage["completion_tokens"] - last_tokens
-                                last_tokens = usage["completion_tokens"]
-                            elif _content(chunk):
+                            usage = chunk.get("usage") if isinstance(chunk, dict) else None
+                            count = (
+                                usage.get("completion_tokens") if isinstance(usage, dict) else None
+                            )
+                            if isinstance(count, int):
+                                tokens = count - last_tokens
+                                last_tokens = count
+                            elif isinstance(chunk, dict) and _content(chunk):
                                 tokens = 1
                                 last_tokens += 1
-                            if not tokens or tokens <= 0:
+                            else:
+                                continue
+                            if tokens <= 0:
                                 continue
                             record.chunk_times.append(now)
                             if record.ttft is None:
                                 record.ttft = now - record.start
                             elif last_time is not None:
-                                record.itl.extend([(now - last_time) / tokens] * tokens)
+                                gap = (now - last_time) / tokens
+                                record.itl.extend([gap] * tokens)
                             last_time = now
                     if not done:
                         record.error = "the stream ended without [DONE]"

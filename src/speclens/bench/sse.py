@@ -49,9 +49,15 @@ class SSEParser:
         self._pending_cr = text.endswith("\r")
         self._buffer += text
         events: list[Event] = []
-        lines = self._buffer.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        buffer = self._buffer
+        if "\r" in buffer:
+            buffer = buffer.replace("\r\n", "\n").replace("\r", "\n")
+        lines = buffer.split("\n")
         self._buffer = lines.pop()  # the unfinished line
         for line in lines:
+            if line.startswith("data: "):  # the common case, first
+                self._data.append(line[6:])
+                continue
             event = self._line(line)
             if event is not None:
                 events.append(event)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
+import sys
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -288,6 +290,8 @@ def run_server(
         max_n=max(1, min(16, config.max_num_seqs)),
     )
     app = create_app(EngineRunner(engine, max_queue=max_queue), settings)
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it; exit 0 instead of dying by it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     log.info(
         "speclens serving %s on http://%s:%d (executor %s)",
         served_model_name,

@@ -43,10 +43,13 @@ class SamplingParams:
             raise SamplingError(f"top_k must be -1 (off), 0 (off) or positive, got {self.top_k}")
         if self.n < 1:
             raise SamplingError(f"n must be at least 1, got {self.n}")
+        if self.seed is not None and not 0 <= self.seed < 2**63 - 1024:
+            raise SamplingError(f"seed must be in [0, 2**63 - 1024), got {self.seed}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperature 0, or one so small that dividing by it would overflow (as vLLM)."""
+        return self.temperature < 1e-5
 
 
 class Status(enum.Enum):

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from speclens import __version__
 from speclens.engine import RequestOutput, SamplingError, SamplingParams
@@ -42,6 +43,63 @@ class ServerSettings:
     max_n: int = 16
     #: What /version reports about acceptance (settings, and a resolution's provenance).
     acceptance: dict[str, Any] = field(default_factory=dict)
+
+
+class _Guard:
+    """Pure ASGI (so ``Request.is_disconnected`` still sees the client): the API key on /v1/*,
+    and the body limit, by Content-Length or, for a chunked upload, by counting."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body: int) -> None:
+        self.app, self.api_key, self.max_body = app, api_key, max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            await _reply(send, 413, f"request body of {length} bytes exceeds {self.max_body}")
+            return
+        if (
+            self.api_key
+            and scope["path"].startswith("/v1/")
+            and headers.get("authorization") != f"Bearer {self.api_key}"
+        ):
+            await _reply(send, 401, "invalid or missing API key")
+            return
+        if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
+            body, more = b"", True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                body += message.get("body", b"")
+                more = message.get("more_body", False)
+                if len(body) > self.max_body:
+                    await _reply(send, 413, f"request body exceeds {self.max_body} bytes")
+                    return
+            replayed = False
+
+            async def replay() -> Message:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            await self.app(scope, replay, send)
+            return
+        await self.app(scope, receive, send)
+
+
+async def _reply(send: Send, status: int, message: str) -> None:
+    body = orjson.dumps(error_body(message, status))
+    await send({
+        "type": "http.response.start", "status": status,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+    })  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
 
 
 class ApiError(Exception):
@@ -93,21 +151,7 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
     async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
         return _json(error_body(str(exc.detail), exc.status_code), exc.status_code)
 
-    @app.middleware("http")
-    async def _guard(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
-            message = f"request body of {length} bytes exceeds {settings.max_body_bytes}"
-            return _json(error_body(message, 413), 413)
-        if (
-            settings.api_key
-            and request.url.path.startswith("/v1/")
-            and request.headers.get("authorization") != f"Bearer {settings.api_key}"
-        ):
-            return _json(error_body("invalid or missing API key", 401), 401)
-        return await call_next(request)
+    app.add_middleware(_Guard, api_key=settings.api_key, max_body=settings.max_body_bytes)
 
     def _check_ready() -> None:
         if not runner.ready:
@@ -191,31 +235,42 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
         request: Request, q: asyncio.Queue[RequestOutput | None], request_id: str
     ) -> RequestOutput | None:
         """Wait for the finished output, aborting the request if the client goes away."""
-        last = None
-        try:
+
+        async def collect() -> RequestOutput | None:
+            last = None
             while True:
-                try:
-                    item = await asyncio.wait_for(q.get(), timeout=0.5)
-                except TimeoutError:
-                    if await request.is_disconnected():
-                        runner.abort(request_id)
-                        return None
-                    continue
-                if item is None:
-                    return last
+                item = await q.get()
+                if item is None or item.finished:
+                    return item or last
                 last = item
-                if item.finished:
-                    return item
+
+        async def watch() -> None:
+            while not await request.is_disconnected():
+                await asyncio.sleep(0.25)
+
+        result = asyncio.ensure_future(collect())
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await asyncio.wait({result, watcher}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             runner.abort(request_id)
             raise
+        finally:
+            watcher.cancel()
+        if not result.done():
+            result.cancel()
+            runner.abort(request_id)
+            return None
+        return result.result()
 
     def _usage(out: RequestOutput) -> dict[str, int]:
         return out.usage
 
     def _stats_fields(out: RequestOutput, index: int) -> dict[str, Any]:
-        if settings.stats_level == "none" or len(out.outputs) != 1:
+        if settings.stats_level == "none":
             return {}
+        if len(out.outputs) != 1:  # one sequence's acceptance never stands for n of them
+            return {"speculative_decoding_stats": None}
         return {
             "speculative_decoding_stats": choice_stats(
                 out.outputs[index].acceptance, settings.stats_level

@@ -1,0 +1,107 @@
+"""``speclens bench`` end to end against a real ``speclens serve`` on loopback (sim executor)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from serverkit import FORCED, ServerProcess, mtp_stats, running_server
+
+from speclens.bench.client import LoadConfig
+from speclens.bench.datasets import random_prompts
+from speclens.bench.run import Expectation, run_bench
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with running_server(
+        tmp_path_factory.mktemp("bench-sim"), *FORCED, "--executor", "sim",
+        "--per-request-spec-decode-stats", "detailed", "--max-num-seqs", "64",
+    ) as server:  # fmt: skip
+        yield server
+
+
+def _run(server: ServerProcess, expected: float | None, **kw: object) -> dict:
+    config = LoadConfig(
+        url=server.url, model="dummy", num_requests=48, concurrency=16, max_tokens=48,
+        ignore_eos=True, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+    expectation = Expectation(expected) if expected is not None else None
+    prompts = random_prompts(48, 16, 48, seed=0)
+    return asyncio.run(run_bench(config, prompts, expectation)).summary
+
+
+def test_realized_al_matches_the_servers_mtp_stats_exactly(sim_server: ServerProcess) -> None:
+    before = mtp_stats(sim_server.url)
+    summary = _run(sim_server, 3.78)
+    after = mtp_stats(sim_server.url)
+    acc = summary["figures"]["acceptance"]
+    steps = sum(after["distribution"].values()) - sum(before["distribution"].values())
+    accepted = after["total_accepted_tokens"] - before["total_accepted_tokens"]
+    assert acc["requests_with_stats"] == 48
+    assert acc["verify_steps"] == steps
+    assert acc["accepted_tokens"] == accepted
+    assert acc["token_weighted_al"] == pytest.approx(1 + accepted / steps, abs=1e-12)
+    assert set(acc["histogram"]) <= {"2", "3"}
+    check = summary["server_check"]
+    assert check["available"] and check["consistent"], check
+    assert summary["verdict"]["passed"], summary["verdict"]
+    assert not summary["warnings"]
+
+
+def test_verification_fails_when_the_expectation_is_off_by_0_3(sim_server: ServerProcess) -> None:
+    for expected in (3.48, 4.08):
+        verdict = _run(sim_server, expected)["verdict"]
+        assert not verdict["passed"], verdict
+        assert "realized AL" in verdict["reason"]
+
+
+def test_non_streaming_and_chat_read_the_same_stats(sim_server: ServerProcess) -> None:
+    for kw in ({"stream": False}, {"endpoint": "chat"}):
+        acc = _run(sim_server, None, **kw)["figures"]["acceptance"]
+        assert acc["requests_with_stats"] == 48
+        assert set(acc["histogram"]) <= {"2", "3"}
+
+
+def test_cli_writes_every_file_and_exits_1_on_a_failed_verdict(
+    sim_server: ServerProcess, tmp_path: Path
+) -> None:
+    base = [
+        sys.executable, "-m", "speclens", "bench", "--url", sim_server.url, "--model", "dummy",
+        "--num-requests", "24", "--concurrency", "8", "--max-tokens", "32", "--ignore-eos",
+    ]  # fmt: skip
+    out = tmp_path / "run"
+    ok = subprocess.run(
+        [*base, "--expect-acceptance-length", "3.78", "--output-dir", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "verification PASS" in ok.stdout
+    for name in ("summary.json", "records.jsonl", "summary.csv", "acceptance_histogram.png",
+                 "al_vs_tpot.png", "latency_cdf.png"):  # fmt: skip
+        assert (out / name).stat().st_size > 0, name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["server"]["acceptance"]["acceptance_length"] == 3.78
+    rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert len(rows) == 24 and all(r["raw"] for r in rows)  # every raw payload is kept
+    bad = subprocess.run(
+        [*base, "--expect-acceptance-length", "3.48"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 1
+    assert "verification FAIL" in bad.stdout
+
+
+def test_missing_stats_are_reported_loudly(tmp_path: Path) -> None:
+    with running_server(tmp_path, *FORCED, "--executor", "sim") as server:  # stats off
+        summary = _run(server, 3.78)
+    assert summary["figures"]["acceptance"]["requests_with_stats"] == 0
+    assert any("no request carried per-request stats" in w for w in summary["warnings"])
+    assert not summary["verdict"]["passed"]

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from serverkit import FORCED, ServerProcess, mtp_stats, running_server
 
+from serverkit import FORCED, ServerProcess, mtp_stats, running_server
 from speclens.bench.client import LoadConfig
 from speclens.bench.datasets import random_prompts
 from speclens.bench.run import Expectation, run_bench

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from speclens.acceptance import AcceptanceProfileSet, load
@@ -254,13 +255,25 @@ def test_import_inferencex_rejects_a_malformed_curve_file(run_cli, tmp_path):
     assert f"{src}: kimi-k3.thinking_on.2: AL True is not a finite number" in err
 
 
-def test_demo_prints_a_worked_resolution(run_cli):
-    code, out, _ = run_cli("demo")
-    assert code == 0
-    assert "3.78" in out
-    assert "[1.0, 1.0, 0.78, 0.0, 0.0, 0.0, 0.0]" in out
-    assert "2: 22%, 3: 78%" in out
-    assert "kimi-k3-dspark-golden-al" in out
+@pytest.mark.integration
+def test_demo_replays_the_golden_al_end_to_end(run_cli, tmp_path):
+    """Resolve 3.78, serve it forced, benchmark, verify, report, stop the server."""
+    out = tmp_path / "demo"
+    code, stdout, stderr = run_cli(
+        "demo", "--num-requests", "16", "--max-tokens", "48", "--output-dir", out
+    )
+    assert code == 0, stdout + stderr
+    assert "[1.0, 1.0, 0.78, 0.0, 0.0, 0.0, 0.0]" in stdout
+    assert "kimi-k3-dspark-golden-al" in stdout
+    assert "Forced speculative acceptance ON: mean acceptance length 3.7800" in stdout
+    assert "verification PASS" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert (
+        summary["verdict"]["passed"]
+        and summary["figures"]["acceptance"]["requests_with_stats"] == 16
+    )
+    assert set(summary["figures"]["acceptance"]["histogram"]) <= {"2", "3"}
+    assert (out / "records.jsonl").exists() and (out / "server.log").exists()
 
 
 def test_console_script_runs():

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+
 from serverkit import ServerProcess, running_servers
 
 Serve = Callable[..., list[ServerProcess]]

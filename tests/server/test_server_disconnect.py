@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
+
 from serverkit import FORCED, ServerProcess, idle, metric, mtp_stats, scrape
 
 pytestmark = pytest.mark.integration

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+
 from serverkit import FORCED, ServerProcess, idle, post, wait_until
 
 pytestmark = pytest.mark.integration

@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+
 from serverkit import (
     FORCED,
     K,

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
+
 from serverkit import (
     AL,
     FORCED,

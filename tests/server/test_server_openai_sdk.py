@@ -10,6 +10,7 @@ import aiohttp
 import httpx
 import openai
 import pytest
+
 from serverkit import (
     FORCED,
     K,

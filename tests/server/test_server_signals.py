@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from serverkit import FORCED, ServerProcess
 
 pytestmark = pytest.mark.integration

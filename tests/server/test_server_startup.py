@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from serverkit import (
     FORCED,
     SCHEDULE_LINE,

@@ -1,54 +1,140 @@
-"""``speclens demo``: the main job, on the embedded default.
+"""``speclens demo``: the main job, on the embedded default, with no server to start by hand.
 
-A worked resolution against the shipped registry: the golden AL Kimi-K3 with DSpark replays at
-K = 7, thinking on, coding, its per-position rates and where they came from.
+Resolve a golden AL from the shipped registry (Kimi-K3 with DSpark at K = 7, thinking on,
+coding: 3.78), start ``speclens serve`` with that schedule forced on the embedded dummy target
+and drafter, load it with ``speclens bench``, verify the run hit the target (histogram and AL),
+print the report and where the files are, and stop the server. Exits 1 when verification fails.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
 import typer
 
-from speclens.acceptance import (
-    Registry,
-    WorkloadAcceptance,
-    conditional_rates,
-    resolve,
-)
-from speclens.cli._common import out_console, reported
+from speclens.acceptance import Registry, WorkloadAcceptance, conditional_rates, resolve
+from speclens.cli._common import fail, out_console, reported
 from speclens.cli.profiles import print_resolution
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the server was not ready after {timeout:.0f} s")
+
+
 def demo(
-    model: str = typer.Option("kimi-k3", "--model", help="The catalog model to resolve."),
-    method: str = typer.Option("dspark", "--method", help="The speculative method."),
+    model: str = typer.Option(
+        "kimi-k3", "--model", help="The catalog model whose golden AL to replay."
+    ),
+    method: str = typer.Option(
+        "dspark", "--method", help="Its speculative method in the registry."
+    ),
     num_spec_tokens: int = typer.Option(7, "--num-spec-tokens", "-k", help="K."),
     thinking: str = typer.Option("on", "--thinking", help="Thinking mode, on or off."),
     category: str = typer.Option("coding", "--category", help="Workload category."),
+    num_requests: int = typer.Option(64, "--num-requests", help="Requests the benchmark sends."),
+    concurrency: int = typer.Option(16, "--concurrency"),
+    max_tokens: int = typer.Option(128, "--max-tokens"),
+    executor: str = typer.Option("torch", "--executor", help="torch (real forward passes) or sim."),
+    output_dir: Path = typer.Option(
+        Path("runs/demo"), "--output-dir", help="Where the report files go."
+    ),
 ) -> None:
-    """Resolve a golden AL from the shipped registry and show the schedule it implies."""
+    """Replay a golden AL end to end: resolve, serve it forced, benchmark, verify."""
+    from speclens.bench.client import LoadConfig
+    from speclens.bench.datasets import random_prompts
+    from speclens.bench.report import print_summary, write_files
+    from speclens.bench.run import Expectation, run_bench
+
     with reported():
         registry = Registry.load()
         res = resolve(
-            model=model,
-            method=method,
-            num_spec_tokens=num_spec_tokens,
-            registry=registry,
-            workload=WorkloadAcceptance.model_validate(
-                {"thinking": thinking, "category": category}
-            ),
-        )
+            model=model, method=method, num_spec_tokens=num_spec_tokens, registry=registry,
+            workload=WorkloadAcceptance.model_validate({"thinking": thinking, "category": category}),
+        )  # fmt: skip
     out_console.rule(
-        f"speclens demo: {model} / {method} / K {num_spec_tokens} / thinking {thinking} / {category}"
-    )
-    out_console.print(
-        f"The shipped registry holds {sum(len(s.profile_set.profiles) for s in registry)} profiles "
-        f"in {len(registry)} sets; the resolver picked exactly one:\n"
+        f"1. Resolve: {model} / {method} / K {num_spec_tokens} / thinking {thinking} / {category}"
     )
     print_resolution(res)
-    cond = conditional_rates(res.per_position_rates)
     out_console.print(
-        f"\nA forced-acceptance sampler walks the positions in order and accepts position i with "
-        f"the conditional rate c_i = r_i / r_(i-1): {cond}.\n"
-        f"Every step then accepts the counts above, so each target forward emits "
-        f"{res.acceptance_length:g} tokens on average (its own plus {res.acceptance_length - 1:g} drafts)."
+        f"conditional rates the sampler draws against: {conditional_rates(res.per_position_rates)}"
     )
+
+    out_console.rule("2. Serve it forced (embedded dummy target and drafter)")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    spec = {
+        "method": "draft_model",
+        "num_speculative_tokens": num_spec_tokens,
+        "rejection_sample_method": "synthetic",
+        "synthetic_acceptance_rates": res.per_position_rates,
+    }
+    command = [
+        sys.executable, "-m", "speclens", "serve", "--speculative-config", json.dumps(spec),
+        "--per-request-spec-decode-stats", "detailed", "--executor", executor,
+        "--max-num-seqs", str(max(concurrency, 1)), "--port", str(port),
+    ]  # fmt: skip
+    output_dir.mkdir(parents=True, exist_ok=True)
+    log_path = output_dir / "server.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        try:
+            _wait_healthy(url, proc)
+        except RuntimeError as exc:
+            fail([f"demo: {exc}", *log_path.read_text(errors="replace").splitlines()[-20:]])
+        for line in log_path.read_text(errors="replace").splitlines():
+            if "Forced speculative acceptance ON" in line:
+                out_console.print(line.split(": ", 1)[-1], markup=False)
+        out_console.print(f"serving on {url} (log: {log_path})")
+
+        out_console.rule("3. Benchmark and verify")
+        config = LoadConfig(
+            url=url, model="dummy", num_requests=num_requests, concurrency=concurrency,
+            max_tokens=max_tokens, ignore_eos=True, warmup=min(4, num_requests),
+        )  # fmt: skip
+        prompts = random_prompts(num_requests + 4, 32, max_tokens, seed=0)
+        expectation = Expectation(res.acceptance_length, num_spec_tokens, res.model_dump())
+        settings = {"demo": True, "resolution": res.model_dump(), "server_command": command[3:]}
+        outcome = asyncio.run(run_bench(config, prompts, expectation, settings=settings))
+        with urllib.request.urlopen(url + "/debug/mtp_stats", timeout=5) as resp:
+            mtp = json.loads(resp.read())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    print_summary(out_console, outcome.summary)
+    out_console.print(f"server /debug/mtp_stats: {json.dumps(mtp)}", markup=False)
+    out_console.rule("4. Files")
+    for path in [*write_files(output_dir, outcome.summary, outcome.records), log_path]:
+        out_console.print(f"  {path}")
+    verdict = outcome.summary["verdict"]
+    if not verdict["passed"]:
+        raise typer.Exit(1)

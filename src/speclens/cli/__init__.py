@@ -7,7 +7,7 @@ import logging
 import typer
 
 from speclens import __version__
-from speclens.cli import bench, demo, profiles, serve
+from speclens.cli import bench, demo, measure, profiles, serve
 
 app = typer.Typer(
     name="speclens",
@@ -20,6 +20,7 @@ app.add_typer(profiles.app, name="profiles")
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
 app.command("bench")(bench.bench)
+app.command("measure")(measure.measure)
 
 
 def _version(value: bool) -> None:

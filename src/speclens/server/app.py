@@ -108,6 +108,17 @@ class ApiError(Exception):
         self.status, self.message, self.param = status, message, param
 
 
+def _hardware(device: str) -> str:
+    """The chip this server computes on, as a catalog-style name (cpu-x86_64, or the GPU's)."""
+    import platform
+
+    if device.startswith("cuda"):
+        import torch
+
+        return str(torch.cuda.get_device_name(torch.device(device)))
+    return f"cpu-{platform.machine()}"
+
+
 def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
@@ -177,6 +188,7 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
                 "engine": "speclens",
                 "model": settings.served_model_name,
                 "executor": engine.config.executor,
+                "hardware": _hardware(engine.config.device),
                 "acceptance": settings.acceptance,
             }
         )

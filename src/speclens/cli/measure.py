@@ -1,0 +1,139 @@
+"""``speclens measure``: turn a natural-acceptance run into a registry profile set.
+
+Loads a server that speculates without forcing acceptance with a category-tagged prompt set, and
+writes one ``measured`` profile per category: the token-weighted AL, with provenance filled from
+what was observed (the prompt file, how many prompts, the server's hardware and engine version,
+the sampling settings, K and the method). The output validates and resolves like any set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+
+from speclens.cli._common import fail, out_console, reported
+
+
+def measure(
+    url: str = typer.Option("http://127.0.0.1:8000", "--url", help="The server's base URL."),
+    model: str = typer.Option(..., "--model", help="The served model name."),
+    catalog_model: str | None = typer.Option(
+        None, "--catalog-model", help="The model's catalog name in the profiles (default: --model)."
+    ),
+    dataset_path: Path = typer.Option(
+        ...,
+        "--dataset-path",
+        exists=True,
+        dir_okay=False,
+        help="A Spec-Bench-shaped JSONL file (question_id, category, turns).",
+    ),
+    category: list[str] = typer.Option(
+        [], "--category", help="Only these categories (repeatable)."
+    ),
+    prompts_per_category: int | None = typer.Option(
+        None, "--prompts-per-category", help="Use the first N prompts of each category."
+    ),
+    thinking: str = typer.Option(
+        "off", "--thinking", help="The thinking mode the profiles are for."
+    ),
+    endpoint: str = typer.Option("chat", "--endpoint", help="chat or completions."),
+    max_tokens: int = typer.Option(128, "--max-tokens"),
+    temperature: float = typer.Option(0.0, "--temperature"),
+    concurrency: int = typer.Option(8, "--concurrency"),
+    hardware: str | None = typer.Option(
+        None, "--hardware", help="The chip (default: what the server's /version reports)."
+    ),
+    name: str | None = typer.Option(
+        None, "--name", help="The set's name (default: the output file's name)."
+    ),
+    source: str | None = typer.Option(
+        None, "--source", help="Cited source (default: the prompt file's name and the server)."
+    ),
+    output: Path = typer.Option(..., "--output", "-o", help="Write the profile set here."),
+) -> None:
+    """Measure natural acceptance per category and write a profile set."""
+    from speclens.acceptance import AcceptanceProfileSet, validate
+    from speclens.bench.client import LoadConfig
+    from speclens.bench.datasets import jsonl_prompts
+    from speclens.bench.run import run_bench
+    from speclens.bench.server import server_info
+
+    with reported():
+        prompts = jsonl_prompts(dataset_path, category or None)
+    if prompts_per_category is not None:
+        seen: dict[str, int] = {}
+        kept = []
+        for prompt in prompts:
+            seen[prompt.category] = seen.get(prompt.category, 0) + 1
+            if seen[prompt.category] <= prompts_per_category:
+                kept.append(prompt)
+        prompts = kept
+    info = asyncio.run(server_info(url)) or {}
+    served = info.get("acceptance") or {}
+    if served.get("forced"):
+        fail(
+            "the server forces acceptance: measure needs natural acceptance (start it without --spec-decode-acceptance-*)"
+        )
+    method, k = served.get("method"), served.get("num_speculative_tokens")
+    if not method or not k:
+        fail("the server does not report its speculative method and K on /version")
+    chip = hardware or info.get("hardware")
+    if not chip:
+        fail("give --hardware: the server does not report it")
+    config = LoadConfig(
+        url=url, model=model, endpoint=endpoint, num_requests=len(prompts),  # type: ignore[arg-type]
+        concurrency=concurrency, max_tokens=max_tokens, temperature=temperature,
+    )  # fmt: skip
+    outcome = asyncio.run(run_bench(config, prompts, expect_spec=True))
+    acceptance = outcome.summary["figures"]["acceptance"]
+    if not acceptance["requests_with_stats"]:
+        fail(
+            "no request carried per-request speculative-decoding stats: start the server with --per-request-spec-decode-stats summary"
+        )
+    counts: dict[str, int] = {}
+    for record in outcome.records:
+        if record.spec is not None and not record.warmup:
+            counts[record.category] = counts.get(record.category, 0) + 1
+    version = info.get("version")
+    engine = info.get("engine", "speclens")
+    provenance_base: dict[str, Any] = {
+        "source": source or f"{dataset_path.name} via {engine} {version} at {url}",
+        "benchmark": dataset_path.name,
+        "hardware": chip,
+        "engine_image": f"{engine}=={version}" if version else str(engine),
+        "sampling": {"temperature": temperature, "max_tokens": max_tokens},
+        "settings": {"rejection_sample_method": "greedy" if temperature == 0 else "probabilistic",
+                     "endpoint": endpoint, "model": model},
+    }  # fmt: skip
+    profiles = []
+    for cat, row in acceptance["al_by_category"].items():
+        if not row["verify_steps"]:
+            continue
+        profiles.append({
+            "model": catalog_model or model, "speculative_method": method, "num_spec_tokens": int(k),
+            "thinking": thinking, "category": cat, "acceptance_length": round(row["al"], 4),
+            "method": "measured", "provenance": {**provenance_base, "prompts": counts.get(cat, 0)},
+        })  # fmt: skip
+    set_name = name or output.stem
+    document = {
+        "kind": "AcceptanceProfileSet",
+        "name": set_name,
+        "caveats": [
+            f"Measured with natural acceptance over {sum(counts.values())} prompts of "
+            f"{dataset_path.name}, {max_tokens} output tokens at temperature {temperature:g}.",
+        ],
+        "profiles": profiles,
+    }
+    with reported():
+        validate(AcceptanceProfileSet, document, str(output))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(yaml.safe_dump(document, sort_keys=False, width=100), encoding="utf-8")
+    for p in profiles:
+        out_console.print(
+            f"{p['category']}: AL {p['acceptance_length']} over {p['provenance']['prompts']} prompts"
+        )
+    out_console.print(f"wrote {output} ({len(profiles)} measured profiles)")

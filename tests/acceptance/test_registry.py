@@ -20,7 +20,7 @@ from speclens.acceptance.files import parse_yaml, read_yaml
 
 SPEC = Path("/work/shared/seeds/001_2482355381b1763c.txt")
 
-SHIPPED_NAMES = {"inferencex-golden-al", "kimi-k3-dspark-golden-al"}
+SHIPPED_NAMES = {"inferencex-golden-al", "kimi-k3-dspark-golden-al", "smollm2-ngram-spec-bench"}
 
 USER_SET = """\
 kind: AcceptanceProfileSet

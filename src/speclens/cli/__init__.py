@@ -7,7 +7,7 @@ import logging
 import typer
 
 from speclens import __version__
-from speclens.cli import bench, demo, measure, profiles, serve
+from speclens.cli import bench, demo, measure, profiles, serve, sim
 
 app = typer.Typer(
     name="speclens",
@@ -21,6 +21,7 @@ app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
 app.command("bench")(bench.bench)
 app.command("measure")(measure.measure)
+app.command("sim")(sim.sim)
 
 
 def _version(value: bool) -> None:

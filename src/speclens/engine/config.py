@@ -272,6 +272,8 @@ class EngineConfig:
     dtype: str = "float32"
     seed: int = 0
     step_cost: StepCost = field(default_factory=StepCost)
+    #: Decode text as tokens arrive (off for the simulator: only counts and times matter).
+    detokenize: bool = True
 
     def validate(self) -> None:
         spec = self.speculative

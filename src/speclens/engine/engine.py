@@ -325,7 +325,8 @@ class Engine:
             if token in params.stop_token_ids:
                 self._finish(request, "stop")
                 return
-            request.text += request.decoder.push([token])
+            if self.config.detokenize:
+                request.text += request.decoder.push([token])
             if params.stop and self._cut_at_stop(request):
                 self._finish(request, "stop", cut=True)
                 return
@@ -343,7 +344,7 @@ class Engine:
         return True
 
     def _finish(self, request: Request, reason: str, cut: bool = False) -> None:
-        if not cut:  # release characters the decoder held back for a byte sequence to complete
+        if not cut and self.config.detokenize:  # release characters held back mid-sequence
             request.text += request.decoder.flush()
         request.finish_time = time.perf_counter()
         self.scheduler.finish(request, reason)

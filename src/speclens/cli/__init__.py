@@ -37,7 +37,9 @@ def _root(
     ),
     log_level: str = typer.Option("INFO", "--log-level", help="Logging level for messages."),
 ) -> None:
-    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s", force=True
+    )
 
 
 def main() -> None:

@@ -10,7 +10,14 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from speclens.cli._common import REGISTRY_OPTION, fail, load_registry, out_console, reported
+from speclens.cli._common import (
+    REGISTRY_OPTION,
+    err_console,
+    fail,
+    load_registry,
+    out_console,
+    reported,
+)
 
 
 def _sweep(text: str) -> tuple[str, list[int]]:
@@ -96,7 +103,7 @@ def sim(
         _print(rows, name)
     if plot is not None and name:
         _plot(rows, name, plot)
-        out_console.print(f"wrote {plot}")
+        (err_console if as_json else out_console).print(f"wrote {plot}")
 
 
 def _print(rows: list[dict[str, Any]], name: str) -> None:

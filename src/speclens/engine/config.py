@@ -244,6 +244,9 @@ def _nonnegative_lstsq(x: Any, y: Any) -> list[float]:
     import numpy as np
 
     active = list(range(x.shape[1]))
+    # A term whose regressor barely varies cannot be told from the intercept: leave it at 0.
+    spread = x.std(axis=0) / (abs(x).mean(axis=0) + 1e-12)
+    active = [a for a in active if a == 0 or spread[a] > 0.05]
     while True:
         coef, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
         negative = [a for a, c in zip(active, coef, strict=True) if c < 0]

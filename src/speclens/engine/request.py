@@ -91,7 +91,7 @@ class RequestAcceptance:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the scheduler's lists hold each request once
 class Request:
     """One sequence being generated (a request with n > 1 becomes n of these)."""
 

@@ -18,7 +18,8 @@ from speclens.acceptance import (
 )
 from speclens.acceptance.files import parse_yaml, read_yaml
 
-SPEC = Path("/work/shared/seeds/001_2482355381b1763c.txt")
+#: The specification beside this checkout (shared/ sits next to the repository).
+SPEC = Path(__file__).resolve().parents[3] / "shared" / "seeds" / "001_2482355381b1763c.txt"
 
 SHIPPED_NAMES = {"inferencex-golden-al", "kimi-k3-dspark-golden-al", "smollm2-ngram-spec-bench"}
 
@@ -40,6 +41,8 @@ profiles:
 def spec_example() -> str:
     """The profile-set example of the spec: from ``kind: AcceptanceProfileSet`` up to the first
     key table after it."""
+    if not SPEC.exists():
+        pytest.skip("the specification is not beside this checkout")
     text = SPEC.read_text(encoding="utf-8")
     start = text.index("kind: AcceptanceProfileSet")
     lines = text[start:].splitlines(keepends=True)

@@ -308,39 +308,7 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
             raise ApiError(400, "the prompt is empty", "prompt")
         if not all(isinstance(t, int) for t in prompt):
             raise ApiError(400, "a token-id prompt must be a list of integers", "prompt")
-        params = _sampling(body)
-        request_id = f"cmpl-{uuid.uuid4().hex}"
-        q = await _start(prompt, params, request_id)  # type: ignore[arg-type]
-        created = int(time.time())
-        if body.stream:
-            return StreamingResponse(
-                _stream(request, q, request_id, body, created, "text_completion"),
-                media_type="text/event-stream",
-            )
-        out = await _final(request, q, request_id)
-        if out is None:
-            return Response(status_code=499)
-        choices = [
-            {
-                "index": c.index,
-                "text": c.text,
-                "logprobs": None,
-                "finish_reason": c.finish_reason,
-                **_stats_fields(out, c.index),
-            }
-            for c in out.outputs
-        ]
-        return _json(
-            {
-                "id": request_id,
-                "object": "text_completion",
-                "created": created,
-                "model": settings.served_model_name,
-                "choices": choices,
-                "usage": _usage(out),
-                **_root(out),
-            }
-        )
+        return await _generate(request, body, prompt, chat=False)  # type: ignore[arg-type]
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
@@ -350,13 +318,23 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
             text = tokenizer.apply_chat_template(messages)
         except ValueError as exc:
             raise ApiError(400, str(exc), "messages") from None
+        return await _generate(request, body, _encode(text), chat=True)
+
+    async def _generate(
+        request: Request,
+        body: CompletionRequest | ChatCompletionRequest,
+        prompt: list[int],
+        chat: bool,
+    ) -> Response:
+        """Run one request: an SSE stream, or one body once it finishes (both endpoints)."""
         params = _sampling(body)
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        q = await _start(_encode(text), params, request_id)
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        q = await _start(prompt, params, request_id)
         created = int(time.time())
         if body.stream:
+            kind = "chat.completion.chunk" if chat else "text_completion"
             return StreamingResponse(
-                _stream(request, q, request_id, body, created, "chat.completion.chunk"),
+                _stream(request, q, request_id, body, created, kind),
                 media_type="text/event-stream",
             )
         out = await _final(request, q, request_id)
@@ -365,7 +343,11 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
         choices = [
             {
                 "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
+                **(
+                    {"message": {"role": "assistant", "content": c.text}}
+                    if chat
+                    else {"text": c.text}
+                ),
                 "logprobs": None,
                 "finish_reason": c.finish_reason,
                 **_stats_fields(out, c.index),
@@ -375,7 +357,7 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
         return _json(
             {
                 "id": request_id,
-                "object": "chat.completion",
+                "object": "chat.completion" if chat else "text_completion",
                 "created": created,
                 "model": settings.served_model_name,
                 "choices": choices,

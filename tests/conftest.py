@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,11 @@ def run_cli():
     runner = CliRunner()
 
     def run(*args: str | Path) -> tuple[int, str, str]:
-        result = runner.invoke(app, [str(a) for a in args])
+        try:
+            result = runner.invoke(app, [str(a) for a in args])
+        finally:
+            # The command bound logging to the runner's captured stderr, which is closed now.
+            logging.getLogger().handlers.clear()
         return result.exit_code, result.stdout, result.stderr
 
     return run

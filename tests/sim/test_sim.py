@@ -104,11 +104,21 @@ def _drive(engine: Engine, requests: list[SimRequest], concurrency: int | None) 
     return sum(r.output_tokens for r in requests) / engine.clock
 
 
+@pytest.fixture
+def one_thread():
+    """Single-threaded torch: step timings on a shared 2-core machine are far steadier."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.slow
-def test_fit_to_one_torch_run_predicts_another_within_10_percent() -> None:
-    """Fit the step cost to a torch run (staggered arrivals and lengths, so batch sizes vary,
-    AL 2); predict a torch run at concurrency 8 and AL 3.78: output tokens/s over compute time.
-    """
+def test_fit_to_one_torch_run_predicts_another_within_10_percent(one_thread: None) -> None:
+    """Fit the step cost to a torch run (AL 2, concurrency 2 then 6); predict a torch run at
+    concurrency 8 and AL 3.78: output tokens/s over compute time, within 10%."""
 
     def engine(length: float, executor: str = "torch", cost: StepCost | None = None) -> Engine:
         spec = SpeculativeConfig(
@@ -119,18 +129,17 @@ def test_fit_to_one_torch_run_predicts_another_within_10_percent() -> None:
         )  # type: ignore[arg-type]
         return Engine(config)
 
-    def staggered() -> list[SimRequest]:
-        return [SimRequest(i, 0.01 * i, 16 + 8 * (i % 4), 24 + 12 * (i % 5)) for i in range(40)]
+    def closed(count: int = 32, first: int = 0) -> list[SimRequest]:
+        return [SimRequest(first + i, 0.0, 24, 64) for i in range(count)]
 
-    def closed() -> list[SimRequest]:
-        return [SimRequest(i, 0.0, 24, 64) for i in range(32)]
-
-    # Each torch run twice, keeping the less disturbed (shorter) one: a shared 2-core machine
-    # adds noise that only ever slows a run down.
-    fits = [engine(2.0) for _ in range(2)]
-    for run in fits:
-        _drive(run, staggered(), None)
-    fitted = StepCost.fit(min(fits, key=lambda e: e.clock).steps, 7)
+    # Warm up (first forwards allocate). The fitted run: AL 2, closed loop at concurrency 2 then
+    # 6 (two batch sizes, so the per-request terms can be told apart from the intercept).
+    _drive(engine(2.0), closed(8), 8)
+    first = engine(2.0)
+    _drive(first, closed(12), 2)
+    _drive(first, closed(24, 100), 6)
+    fitted = StepCost.fit(first.steps, 7)
+    # The predicted run: AL 3.78 at concurrency 8; the faster of two (noise only slows a run).
     measured = max(_drive(engine(3.78), closed(), 8) for _ in range(2))
     predicted = _drive(engine(3.78, "sim", fitted), closed(), 8)
     assert abs(predicted / measured - 1.0) < 0.10, (predicted, measured, fitted)

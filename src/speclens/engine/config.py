@@ -181,6 +181,14 @@ class StepCost:
     per_context_token: float = 1e-8
     draft_base: float = 5e-4
     draft_per_token: float = 5e-6
+    #: Prefill steps, when priced apart from verification (None: priced as a verify step).
+    prefill_base: float | None = None
+    prefill_per_token: float | None = None
+
+    def prefill(self, query_tokens: int, requests: int, context_tokens: int) -> float:
+        if self.prefill_base is None or self.prefill_per_token is None:
+            return self.verify(query_tokens, requests, context_tokens)
+        return self.prefill_base + self.prefill_per_token * query_tokens
 
     def verify(self, query_tokens: int, requests: int, context_tokens: int) -> float:
         return (
@@ -206,6 +214,15 @@ class StepCost:
         rows = [s for s in steps if s.num_requests > 0]
         if len(rows) < 4:
             raise ValueError(f"need at least 4 steps to fit a step cost, got {len(rows)}")
+        prefills = [s for s in rows if s.kind == "prefill"]
+        decodes = [s for s in rows if s.kind != "prefill"]
+        prefill: list[float | None] = [None, None]
+        if len(decodes) >= 4 and len(prefills) >= 3:
+            # Enough of both: a prefill (one long query) and a verify step cost differently.
+            xp = np.array([[1.0, s.query_tokens] for s in prefills], dtype=float)
+            yp = np.array([s.seconds for s in prefills], dtype=float)
+            prefill = list(_nonnegative_lstsq(xp, yp))
+            rows = decodes
         x = np.array(
             [[1.0, s.query_tokens, s.num_requests, s.context_tokens] for s in rows], dtype=float
         )
@@ -224,6 +241,8 @@ class StepCost:
             per_context_token=verify[3],
             draft_base=float(draft[0]),
             draft_per_token=float(draft[1]),
+            prefill_base=prefill[0],
+            prefill_per_token=prefill[1],
         )
 
 

@@ -81,7 +81,7 @@ class SimExecutor:
         tokens = sum(r.num_tokens - r.num_computed for r in requests)
         context = sum(r.num_tokens for r in requests)
         ids = torch.randint(0, self.vocab_size, (len(requests),), generator=self.generator)
-        return Forward(argmax=ids, seconds=self.cost.verify(tokens, len(requests), context))
+        return Forward(argmax=ids, seconds=self.cost.prefill(tokens, len(requests), context))
 
     def verify(self, requests: Sequence[Request], draft_ids: torch.Tensor) -> Forward:
         batch, k = draft_ids.shape

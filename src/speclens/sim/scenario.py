@@ -47,6 +47,8 @@ class StepCostSpec(_Model):
     per_context_token: Annotated[float, Field(ge=0)] = 1e-8
     draft_base: Annotated[float, Field(ge=0)] = 5e-4
     draft_per_token: Annotated[float, Field(ge=0)] = 5e-6
+    prefill_base: Annotated[float, Field(ge=0)] | None = None
+    prefill_per_token: Annotated[float, Field(ge=0)] | None = None
 
 
 class Pool(_Model):

@@ -46,3 +46,16 @@ def test_fit_never_returns_a_negative_price() -> None:
 def test_fit_needs_enough_steps() -> None:
     with pytest.raises(ValueError, match="at least 4 steps"):
         StepCost.fit([StepRecord("decode", 1, 4, 10, 0.01, 0.0)], num_spec_tokens=3)
+
+
+def test_prefill_is_priced_apart_when_the_run_has_enough_of_both() -> None:
+    truth = StepCost(base=3e-3, per_token=4e-5, per_seq=2e-5, per_context_token=3e-8,
+                     draft_base=6e-4, draft_per_token=7e-6, prefill_base=1e-3, prefill_per_token=2e-5)  # fmt: skip
+    steps = _records(truth, k=5)[:-1] + [
+        StepRecord("prefill", 1, n, n, truth.prefill(n, 1, n), 0.0) for n in (50, 200, 800)
+    ]
+    fitted = StepCost.fit(steps, num_spec_tokens=5)
+    assert fitted.prefill_base == pytest.approx(1e-3, rel=1e-6)
+    assert fitted.prefill_per_token == pytest.approx(2e-5, rel=1e-6)
+    assert fitted.per_token == pytest.approx(4e-5, rel=1e-6)
+    assert StepCost().prefill(100, 1, 100) == StepCost().verify(100, 1, 100)  # unset: as verify

@@ -57,5 +57,7 @@ def test_prefill_is_priced_apart_when_the_run_has_enough_of_both() -> None:
     fitted = StepCost.fit(steps, num_spec_tokens=5)
     assert fitted.prefill_base == pytest.approx(1e-3, rel=1e-6)
     assert fitted.prefill_per_token == pytest.approx(2e-5, rel=1e-6)
-    assert fitted.per_token == pytest.approx(4e-5, rel=1e-6)
+    # Decode alone cannot split per-token from per-request (query = (K + 1) x requests): the
+    # price of one more request is what it must get right.
+    assert 6 * fitted.per_token + fitted.per_seq == pytest.approx(6 * 4e-5 + 2e-5, rel=1e-6)
     assert StepCost().prefill(100, 1, 100) == StepCost().verify(100, 1, 100)  # unset: as verify

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from speclens.cli import app
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """Single-threaded torch: tiny matmuls oversubscribe a shared 2-core machine, and step
+    timings are far steadier on one thread."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-import torch
 
-from speclens.engine import Engine, EngineConfig, RequestOutput, SamplingParams, SpeculativeConfig
+from enginekit import config
+from speclens.engine import Engine, RequestOutput, SamplingParams, SpeculativeConfig
 
 GREEDY = SamplingParams(max_tokens=30, temperature=0.0)
 PROMPTS: list[str | list[int]] = [
@@ -19,22 +19,6 @@ PROMPTS: list[str | list[int]] = [
     "The quick brown fox",
     "zzzzzzzz",
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny matmuls: one thread avoids oversubscription when the CPUs are shared.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def config(speculative: SpeculativeConfig | None = None, **kwargs: object) -> EngineConfig:
-    kwargs.setdefault("kv_cache_tokens", 8192)
-    kwargs.setdefault("max_model_len", 1024)
-    kwargs.setdefault("max_num_batched_tokens", 4096)
-    return EngineConfig(speculative=speculative or SpeculativeConfig(), **kwargs)  # type: ignore[arg-type]
 
 
 def draft(k: int = 3) -> SpeculativeConfig:

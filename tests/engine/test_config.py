@@ -8,7 +8,6 @@ import logging
 import math
 
 import pytest
-import torch
 
 from speclens.engine import ConfigError, Engine, EngineConfig, SpeculativeConfig
 
@@ -21,15 +20,6 @@ ENGINE_LOGGER = "speclens.engine.engine"
 
 #: The golden AL column of the seed (Kimi-K3 DSpark, thinking on), K -> length.
 GOLDEN = {1: 1.84, 2: 2.45, 3: 2.87, 4: 3.22, 5: 3.44, 6: 3.54, 7: 3.78, 8: 3.88}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny matmuls: one thread avoids oversubscription when the CPUs are shared.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def spec(**kwargs: object) -> SpeculativeConfig:

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import torch
 
 from speclens.acceptance import AcceptanceHistogram
 from speclens.engine import ConfigError, Engine, EngineConfig, SamplingParams, SpeculativeConfig
@@ -30,15 +29,6 @@ MTP_KEYS = {
     "distribution",
     "distribution_percent",
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny matmuls: one thread avoids oversubscription when the CPUs are shared.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def al_standard_error(num_verify_steps: int) -> float:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-import torch
 
-from speclens.engine import Engine, EngineConfig, SamplingParams, SpeculativeConfig
+from enginekit import config
+from speclens.engine import Engine, SamplingParams, SpeculativeConfig
 from speclens.engine.request import Request
 
 MAX_TOKENS = 40
@@ -47,22 +47,6 @@ DRAFTERS = {
         "confidence_threshold": 0.007,
     },
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny matmuls: one thread avoids oversubscription when the CPUs are shared.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def config(speculative: SpeculativeConfig | None = None, **kwargs: object) -> EngineConfig:
-    kwargs.setdefault("kv_cache_tokens", 8192)
-    kwargs.setdefault("max_model_len", 1024)
-    kwargs.setdefault("max_num_batched_tokens", 4096)
-    return EngineConfig(speculative=speculative or SpeculativeConfig(), **kwargs)  # type: ignore[arg-type]
 
 
 def token_ids(engine: Engine, prompts: Sequence[str | Sequence[int]], params=GREEDY) -> list:

@@ -5,28 +5,12 @@ empty, duplicate id, bad parameters)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-from speclens.engine import Engine, EngineConfig, SamplingError, SamplingParams, SpeculativeConfig
+from enginekit import config
+from speclens.engine import Engine, SamplingError, SamplingParams, SpeculativeConfig
 
 EOS = 257  # the byte tokenizer's EOS id
 PROMPT = "Hello world"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny matmuls: one thread avoids oversubscription when the CPUs are shared.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def config(speculative: SpeculativeConfig | None = None, **kwargs: object) -> EngineConfig:
-    kwargs.setdefault("kv_cache_tokens", 8192)
-    kwargs.setdefault("max_model_len", 1024)
-    kwargs.setdefault("max_num_batched_tokens", 4096)
-    return EngineConfig(speculative=speculative or SpeculativeConfig(), **kwargs)  # type: ignore[arg-type]
 
 
 def ngram(k: int = 7) -> SpeculativeConfig:

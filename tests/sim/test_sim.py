@@ -104,17 +104,6 @@ def _drive(engine: Engine, requests: list[SimRequest], concurrency: int | None) 
     return sum(r.output_tokens for r in requests) / engine.clock
 
 
-@pytest.fixture
-def one_thread():
-    """Single-threaded torch: step timings on a shared 2-core machine are far steadier."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.slow
 def test_fit_to_one_torch_run_predicts_another_within_10_percent(one_thread: None) -> None:
     """Fit the step cost to a torch run (AL 2, concurrency 2 then 6); predict a torch run at

@@ -6,12 +6,19 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 
-from speclens.acceptance import Registry, ResolutionRefused, ValidationError
+from speclens.acceptance import (
+    AcceptanceValue,
+    Problem,
+    Registry,
+    ResolutionRefused,
+    ValidationError,
+    validate,
+)
 
 # Wide when piped or captured, so tables of long names and URLs are not cut to 80 columns.
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -47,3 +54,47 @@ def reported() -> Iterator[None]:
         fail(str(p) for p in exc.problems)
     except ResolutionRefused as exc:
         fail(f"refused: {exc}")
+
+
+ACCEPTANCE_LENGTH_OPTION = typer.Option(
+    None, "--acceptance-length", help="State the AL (cli layer)."
+)
+ACCEPTANCE_RATE_OPTION = typer.Option(
+    None, "--acceptance-rate", help="State the acceptance rate (cli layer)."
+)
+PER_POSITION_RATES_OPTION = typer.Option(
+    None, "--per-position-rates", help="State rates R1,R2,... (cli layer)."
+)
+
+
+def cli_value(
+    k: int, length: float | None, rate: float | None, rates: str | None
+) -> AcceptanceValue | None:
+    """The command line's acceptance value at K (None when no flag states one)."""
+    data: dict[str, Any] = {"num_spec_tokens": k}
+    if length is not None:
+        data["acceptance_length"] = length
+    if rate is not None:
+        data["acceptance_rate"] = rate
+    if rates is not None:
+        try:
+            data["per_position_rates"] = [float(r) for r in rates.split(",") if r.strip()]
+        except ValueError:
+            raise ValidationError(
+                [
+                    Problem(
+                        "command line",
+                        "--per-position-rates",
+                        f"expected numbers separated by commas, got {rates!r}",
+                    )
+                ]
+            ) from None
+    if len(data) == 1:
+        return None
+    flags = {
+        "acceptance_length": "--acceptance-length",
+        "acceptance_rate": "--acceptance-rate",
+        "per_position_rates": "--per-position-rates",
+    }
+    data["source"] = "command line " + " ".join(flags[f] for f in flags if f in data)
+    return validate(AcceptanceValue, data, "command line")

@@ -15,7 +15,6 @@ from rich.table import Table
 from speclens.acceptance import (
     AcceptancePin,
     AcceptanceProfileSet,
-    AcceptanceValue,
     Problem,
     Resolution,
     ValidationError,
@@ -26,7 +25,17 @@ from speclens.acceptance import (
     resolve,
     validate,
 )
-from speclens.cli._common import REGISTRY_OPTION, fail, load_registry, out_console, reported
+from speclens.cli._common import (
+    ACCEPTANCE_LENGTH_OPTION,
+    ACCEPTANCE_RATE_OPTION,
+    PER_POSITION_RATES_OPTION,
+    REGISTRY_OPTION,
+    cli_value,
+    fail,
+    load_registry,
+    out_console,
+    reported,
+)
 
 app = typer.Typer(
     help="Acceptance-profile sets: validate, list, resolve, schema, import.", no_args_is_help=True
@@ -82,38 +91,6 @@ def schema_cmd() -> None:
     schema = AcceptanceProfileSet.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     typer.echo(json.dumps(schema, indent=2))
-
-
-def _cli_value(
-    k: int, length: float | None, rate: float | None, rates: str | None
-) -> AcceptanceValue | None:
-    data: dict[str, Any] = {"num_spec_tokens": k}
-    if length is not None:
-        data["acceptance_length"] = length
-    if rate is not None:
-        data["acceptance_rate"] = rate
-    if rates is not None:
-        try:
-            data["per_position_rates"] = [float(r) for r in rates.split(",") if r.strip()]
-        except ValueError:
-            raise ValidationError(
-                [
-                    Problem(
-                        "command line",
-                        "--per-position-rates",
-                        f"expected numbers separated by commas, got {rates!r}",
-                    )
-                ]
-            ) from None
-    if len(data) == 1:
-        return None
-    flags = {
-        "acceptance_length": "--acceptance-length",
-        "acceptance_rate": "--acceptance-rate",
-        "per_position_rates": "--per-position-rates",
-    }
-    data["source"] = "command line " + " ".join(flags[f] for f in flags if f in data)
-    return validate(AcceptanceValue, data, "command line")
 
 
 def _workload(
@@ -211,15 +188,9 @@ def resolve_cmd(
         dir_okay=False,
         help="A workload file: thinking, category, acceptance.",
     ),
-    acceptance_length: float | None = typer.Option(
-        None, "--acceptance-length", help="State the AL (cli layer)."
-    ),
-    acceptance_rate: float | None = typer.Option(
-        None, "--acceptance-rate", help="State the acceptance rate (cli layer)."
-    ),
-    per_position_rates: str | None = typer.Option(
-        None, "--per-position-rates", help="State rates R1,R2,... (cli layer)."
-    ),
+    acceptance_length: float | None = ACCEPTANCE_LENGTH_OPTION,
+    acceptance_rate: float | None = ACCEPTANCE_RATE_OPTION,
+    per_position_rates: str | None = PER_POSITION_RATES_OPTION,
     registry: list[Path] = REGISTRY_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the resolution as one JSON object."),
 ) -> None:
@@ -235,7 +206,7 @@ def resolve_cmd(
             registry=load_registry(registry),
             workload=_workload(workload, thinking, category),
             scenario=_pin(scenario),
-            cli=_cli_value(num_spec_tokens, acceptance_length, acceptance_rate, per_position_rates),
+            cli=cli_value(num_spec_tokens, acceptance_length, acceptance_rate, per_position_rates),
         )
     if as_json:
         typer.echo(json.dumps(res.model_dump()))

@@ -11,7 +11,11 @@ import typer
 from rich.table import Table
 
 from speclens.cli._common import (
+    ACCEPTANCE_LENGTH_OPTION,
+    ACCEPTANCE_RATE_OPTION,
+    PER_POSITION_RATES_OPTION,
     REGISTRY_OPTION,
+    cli_value,
     err_console,
     fail,
     load_registry,
@@ -41,15 +45,9 @@ def sim(
     scenario_path: Path = typer.Argument(
         ..., exists=True, dir_okay=False, help="The scenario YAML."
     ),
-    acceptance_length: float | None = typer.Option(
-        None, "--acceptance-length", help="State the AL (cli layer)."
-    ),
-    acceptance_rate: float | None = typer.Option(
-        None, "--acceptance-rate", help="State the acceptance rate (cli layer)."
-    ),
-    per_position_rates: str | None = typer.Option(
-        None, "--per-position-rates", help="State rates R1,R2,... (cli layer)."
-    ),
+    acceptance_length: float | None = ACCEPTANCE_LENGTH_OPTION,
+    acceptance_rate: float | None = ACCEPTANCE_RATE_OPTION,
+    per_position_rates: str | None = PER_POSITION_RATES_OPTION,
     registry: list[Path] = REGISTRY_OPTION,
     sweep: str | None = typer.Option(
         None, "--sweep", help="num_spec_tokens=1..8 or concurrency=1,8,32: one row per point."
@@ -62,7 +60,6 @@ def sim(
 ) -> None:
     """Simulate a scenario with the resolved acceptance."""
     from speclens.acceptance import WorkloadAcceptance, resolve
-    from speclens.cli.profiles import _cli_value
     from speclens.sim.scenario import load_scenario
     from speclens.sim.simulate import simulate
 
@@ -85,7 +82,7 @@ def sim(
                     hardware=scenario.hardware, registry=reg,
                     workload=WorkloadAcceptance(thinking=workload.thinking, category=workload.category, acceptance=workload.acceptance),
                     scenario=scenario.acceptance,
-                    cli=_cli_value(k, acceptance_length, acceptance_rate, per_position_rates),
+                    cli=cli_value(k, acceptance_length, acceptance_rate, per_position_rates),
                 )  # fmt: skip
             rates = resolution.per_position_rates
         result = simulate(

@@ -275,9 +275,6 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
             return None
         return result.result()
 
-    def _usage(out: RequestOutput) -> dict[str, int]:
-        return out.usage
-
     def _stats_fields(out: RequestOutput, index: int) -> dict[str, Any]:
         if settings.stats_level == "none":
             return {}
@@ -361,7 +358,7 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
                 "created": created,
                 "model": settings.served_model_name,
                 "choices": choices,
-                "usage": _usage(out),
+                "usage": out.usage,
                 **_root(out),
             }
         )
@@ -406,7 +403,7 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
                         entry.update(_stats_fields(out, choice.index))
                     chunk: dict[str, Any] = {**base, "choices": [entry]}
                     if body.continuous_usage:
-                        chunk["usage"] = _usage(out)
+                        chunk["usage"] = out.usage
                     if out.finished and not body.include_usage:
                         chunk.update(_root(out))
                     yield _sse(chunk)
@@ -414,7 +411,7 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
                     finished = True
                     break
             if finished and last is not None and body.include_usage:
-                yield _sse({**base, "choices": [], "usage": _usage(last), **_root(last)})
+                yield _sse({**base, "choices": [], "usage": last.usage, **_root(last)})
             yield b"data: [DONE]\n\n"
         finally:
             if not finished:  # the client went away, or the server is stopping

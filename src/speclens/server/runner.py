@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from speclens.engine import Engine, RequestOutput, SamplingParams
@@ -44,9 +44,6 @@ class Snapshot:
     num_running: int
     num_waiting: int
     kv_usage: float
-    num_free_blocks: int
-    num_blocks: int
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class EngineRunner:
@@ -119,8 +116,6 @@ class EngineRunner:
                 num_running=engine.num_running,
                 num_waiting=engine.num_waiting + self._pending,
                 kv_usage=engine.blocks.usage,
-                num_free_blocks=engine.blocks.num_free,
-                num_blocks=engine.blocks.num_blocks,
             )
 
     # ------------------------------------------------------------------ the engine thread

@@ -20,7 +20,7 @@ def _record(
     steps = sum(hist.values())
     accepted = sum(j * n for j, n in hist.items())
     return RequestRecord(
-        index=i, category=cat, start=0.0, end=end, ttft=ttft, itl=[0.01] * (tokens - 1),
+        index=i, category=cat, start=0.0, end=end, ttft=ttft, itl_runs=[(0.01, tokens - 1)],
         prompt_tokens=10, completion_tokens=tokens, spec_status="ok", spec_adapter="a",
         spec={
             "mean_acceptance_length": 1 + accepted / steps if steps else 1.0,

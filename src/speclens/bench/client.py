@@ -4,12 +4,23 @@ loop (Poisson / gamma) arrivals, per-chunk timestamps, and every response kept r
 Token counts come from ``usage``: the client asks for ``include_usage`` and
 ``continuous_usage_stats``, so a chunk that carries several tokens (normal under speculation)
 is counted right; without per-chunk usage each content chunk counts one token.
+
+The server is untrusted: every value read from a response is type-checked where it is read
+(``Tally``, ``finish_record``), and a bad one is dropped with a note on the record
+(``anomalies``), never passed on. Bodies, SSE events and token counts are bounded, so no response
+can make the client raise or hold memory in proportion to a number it claims.
+
+A request succeeds only if its response holds at least one content chunk: a JSON object whose
+``choices`` is a list holding a choice object with a string ``text`` or a ``delta`` or
+``message`` object. Events that are not JSON, not an object, or whose ``choices`` is not a list of
+objects are unparsable: counted on the record (``unparsable_events``), otherwise skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -22,9 +33,11 @@ import orjson
 
 from speclens.bench.adapters import detect
 from speclens.bench.datasets import Prompt
-from speclens.bench.sse import SSEParser
+from speclens.bench.sse import SSEError, SSEParser
 
 Endpoint = Literal["completions", "chat"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -49,9 +62,22 @@ class LoadConfig:
     grace: float = 5.0  # seconds in-flight requests get after Ctrl-C
 
 
+#: What a response can make the client hold or believe.
+MAX_BODY_BYTES = 64 * 2**20  # a non-streamed body
+MAX_ERROR_BYTES = 4096  # read of an error body (500 characters are kept)
+MAX_TOKENS = 2**31  # no token count above this is believed
+MAX_ANOMALIES = 10  # notes kept per request
+
+
 @dataclass
 class RequestRecord:
-    """One request, as the client saw it; times in seconds from the run's start."""
+    """One request, as the client saw it; times in seconds from the run's start.
+
+    ``itl_runs`` holds inter-token gaps as ``(gap, tokens)`` runs: a chunk that brings n tokens
+    g seconds after the previous one is n tokens g / n apart, one entry however large n is.
+    ``anomalies`` notes what the response got wrong without failing the request (a count of the
+    wrong type, one that fell or is out of bounds); that value is dropped, not used.
+    """
 
     index: int
     category: str
@@ -59,7 +85,7 @@ class RequestRecord:
     start: float = 0.0
     end: float | None = None
     ttft: float | None = None
-    itl: list[float] = field(default_factory=list)
+    itl_runs: list[tuple[float, int]] = field(default_factory=list)
     chunk_times: list[float] = field(default_factory=list)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -71,6 +97,8 @@ class RequestRecord:
     spec_status: str = "absent"
     spec_adapter: str | None = None
     spec_message: str | None = None
+    unparsable_events: int = 0
+    anomalies: list[str] = field(default_factory=list)
 
     @property
     def success(self) -> bool:
@@ -88,6 +116,11 @@ class RequestRecord:
         if self.completion_tokens < 2:
             return None
         return (self.end - self.start - self.ttft) / (self.completion_tokens - 1)
+
+    def note(self, anomaly: str) -> None:
+        """Keep a note of what the response got wrong (the first few distinct ones)."""
+        if anomaly not in self.anomalies and len(self.anomalies) < MAX_ANOMALIES:
+            self.anomalies.append(anomaly)
 
 
 @dataclass
@@ -117,11 +150,14 @@ def _payload(config: LoadConfig, prompt: Prompt) -> dict[str, Any]:
     return body
 
 
+def _choices(chunk: dict[str, Any]) -> list[dict[str, Any]]:
+    raw = chunk.get("choices")
+    return [c for c in raw if isinstance(c, dict)] if isinstance(raw, list) else []
+
+
 def _content(chunk: dict[str, Any]) -> str:
     out = []
-    for choice in chunk.get("choices") or []:
-        if not isinstance(choice, dict):
-            continue
+    for choice in _choices(chunk):
         delta = choice.get("delta")
         text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
         if isinstance(text, str):
@@ -129,11 +165,48 @@ def _content(chunk: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def _finish_reason(chunk: dict[str, Any]) -> str | None:
-    for choice in chunk.get("choices") or []:
-        if isinstance(choice, dict) and choice.get("finish_reason"):
-            return str(choice["finish_reason"])
+def is_content_chunk(chunk: object) -> bool:
+    """A choice object with a string ``text`` or a ``delta`` or ``message`` object."""
+    return isinstance(chunk, dict) and any(
+        isinstance(c.get("text"), str)
+        or isinstance(c.get("delta"), dict)
+        or isinstance(c.get("message"), dict)
+        for c in _choices(chunk)
+    )
+
+
+def chunk_problem(chunk: object) -> str | None:
+    """Why a parsed event is not a completion chunk at all (None when it is one)."""
+    if not isinstance(chunk, dict):
+        return "not a JSON object"
+    raw = chunk.get("choices")
+    if raw is not None and not (isinstance(raw, list) and all(isinstance(c, dict) for c in raw)):
+        return "choices is not a list of objects"
     return None
+
+
+def _finish_reason(chunk: dict[str, Any]) -> object:
+    for choice in _choices(chunk):
+        if choice.get("finish_reason") is not None:
+            return choice["finish_reason"]
+    return None
+
+
+def count_problem(value: object, bound: int) -> str | None:
+    """Why a token count from the wire is not believed (None when it is)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return f"not an integer: {value!r:.40}"
+    if value < 0:
+        return f"negative: {value}"
+    if value > bound:
+        return f"{value} is beyond the bound {bound}"
+    return None
+
+
+def token_bound(max_tokens: int | None) -> int:
+    """The most completion tokens believed: twice max_tokens plus 16 (servers may overshoot a
+    little), and never more than 2**31."""
+    return MAX_TOKENS if not max_tokens else min(MAX_TOKENS, 2 * max_tokens + 16)
 
 
 _PLAIN_ROOT = frozenset(
@@ -171,6 +244,155 @@ def _usage(chunk: Any) -> dict[str, Any] | None:
     return usage if isinstance(usage, dict) else None
 
 
+@dataclass
+class Tally:
+    """One request's accounting as its events arrive: parsing, token counts, ITL runs.
+
+    Kept apart from the HTTP code so it can be fed any sequence of events in a test; it never
+    raises, whatever the events hold.
+    """
+
+    record: RequestRecord
+    max_tokens: int | None = None
+    stream: bool = True
+    tokens: int = 0  # completion tokens counted so far
+    usage_peak: int = 0  # the highest believed usage.completion_tokens
+    content_chunks: int = 0
+    events: int = 0
+    done: bool = False
+    last_time: float | None = None
+    problem: str = "no choice holds text, delta or message"  # the last event's, for messages
+
+    def event(self, data: str, now: float) -> None:
+        """One SSE event's data."""
+        if data.strip() == "[DONE]":
+            self.done = True
+            return
+        chunk = self.parse(data)
+        if chunk is not None:
+            self.count(chunk, now)
+
+    def body(self, data: bytes, now: float) -> None:
+        """A whole non-streamed body."""
+        record = self.record
+        record.ttft = now - record.start
+        record.chunk_times.append(now)
+        chunk = self.parse(data)
+        if chunk is not None:
+            self.count(chunk, None)
+
+    def parse(self, data: str | bytes) -> dict[str, Any] | None:
+        """The event as a chunk object, kept raw on the record; None if it is unparsable."""
+        self.events += 1
+        record = self.record
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            text = data if isinstance(data, str) else data[:1000].decode("utf-8", "replace")
+            record.responses.append({"unparsed": text[:1000]})
+            record.unparsable_events += 1
+            self.problem = "not JSON"
+            return None
+        record.responses.append(chunk)
+        problem = chunk_problem(chunk)
+        if problem is not None:
+            record.unparsable_events += 1
+            self.problem = problem
+            return None
+        return chunk  # type: ignore[no-any-return]
+
+    def count(self, chunk: dict[str, Any], now: float | None) -> None:
+        """Count the chunk's tokens and, streaming (``now`` given), its gaps."""
+        record = self.record
+        if chunk.get("error") is not None and record.error is None:
+            record.error = f"the server sent an error: {chunk['error']!r:.300}"
+        content = is_content_chunk(chunk)
+        self.content_chunks += content
+        usage = _usage(chunk)
+        reported = None if usage is None else usage.get("completion_tokens")
+        if now is None:
+            return
+        if reported is not None:
+            problem = count_problem(reported, token_bound(self.max_tokens))
+            if problem is None and reported < self.usage_peak:
+                problem = f"fell from {self.usage_peak} to {reported}"
+            if problem is not None:
+                record.note(f"usage.completion_tokens: {problem}")
+                reported = None
+        if reported is not None:
+            tokens = reported - self.tokens
+            self.tokens = self.usage_peak = reported
+        elif content and _content(chunk):
+            tokens = 1
+            self.tokens += 1
+        else:
+            return
+        if tokens <= 0:
+            return
+        record.chunk_times.append(now)
+        if record.ttft is None:
+            record.ttft = now - record.start
+        elif self.last_time is not None:
+            record.itl_runs.append(((now - self.last_time) / tokens, tokens))
+        self.last_time = now
+
+
+def finish_record(record: RequestRecord, tally: Tally | None = None) -> None:
+    """Fill the request-level fields from its responses, each type-checked, and judge it: a
+    response without a content chunk fails the request. Never raises."""
+    usage = next((u for r in reversed(record.responses) if (u := _usage(r))), None)
+    if usage:
+        bound = token_bound(tally.max_tokens if tally else None)
+        record.prompt_tokens = _checked(record, usage, "prompt_tokens", MAX_TOKENS)
+        tokens = _checked(record, usage, "completion_tokens", bound)
+        if tokens is not None and tally is not None and tokens < tally.usage_peak:
+            record.note(f"usage.completion_tokens: fell from {tally.usage_peak} to {tokens}")
+            tokens = None
+        record.completion_tokens = tokens
+    reason = next(
+        (f for r in record.responses if isinstance(r, dict) and (f := _finish_reason(r))), None
+    )
+    if reason is not None and not isinstance(reason, str):
+        record.note(f"finish_reason: not a string: {reason!r:.40}")
+        reason = None
+    record.finish_reason = reason
+    if tally is not None and record.success and not tally.content_chunks:
+        record.error = (
+            f"no parseable content chunk: {record.unparsable_events} unparsable of "
+            f"{tally.events} SSE events"
+            if tally.stream
+            else f"no parseable content chunk in the response body ({tally.problem})"
+        )
+    detection = detect(carriers(record.responses))
+    record.spec_status = detection.status
+    record.spec_adapter = detection.adapter
+    record.spec_message = detection.message
+    record.spec = detection.record.model_dump() if detection.record else None
+
+
+def _checked(record: RequestRecord, usage: dict[str, Any], key: str, bound: int) -> int | None:
+    value = usage.get(key)
+    if value is None:
+        return None
+    problem = count_problem(value, bound)
+    if problem is not None:
+        record.note(f"usage.{key}: {problem}")
+        return None
+    return int(value)
+
+
+async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """The body, or its first ``limit`` bytes and True when it is longer."""
+    parts: list[bytes] = []
+    size = 0
+    async for part in resp.content.iter_any():
+        parts.append(part)
+        size += len(part)
+        if size > limit:
+            return b"".join(parts)[:limit], True
+    return b"".join(parts), False
+
+
 class LoadGenerator:
     def __init__(self, config: LoadConfig, prompts: list[Prompt]) -> None:
         if not prompts:
@@ -192,82 +414,48 @@ class LoadGenerator:
         config = self.config
         record.start = time.perf_counter() - t0
         body = orjson.dumps(_payload(config, prompt))
-        last_tokens = 0
-        last_time: float | None = None
+        tally = Tally(record, prompt.max_tokens or config.max_tokens, config.stream)
         try:
             async with session.post(self.endpoint_url, data=body, headers=self.headers) as resp:
                 record.status = resp.status
                 if resp.status != 200:
-                    record.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"
+                    raw, _ = await _read_at_most(resp, MAX_ERROR_BYTES)
+                    text = raw.decode("utf-8", errors="replace")
+                    record.error = f"HTTP {resp.status}: {text[:500]}"
                     return
                 if not config.stream:
-                    data = orjson.loads(await resp.read())
-                    now = time.perf_counter() - t0
-                    record.responses.append(data)
-                    record.ttft = now - record.start
-                    record.chunk_times.append(now)
+                    raw, longer = await _read_at_most(resp, MAX_BODY_BYTES)
+                    if longer:
+                        record.error = f"the response body exceeds {MAX_BODY_BYTES} bytes"
+                        return
+                    tally.body(raw, time.perf_counter() - t0)
                 else:
                     parser = SSEParser()
-                    done = False
-                    async for raw in resp.content.iter_any():
+                    async for chunk in resp.content.iter_any():
                         now = time.perf_counter() - t0
-                        for event in parser.feed(raw):
-                            data = event.data
-                            if data == "[DONE]" or data.strip() == "[DONE]":
-                                done = True
-                                continue
-                            try:
-                                chunk = orjson.loads(data)
-                            except orjson.JSONDecodeError:
-                                record.responses.append({"unparsed": data[:1000]})
-                                continue
-                            record.responses.append(chunk)
-                            usage = chunk.get("usage") if isinstance(chunk, dict) else None
-                            count = (
-                                usage.get("completion_tokens") if isinstance(usage, dict) else None
-                            )
-                            if isinstance(count, int):
-                                tokens = count - last_tokens
-                                last_tokens = count
-                            elif isinstance(chunk, dict) and _content(chunk):
-                                tokens = 1
-                                last_tokens += 1
-                            else:
-                                continue
-                            if tokens <= 0:
-                                continue
-                            record.chunk_times.append(now)
-                            if record.ttft is None:
-                                record.ttft = now - record.start
-                            elif last_time is not None:
-                                gap = (now - last_time) / tokens
-                                record.itl.extend([gap] * tokens)
-                            last_time = now
-                    if not done:
+                        for event in parser.feed(chunk):
+                            tally.event(event.data, now)
+                    if not tally.done:
                         record.error = "the stream ended without [DONE]"
                         return
                 record.end = time.perf_counter() - t0
         except asyncio.CancelledError:
             record.error = "cancelled"
             raise
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+        except (aiohttp.ClientError, TimeoutError, SSEError) as exc:
+            record.error = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # one bad response must not take the run down
+            logger.debug("request %d failed", record.index, exc_info=True)
             record.error = f"{type(exc).__name__}: {exc}"
         finally:
-            self._finish(record)
+            self._finish(record, tally)
 
-    def _finish(self, record: RequestRecord) -> None:
-        usage = next((u for r in reversed(record.responses) if (u := _usage(r))), None)
-        if usage:
-            record.prompt_tokens = usage.get("prompt_tokens")
-            record.completion_tokens = usage.get("completion_tokens")
-        record.finish_reason = next(
-            (f for r in record.responses if isinstance(r, dict) and (f := _finish_reason(r))), None
-        )
-        detection = detect(carriers(record.responses))
-        record.spec_status = detection.status
-        record.spec_adapter = detection.adapter
-        record.spec_message = detection.message
-        record.spec = detection.record.model_dump() if detection.record else None
+    def _finish(self, record: RequestRecord, tally: Tally | None = None) -> None:
+        try:
+            finish_record(record, tally)
+        except Exception as exc:  # a last resort: the record is kept, with why it is incomplete
+            logger.debug("request %d: finishing its record failed", record.index, exc_info=True)
+            record.error = record.error or f"{type(exc).__name__}: {exc}"
         if self.on_done is not None:
             self.on_done(record)
 

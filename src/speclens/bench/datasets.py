@@ -6,6 +6,7 @@ Every prompt keeps its category, so acceptance can be reported per category.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,43 +116,81 @@ def random_prompts(count: int, input_len: int, output_len: int, seed: int) -> li
     ]
 
 
+#: Bounds on a prompt file: far above Spec-Bench (about 0.5 MB), small enough to hold in memory.
+MAX_DATASET_BYTES = 256 * 2**20
+MAX_LINE_BYTES = 4 * 2**20
+MAX_PROBLEMS = 20  # reported per file; the rest are counted
+
+
 def jsonl_prompts(path: Path, categories: list[str] | None = None) -> list[Prompt]:
     """Spec-Bench-shaped JSONL: ``question_id``, ``category``, ``turns`` (the first turn is the
-    prompt). Every malformed line is reported, with its line number."""
+    prompt). Every malformed line is reported, with its line number (the first
+    ``MAX_PROBLEMS``); lines are split on LF only, so a JSON string may hold U+2028."""
     prompts: list[Prompt] = []
     problems: list[Problem] = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ValidationError([Problem(str(path), "(file)", f"cannot be read: {exc}")]) from None
-    for number, line in enumerate(lines, start=1):
+    file = str(path)
+    for number, line in _lines(path):
+        if isinstance(line, Problem):
+            problems.append(line)
+            continue
         if not line.strip():
             continue
         where = f"line {number}"
         try:
             row = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            problems.append(Problem(str(path), where, f"not JSON: {exc}"))
+            problems.append(Problem(file, where, f"not JSON: {exc}"))
             continue
         if not isinstance(row, dict):
-            problems.append(Problem(str(path), where, "expected a JSON object"))
+            problems.append(Problem(file, where, "expected a JSON object"))
             continue
         turns = row.get("turns")
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
-            problems.append(
-                Problem(str(path), f"{where}.turns", "expected a non-empty list of strings")
-            )
+            problems.append(Problem(file, f"{where}.turns", "expected a non-empty list of strings"))
             continue
         category = row.get("category")
         if not isinstance(category, str) or not category:
-            problems.append(Problem(str(path), f"{where}.category", "expected a non-empty string"))
+            problems.append(Problem(file, f"{where}.category", "expected a non-empty string"))
             continue
         if categories and category not in categories:
             continue
         prompts.append(Prompt(turns[0], category, None, str(row.get("question_id", number))))
     if problems:
+        if len(problems) > MAX_PROBLEMS:
+            more = len(problems) - MAX_PROBLEMS
+            problems = [*problems[:MAX_PROBLEMS], Problem(file, "(file)", f"{more} more problems")]
         raise ValidationError(problems)
     if not prompts:
         wanted = f" in categories {categories}" if categories else ""
-        raise ValidationError([Problem(str(path), "(file)", f"holds no prompts{wanted}")])
+        raise ValidationError([Problem(file, "(file)", f"holds no prompts{wanted}")])
     return prompts
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str | Problem]]:
+    """``(number, text)`` per line, or ``(number, Problem)`` for a line that is not UTF-8; a file
+    or line beyond the bounds stops the read with a ValidationError."""
+    file = str(path)
+
+    def refuse(where: str, what: str) -> ValidationError:
+        return ValidationError([Problem(file, where, what)])
+
+    try:
+        with path.open("rb") as fh:
+            total = 0
+            number = 0
+            while line := fh.readline(MAX_LINE_BYTES + 1):
+                number += 1
+                total += len(line)
+                if len(line) > MAX_LINE_BYTES:
+                    raise refuse(f"line {number}", f"longer than {MAX_LINE_BYTES} bytes")
+                if total > MAX_DATASET_BYTES:
+                    raise refuse("(file)", f"larger than {MAX_DATASET_BYTES} bytes")
+                try:
+                    text = line.decode("utf-8-sig" if number == 1 else "utf-8")
+                except UnicodeDecodeError as exc:
+                    what = f"not UTF-8 text (byte {line[exc.start]:#04x} at offset {exc.start})"
+                    yield number, Problem(file, f"line {number}", what)
+                    continue
+                yield number, text.rstrip("\r\n")
+    except OSError as exc:
+        raise refuse("(file)", f"cannot be read: {exc}") from None

@@ -19,18 +19,43 @@ SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
 
 def distribution(values: Iterable[float | None], scale: float = 1.0) -> dict[str, float] | None:
     """mean, p50, p90, p99, min, max (scaled, e.g. to ms); None when there are no values."""
-    data = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=float)
-    if data.size == 0:
+    return weighted_distribution(((v, 1) for v in values if v is not None), scale)
+
+
+def weighted_distribution(
+    runs: Iterable[tuple[float, int]], scale: float = 1.0
+) -> dict[str, float] | None:
+    """``distribution`` of values given as ``(value, count)`` runs, never expanded: a run of a
+    billion tokens costs what a run of one does. The percentiles are numpy's default (linear)
+    ones over the expanded data, found through the cumulative counts."""
+    kept = [(v, c) for v, c in runs if c > 0 and math.isfinite(v)]
+    if not kept:
         return None
-    data = data * scale
+    values = np.array([v for v, _ in kept], dtype=float) * scale
+    counts = np.array([c for _, c in kept], dtype=np.int64)
+    order = np.argsort(values, kind="stable")
+    values, counts = values[order], counts[order]
+    ends = np.cumsum(counts)  # the expanded index each run ends before
+    n = int(ends[-1])
+
+    def value_at(i: int) -> float:
+        return float(values[int(np.searchsorted(ends, i, side="right"))])
+
+    def percentile(q: float) -> float:
+        position = q / 100 * (n - 1)
+        below = math.floor(position)
+        t = position - below
+        a, b = value_at(below), value_at(min(below + 1, n - 1))
+        return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t  # numpy's lerp
+
     return {
-        "mean": float(data.mean()),
-        "p50": float(np.percentile(data, 50)),
-        "p90": float(np.percentile(data, 90)),
-        "p99": float(np.percentile(data, 99)),
-        "min": float(data.min()),
-        "max": float(data.max()),
-        "count": int(data.size),
+        "mean": float(np.dot(values, counts.astype(float)) / n),
+        "p50": percentile(50),
+        "p90": percentile(90),
+        "p99": percentile(99),
+        "min": float(values[0]),
+        "max": float(values[-1]),
+        "count": n,
     }
 
 
@@ -55,7 +80,7 @@ def _meets(record: RequestRecord, slo: dict[str, float]) -> bool:
     values = {
         "ttft": record.ttft,
         "tpot": record.tpot,
-        "itl": max(record.itl) if record.itl else None,
+        "itl": max(gap for gap, _ in record.itl_runs) if record.itl_runs else None,
         "e2e": record.latency,
     }
     return all(values[name] is not None and values[name] <= limit for name, limit in slo.items())  # type: ignore[operator]
@@ -140,6 +165,9 @@ def summarize(result: RunResult, slo: dict[str, float] | None = None) -> dict[st
             "failed": len(measured) - len(ok),
             "warmup": len(result.records) - len(measured),
             "errors": _error_counts(measured),
+            "unparsable_events": sum(r.unparsable_events for r in measured),
+            "with_anomalies": sum(1 for r in measured if r.anomalies),
+            "anomalies": _anomaly_counts(measured),
         },
         "duration_s": result.duration,
         "interrupted": result.interrupted,
@@ -152,7 +180,7 @@ def summarize(result: RunResult, slo: dict[str, float] | None = None) -> dict[st
         "latency_ms": {
             "ttft": distribution((r.ttft for r in ok), 1000.0),
             "tpot": distribution((r.tpot for r in ok), 1000.0),
-            "itl": distribution((x for r in ok for x in r.itl), 1000.0),
+            "itl": weighted_distribution((run for r in ok for run in r.itl_runs), 1000.0),
             "e2e": distribution((r.latency for r in ok), 1000.0),
         },
         "acceptance": acceptance(ok),
@@ -165,6 +193,15 @@ def summarize(result: RunResult, slo: dict[str, float] | None = None) -> dict[st
             "fraction": len(good) / len(ok) if ok else 0.0,
         }
     return figures
+
+
+def _anomaly_counts(records: Iterable[RequestRecord]) -> dict[str, int]:
+    """Requests per field a response got wrong (an anomaly note is ``<field>: <what>``)."""
+    counts: dict[str, int] = defaultdict(int)
+    for r in records:
+        for kind in {a.split(":", 1)[0][:60] for a in r.anomalies}:
+            counts[kind] += 1
+    return dict(counts)
 
 
 def _error_counts(records: Iterable[RequestRecord]) -> dict[str, int]:

@@ -111,6 +111,8 @@ def _flatten(data: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def record_row(record: RequestRecord) -> dict[str, Any]:
+    """One records.jsonl line. Inter-token gaps are ``[gap, tokens]`` runs, so a chunk that
+    claims a billion tokens is one pair, not a billion numbers."""
     return {
         "index": record.index,
         "category": record.category,
@@ -122,10 +124,12 @@ def record_row(record: RequestRecord) -> dict[str, Any]:
         "ttft_s": record.ttft,
         "latency_s": record.latency,
         "tpot_s": record.tpot,
-        "itl_s": record.itl,
+        "itl_runs_s": [[gap, tokens] for gap, tokens in record.itl_runs],
         "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens,
         "finish_reason": record.finish_reason,
+        "unparsable_events": record.unparsable_events,
+        "anomalies": record.anomalies,
         "spec_decode_acceptance": record.spec,
         "spec_decode_status": record.spec_status,
         "spec_decode_adapter": record.spec_adapter,

@@ -2,12 +2,23 @@
 
 Lines end in CRLF, LF or CR (a CR at the end of one read may pair with an LF at the start of the
 next); ``data`` lines join with newlines; a single space after the colon is dropped; comments
-(``:``) are ignored; an empty line dispatches the event; a leading BOM is skipped.
+(``:``) are ignored; an empty line dispatches the event; a leading BOM is skipped. Bytes that
+are not UTF-8 become U+FFFD, as the standard says, and the events do not depend on how the bytes
+were split into reads. An event (or an unfinished line) longer than ``max_event_chars`` raises
+``SSEError``, so a server cannot make the client buffer without bound.
 """
 
 from __future__ import annotations
 
+import codecs
 from typing import NamedTuple
+
+#: The largest event the client buffers (characters): far above any completion chunk.
+MAX_EVENT_CHARS = 16 * 2**20
+
+
+class SSEError(ValueError):
+    """The stream cannot be parsed within the client's bounds."""
 
 
 class Event(NamedTuple):
@@ -20,11 +31,13 @@ class Event(NamedTuple):
 
 
 class SSEParser:
-    def __init__(self) -> None:
+    def __init__(self, max_event_chars: int = MAX_EVENT_CHARS) -> None:
+        self.max_event_chars = max_event_chars
         self._buffer = ""
         self._pending_cr = False
-        self._decoder_tail = b""
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._data: list[str] = []
+        self._size = 0  # characters in self._data
         self._event = ""
         self._id: str | None = None
         self._retry: int | None = None
@@ -32,17 +45,10 @@ class SSEParser:
 
     def feed(self, chunk: bytes) -> list[Event]:
         """Parse a read; return the events it completed."""
-        raw = self._decoder_tail + chunk
-        try:
-            text = raw.decode("utf-8")
-            self._decoder_tail = b""
-        except UnicodeDecodeError as exc:  # a multi-byte character split across reads
-            text = raw[: exc.start].decode("utf-8")
-            self._decoder_tail = raw[exc.start :]
-            if len(self._decoder_tail) > 4:  # not a split character: replace it
-                text = raw.decode("utf-8", errors="replace")
-                self._decoder_tail = b""
-        if not self._started and text:
+        text = self._decoder.decode(chunk)  # keeps a multi-byte character split across reads
+        if not text:  # nothing decoded yet: a pending CR must stay pending
+            return []
+        if not self._started:
             self._started = True
             text = text.removeprefix("\ufeff")
         if self._pending_cr and text.startswith("\n"):
@@ -59,13 +65,17 @@ class SSEParser:
         for line in lines:
             if line.startswith("data: "):  # the common cases first
                 data.append(line[6:])
+                self._size += len(line)
                 continue
             if not line and len(data) == 1 and not self._event:
                 events.append(Event(data.pop(), "message", self._id, self._retry))
+                self._size = 0
                 continue
             event = self._line(line)
             if event is not None:
                 events.append(event)
+        if max(len(self._buffer), self._size) > self.max_event_chars:
+            raise SSEError(f"an SSE event exceeds {self.max_event_chars} characters")
         return events
 
     def _line(self, line: str) -> Event | None:
@@ -78,6 +88,7 @@ class SSEParser:
             value = value[1:]
         if name == "data":
             self._data.append(value)
+            self._size += len(value) + 1
         elif name == "event":
             self._event = value
         elif name == "id" and "\x00" not in value:
@@ -92,5 +103,6 @@ class SSEParser:
             return None
         event = Event("\n".join(self._data), self._event or "message", self._id, self._retry)
         self._data.clear()  # in place: feed() holds a reference
+        self._size = 0
         self._event = ""
         return event

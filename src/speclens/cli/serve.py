@@ -264,13 +264,18 @@ def run_server(
     stats_level: str,
     max_queue: int,
     resolution: Any = None,
+    idle_timeout_s: float = 30.0,
 ) -> None:
-    """Build the engine and app, then serve until SIGINT/SIGTERM (exit 0)."""
-    import uvicorn
-
+    """Bind, build the engine and app, then serve until SIGINT/SIGTERM (exit 0) or until the
+    engine fails (exit 1, after its traceback is logged once)."""
     from speclens.engine import Engine
     from speclens.server import EngineRunner, ServerSettings, create_app
+    from speclens.server.serving import bind, serve
 
+    try:
+        sock = bind(host, port)
+    except OSError as exc:
+        fail(f"--port: cannot listen on {host}:{port}: {exc.strerror or exc}")
     engine = Engine(config)
     spec = config.speculative
     acceptance: dict[str, Any] = {
@@ -288,15 +293,19 @@ def run_server(
         stats_level=stats_level,  # type: ignore[arg-type]
         acceptance=acceptance,
         max_n=max(1, min(16, config.max_num_seqs)),
+        idle_timeout_s=idle_timeout_s,
     )
-    app = create_app(EngineRunner(engine, max_queue=max_queue), settings)
+    runner = EngineRunner(engine, max_queue=max_queue)
+    app = create_app(runner, settings)
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it; exit 0 instead of dying by it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    log.info(
-        "speclens serving %s on http://%s:%d (executor %s)",
-        served_model_name,
-        host,
-        port,
-        config.executor,
-    )
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+
+    def listening() -> None:
+        log.info(
+            "speclens serving %s on http://%s:%d (executor %s)",
+            served_model_name, host, port, config.executor,
+        )  # fmt: skip
+
+    serve(app, runner, sock, idle_timeout_s, listening)
+    if runner.error is not None:
+        fail(f"{runner.error}; the server has shut down")

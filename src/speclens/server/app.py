@@ -30,7 +30,7 @@ from speclens.server.protocol import (
     error_body,
     root_metrics,
 )
-from speclens.server.runner import EngineRunner, QueueFull
+from speclens.server.runner import EngineDead, EngineRunner, Item, QueueFull
 
 
 @dataclass
@@ -41,6 +41,8 @@ class ServerSettings:
     default_max_tokens: int = 16
     max_body_bytes: int = 8 * 1024 * 1024
     max_n: int = 16
+    #: Seconds a client may take to send a request's headers, or stall within its body.
+    idle_timeout_s: float = 30.0
     #: What /version reports about acceptance (settings, and a resolution's provenance).
     acceptance: dict[str, Any] = field(default_factory=dict)
 
@@ -119,6 +121,12 @@ def _hardware(device: str) -> str:
     return f"cpu-{platform.machine()}"
 
 
+def _located(error: Any) -> str:
+    """One pydantic error as ``field.path: message`` (just the message for the whole body)."""
+    loc = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+    return f"{loc}: {error.get('msg')}" if loc else str(error.get("msg"))
+
+
 def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
@@ -152,10 +160,7 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
     async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {}
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        message = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body')}: {e.get('msg')}"
-            for e in exc.errors()
-        )
+        message = "; ".join(_located(e) for e in exc.errors())
         return _json(error_body(message or "invalid request", 400, ".".join(loc) or None), 400)
 
     @app.exception_handler(StarletteHTTPException)
@@ -165,6 +170,8 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
     app.add_middleware(_Guard, api_key=settings.api_key, max_body=settings.max_body_bytes)
 
     def _check_ready() -> None:
+        if runner.error is not None:
+            raise ApiError(503, f"{runner.error}; the server is shutting down")
         if not runner.ready:
             raise ApiError(503, "the engine is not ready")
 
@@ -223,7 +230,7 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
     # ------------------------------------------------------------------ generation
     async def _start(
         prompt: list[int], params: SamplingParams, request_id: str
-    ) -> asyncio.Queue[RequestOutput | None]:
+    ) -> asyncio.Queue[Item]:
         _check_ready()
         if params.n > settings.max_n:
             raise ApiError(400, f"n must be at most {settings.max_n}, got {params.n}", "n")
@@ -231,6 +238,8 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
             return await runner.submit(prompt, params, request_id)
         except QueueFull as exc:
             raise ApiError(503, str(exc)) from None
+        except EngineDead as exc:
+            raise ApiError(503, f"{exc}; the server is shutting down") from None
         except SamplingError as exc:
             raise ApiError(400, str(exc)) from None
 
@@ -244,7 +253,7 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
         return tokenizer.encode(text)
 
     async def _final(
-        request: Request, q: asyncio.Queue[RequestOutput | None], request_id: str
+        request: Request, q: asyncio.Queue[Item], request_id: str
     ) -> RequestOutput | None:
         """Wait for the finished output, aborting the request if the client goes away."""
 
@@ -252,6 +261,8 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
             last = None
             while True:
                 item = await q.get()
+                if isinstance(item, EngineDead):
+                    raise ApiError(500, str(item))
                 if item is None or item.finished:
                     return item or last
                 last = item
@@ -365,7 +376,7 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
 
     async def _stream(
         request: Request,
-        q: asyncio.Queue[RequestOutput | None],
+        q: asyncio.Queue[Item],
         request_id: str,
         body: CompletionRequest | ChatCompletionRequest,
         created: int,
@@ -388,6 +399,10 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
             last: RequestOutput | None = None
             while True:
                 out = await q.get()
+                if isinstance(out, EngineDead):  # an error event, and no [DONE]: not a success
+                    finished = True
+                    yield _sse(error_body(str(out), 500))
+                    return
                 if out is None:
                     break
                 last = out

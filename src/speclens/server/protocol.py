@@ -10,13 +10,49 @@ payloads in both shapes engines put on the wire.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from speclens.engine import RequestAcceptance, SamplingParams
 
 StatsLevel = Literal["none", "summary", "detailed"]
+Role = Literal["system", "user", "assistant", "developer", "tool"]
+
+
+def _no_bool(value: Any) -> Any:
+    """JSON ``true`` is not a number (Python's bool is an int, so pydantic would take it)."""
+    if isinstance(value, bool):
+        raise PydanticCustomError(
+            "number_type", "expected a number, got {value}", {"value": str(value).lower()}
+        )
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_no_bool)]
+Float = Annotated[float, BeforeValidator(_no_bool)]
+
+
+def _bad_text(value: Any, path: str) -> str | None:
+    """The first string (or key) in ``value`` that UTF-8 cannot encode, as ``path: why``."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{path or 'body'}: not valid UTF-8 text ({exc.reason} at {exc.start})"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            problem = _bad_text(key, path) or _bad_text(item, where)
+            if problem:
+                return problem
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            problem = _bad_text(item, f"{path}[{i}]")
+            if problem:
+                return problem
+    return None
 
 
 class StreamOptions(BaseModel):
@@ -31,18 +67,28 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1)
-    n: int = Field(1, ge=1)
+    max_tokens: Int | None = Field(None, ge=1)
+    temperature: Float = Field(1.0, ge=0.0, le=2.0)
+    top_p: Float = Field(1.0, gt=0.0, le=1.0)
+    top_k: Int = Field(-1, ge=-1)
+    n: Int = Field(1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    stop_token_ids: list[Int] | None = None
+    seed: Int | None = None
     ignore_eos: bool = False
     user: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8(cls, data: Any) -> Any:
+        """Refuse a string no tokenizer can encode (a lone surrogate, which JSON can spell as
+        ``\\ud800``) anywhere in the body, before any handler sees it."""
+        problem = _bad_text(data, "")
+        if problem:
+            raise PydanticCustomError("invalid_text", "{problem}", {"problem": problem})
+        return data
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -68,9 +114,9 @@ class _Request(BaseModel):
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[Int] | list[str] | list[list[Int]]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: Int | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -84,7 +130,7 @@ class CompletionRequest(_Request):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: str
+    role: Role
     content: str | list[dict[str, Any]] | None = None
 
     def text(self) -> str:
@@ -100,7 +146,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: Int | None = Field(None, ge=1)
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         params = super().sampling_params(default_max_tokens)
@@ -148,19 +194,22 @@ def root_metrics(acceptance: RequestAcceptance, level: StatsLevel) -> dict[str, 
     return {"speculative_decoding": spec}
 
 
+def error_type(status: int) -> str:
+    """OpenAI's error ``type`` for a status: every 4xx is the client's request, except the
+    API key (401) and permission (403); a 5xx is the server's."""
+    if 400 <= status < 500:
+        return {401: "authentication_error", 403: "permission_error"}.get(
+            status, "invalid_request_error"
+        )
+    return "service_unavailable" if status == 503 else "server_error"
+
+
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
     """An OpenAI-style error object."""
-    kinds = {
-        400: "invalid_request_error",
-        401: "authentication_error",
-        404: "not_found_error",
-        413: "invalid_request_error",
-        503: "service_unavailable",
-    }
     return {
         "error": {
             "message": message,
-            "type": kinds.get(status, "server_error"),
+            "type": error_type(status),
             "param": param,
             "code": status,
         }

@@ -3,6 +3,10 @@
 One thread owns the engine: it drains an inbox of adds and aborts, runs ``step()``, and hands
 each request's outputs to that request's asyncio queue. With the ``sim`` executor it sleeps each
 step's priced cost in real time, so a mock server paces tokens like the real thing.
+
+If the engine thread fails, the runner is dead for good (an engine's state after a failed step
+cannot be trusted): every waiting and running request gets ``EngineDead`` at once, new ones are
+refused, and ``on_dead`` tells the server to shut down (as vLLM does when its engine core dies).
 """
 
 from __future__ import annotations
@@ -28,12 +32,20 @@ class QueueFull(RuntimeError):
     """The waiting queue is at its limit (the server answers 503)."""
 
 
+class EngineDead(RuntimeError):
+    """The engine thread failed; the message names the error. Ends every request's queue."""
+
+
+#: What a request's queue carries: outputs, then ``None`` (aborted) or ``EngineDead``.
+Item = RequestOutput | EngineDead | None
+
+
 @dataclass
 class _Pending:
     prompt: list[int]
     params: SamplingParams
     request_id: str
-    future: asyncio.Future[asyncio.Queue[RequestOutput | None]]
+    future: asyncio.Future[asyncio.Queue[Item]]
 
 
 @dataclass
@@ -54,7 +66,8 @@ class EngineRunner:
         self.max_queue = max_queue
         self.realtime = realtime and engine.config.executor == "sim"
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._queues: dict[str, asyncio.Queue[RequestOutput | None]] = {}
+        self._queues: dict[str, asyncio.Queue[Item]] = {}
+        self._futures: set[asyncio.Future[asyncio.Queue[Item]]] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -63,6 +76,10 @@ class EngineRunner:
         self._pending = 0
         self.listeners: list[Listener] = []
         self.ready = False
+        #: Set (on the event loop) when the engine thread failed.
+        self.error: EngineDead | None = None
+        #: Called on the event loop once the engine thread has failed.
+        self.on_dead: Callable[[EngineDead], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -83,23 +100,28 @@ class EngineRunner:
     # ------------------------------------------------------------------ from the event loop
     async def submit(
         self, prompt: Sequence[int], params: SamplingParams, request_id: str
-    ) -> asyncio.Queue[RequestOutput | None]:
-        """Queue a request; returns the queue its outputs arrive on (``None`` ends it).
+    ) -> asyncio.Queue[Item]:
+        """Queue a request; returns the queue its outputs arrive on (``None`` or ``EngineDead``
+        ends it).
 
-        Raises ``QueueFull`` at the queue limit and the engine's ``SamplingError`` for a
-        request it refuses.
+        Raises ``EngineDead`` once the engine has failed, ``QueueFull`` at the queue limit and
+        the engine's ``SamplingError`` for a request it refuses.
         """
+        if self.error is not None:
+            raise self.error
         if self._pending + self.engine.num_waiting >= self.max_queue:
             raise QueueFull(f"the request queue is full ({self.max_queue} waiting)")
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[asyncio.Queue[RequestOutput | None]] = loop.create_future()
+        future: asyncio.Future[asyncio.Queue[Item]] = loop.create_future()
         self._pending += 1
+        self._futures.add(future)
         try:
             self._inbox.put(("add", _Pending(list(prompt), params, request_id, future)))
             self._wake.set()
             return await future
         finally:
             self._pending -= 1
+            self._futures.discard(future)
 
     def abort(self, request_id: str) -> None:
         """Abort a request (e.g. its client went away); safe to call from any thread."""
@@ -153,11 +175,33 @@ class EngineRunner:
         except Exception as exc:  # the handler turns it into an HTTP error
             loop.call_soon_threadsafe(_set_exception, pending.future, exc)
             return
-        q: asyncio.Queue[RequestOutput | None] = asyncio.Queue()
+        q: asyncio.Queue[Item] = asyncio.Queue()
         self._queues[pending.request_id] = q
         loop.call_soon_threadsafe(_set_result, pending.future, q, self, pending.request_id)
 
     def _run(self) -> None:
+        try:
+            self._loop_steps()
+        except Exception as exc:
+            log.exception("the engine failed; failing every request and shutting down")
+            dead = EngineDead(f"the engine failed: {type(exc).__name__}: {exc}")
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._die, dead)
+
+    def _die(self, dead: EngineDead) -> None:
+        """On the event loop, after the engine thread has ended: end every request with
+        ``dead``; ``submit`` refuses new ones from here on."""
+        self.error, self.ready = dead, False
+        for future in self._futures:
+            if not future.done():
+                future.set_exception(dead)
+        for q in self._queues.values():
+            q.put_nowait(dead)
+        self._queues.clear()
+        if self.on_dead is not None:
+            self.on_dead(dead)
+
+    def _loop_steps(self) -> None:
         while not self._stop.is_set():
             self._drain()
             if not self.engine.has_unfinished():

@@ -6,6 +6,10 @@ out as one ``ValidationError`` whose lines read ``<file>: <path.to.field>: <what
 
 from __future__ import annotations
 
+import os
+import reprlib
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,8 +33,43 @@ def format_loc(loc: tuple[str | int, ...], prefix: str = "") -> str:
     return out
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key repeated within one mapping."""
+#: Largest YAML file read, in bytes, checked before reading. Shipped profile sets are under
+#: 10 KiB; 4 MiB is room for thousands of profiles (the node limit below binds first).
+MAX_FILE_BYTES = 4 * 1024 * 1024
+#: Deepest nesting of lists and mappings (aliases counted as expanded). Acceptance documents
+#: nest about 5 deep; the composer, the constructor and pydantic all recurse per level.
+MAX_DEPTH = 64
+#: Most nodes in a document with every alias expanded. Validation and error reporting walk the
+#: expanded tree, so this (not the file size) bounds their time against an alias bomb.
+MAX_NODES = 100_000
+#: Most characters of scalar text with every alias expanded: aliases may not make a document
+#: larger than a file could be written out in full. Bounds every message that quotes values.
+MAX_EXPANDED_CHARS = MAX_FILE_BYTES
+#: Longest integer literal. At 1,000 characters a value prints in decimal within Python's
+#: 4,300-digit limit whatever its base (0x, 0o, 0b), and a YAML 1.1 sexagesimal integer
+#: (1:30:00, converted in quadratic time) stays cheap.
+MAX_INT_CHARS = 1000
+
+_BASE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _StrictLoader(_BASE_LOADER):  # type: ignore[valid-type,misc]
+    """Safe loader (libyaml's when available) that refuses a key repeated within one mapping
+    and reports a value Python cannot convert (a date past month end) at its line."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except ValueError as exc:  # yaml.YAMLError is not a ValueError
+            raise yaml.constructor.ConstructorError(
+                None, None, _one_line(str(exc)), node.start_mark
+            ) from None
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    """``text`` on one line, cut to ``limit`` characters: a message may quote the input."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
@@ -42,37 +81,147 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         if isinstance(key, str | int | float | bool):
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                    None, None, f"duplicate key {reprlib.repr(key)}", key_node.start_mark
                 )
             seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
 
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_mapping,
-)
+def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> Any:
+    if len(node.value) > MAX_INT_CHARS:
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            f"integer of {len(node.value)} characters, over the limit of {MAX_INT_CHARS}",
+            node.start_mark,
+        )
+    return loader.construct_yaml_int(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
+@dataclass
+class _Open:
+    """A list or mapping being parsed: its anchor, the running totals at its start, and how
+    many levels of collections it holds so far."""
+
+    anchor: str | None
+    nodes: int
+    chars: int
+    height: int = 0
+
+
+def _check_size(text: str, file: str) -> None:
+    """Refuse a document nested deeper than ``MAX_DEPTH``, or over ``MAX_NODES`` nodes or
+    ``MAX_EXPANDED_CHARS`` characters of scalars once its aliases are expanded, or holding an
+    alias inside its own anchor (a cycle). Reads the parser's events (the parser is iterative,
+    the composer recursive), so the check is linear in the text and stops at the first excess."""
+    nodes = chars = 0  # so far, an alias counted as the whole node it stands for
+    anchors: dict[str, tuple[int, int, int]] = {}  # anchor -> (nodes, chars, height), expanded
+    stack: list[_Open] = []
+
+    def refuse(event: yaml.Event, message: str) -> None:
+        mark = event.start_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
+        raise ValidationError([Problem(file, where, message)])
+
+    for event in yaml.parse(text, Loader=_BASE_LOADER):
+        height = 0  # of the node this event completes
+        if isinstance(event, yaml.CollectionStartEvent):
+            stack.append(_Open(event.anchor, nodes, chars))
+            nodes += 1
+            if len(stack) > MAX_DEPTH:
+                refuse(event, f"nested deeper than {MAX_DEPTH} levels")
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            done = stack.pop()
+            height = done.height
+            if done.anchor is not None:
+                anchors[done.anchor] = (nodes - done.nodes, chars - done.chars, height)
+        elif isinstance(event, yaml.ScalarEvent):
+            nodes += 1
+            chars += len(event.value)
+            if event.anchor is not None:
+                anchors[event.anchor] = (1, len(event.value), 0)
+        elif isinstance(event, yaml.AliasEvent):
+            name = event.anchor or ""
+            if any(o.anchor == name for o in stack):
+                refuse(event, f"alias *{name} lies inside its own anchor (a cycle)")
+            more_nodes, more_chars, height = anchors.get(name, (1, 0, 0))  # undefined: composer
+            nodes, chars = nodes + more_nodes, chars + more_chars
+            if len(stack) + height > MAX_DEPTH:
+                refuse(event, f"alias *{name} nests deeper than {MAX_DEPTH} levels")
+        else:
+            continue
+        if stack:
+            stack[-1].height = max(stack[-1].height, height + 1)
+        if nodes > MAX_NODES:
+            refuse(event, f"has over {MAX_NODES:,} nodes with its aliases expanded")
+        if chars > MAX_EXPANDED_CHARS:
+            limit = MAX_EXPANDED_CHARS // 2**20
+            refuse(event, f"has over {limit} MiB of text with its aliases expanded")
 
 
 def parse_yaml(text: str, file: str) -> Any:
-    """Parse YAML safely; a syntax error or duplicate key becomes a ``ValidationError``."""
+    """Parse YAML safely; a syntax error, a duplicate key or a document over the size limits
+    becomes a ``ValidationError``."""
     try:
+        _check_size(text, file)
         return yaml.load(text, Loader=_StrictLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
-        raise ValidationError([Problem(file, where, f"invalid YAML: {exc.problem}")]) from None
-    except yaml.YAMLError as exc:
-        raise ValidationError([Problem(file, "(document)", f"invalid YAML: {exc}")]) from None
+        problem = _one_line(str(exc.problem or exc.context or "cannot be parsed"))
+        raise ValidationError([Problem(file, where, f"invalid YAML: {problem}")]) from None
+    except (yaml.YAMLError, UnicodeEncodeError) as exc:  # libyaml encodes text: lone surrogates
+        message = f"invalid YAML: {_one_line(str(exc))}"
+        raise ValidationError([Problem(file, "(document)", message)]) from None
+
+
+def _read_text(path: Path) -> str:
+    """The file's text; refuses anything but a regular file of at most ``MAX_FILE_BYTES``.
+    Opened non-blocking and checked with fstat, so a FIFO is refused, never waited on."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _NotReadable(f"is not a regular file ({_kind(info.st_mode)})")
+        data = fh.read(MAX_FILE_BYTES + 1) if info.st_size <= MAX_FILE_BYTES else b""
+    size = max(info.st_size, len(data))
+    if size > MAX_FILE_BYTES:
+        limit = MAX_FILE_BYTES // 2**20
+        raise _NotReadable(f"is {size:,} bytes, over the {limit} MiB limit for a YAML file")
+    return data.decode("utf-8")
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    return "a device or socket"
+
+
+class _NotReadable(Exception):
+    """A file refused before parsing; the message completes ``<file>: (file): ...``."""
 
 
 def read_yaml(path: Path | str) -> Any:
-    """Read and parse a YAML file; an unreadable file is a ``ValidationError`` too."""
+    """Read and parse a YAML file; an unreadable, special or oversize file is a
+    ``ValidationError`` too."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValidationError([Problem(str(path), "(file)", f"cannot be read: {exc}")]) from None
+        text = _read_text(path)
+    except _NotReadable as exc:
+        raise ValidationError([Problem(str(path), "(file)", str(exc))]) from None
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ValidationError([Problem(str(path), "(file)", f"cannot be read: {reason}")]) from None
+    except UnicodeDecodeError as exc:
+        message = f"cannot be read: not UTF-8 (byte {exc.start})"
+        raise ValidationError([Problem(str(path), "(file)", message)]) from None
     return parse_yaml(text, str(path))
 
 

@@ -7,6 +7,7 @@ set is known by its file name, which is what a scenario's ``acceptance.profiles`
 from __future__ import annotations
 
 import logging
+import reprlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -65,9 +66,9 @@ def load_sets(paths: Iterable[Path]) -> list[RegisteredSet]:
                 continue
             if profile_set.name != file.stem:
                 log.warning(
-                    "%s: name %r differs from the file name; scenarios find the set as %r",
+                    "%s: name %s differs from the file name; scenarios find the set as %r",
                     file,
-                    profile_set.name,
+                    reprlib.repr(profile_set.name),  # a name may be megabytes long
                     file.stem,
                 )
             loaded.append(RegisteredSet(file.stem, file, profile_set))

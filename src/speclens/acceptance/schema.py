@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from collections.abc import Callable
+from datetime import date
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -53,20 +55,39 @@ def _error(loc: Loc, message: str, value: object = None) -> InitErrorDetails:
     }
 
 
+_KINDS: dict[type, str] = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "a mapping",
+    type(None): "nothing (null)",
+}
+#: Longest value quoted in a message; a longer one is described by its kind alone.
+_SHOWN = 40
+_REPR = reprlib.Repr()  # keyword arguments need Python 3.12
+_REPR.maxstring = _REPR.maxother = _SHOWN
+
+
+def _show(value: object) -> str:
+    """A repr cut to about ``_SHOWN`` characters, cheap for any input (a value can be a
+    4 MiB string or a list shared thousands of times through YAML aliases)."""
+    return _REPR.repr(value)
+
+
 def _describe(value: object) -> str:
-    kind = {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "a mapping",
-        type(None): "nothing (null)",
-    }.get(type(value), type(value).__name__)
-    text = repr(value)
-    if isinstance(value, dict | list) or len(text) > 40:
+    """``value``'s kind, with the value itself only when it is a short scalar. The type is
+    checked first, so a huge list or mapping is never rendered."""
+    kind = _KINDS.get(type(value), type(value).__name__)
+    if isinstance(value, str) and len(value) > _SHOWN:
         return kind
-    return f"{kind} ({text})"
+    if not isinstance(value, bool | int | float | str | date | type(None)):
+        return kind
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return kind  # repr of a huge int is slow, and refused past 4,300 digits
+    text = repr(value)
+    return kind if len(text) > _SHOWN else f"{kind} ({text})"
 
 
 _EXPECTED = {
@@ -85,6 +106,16 @@ _EXPECTED = {
 
 
 def _message(err: Any) -> str:
+    """Our wording of a pydantic error, capped in length: pydantic's own text may quote input."""
+    text = _wording(err)
+    return text if len(text) <= _MESSAGE_LIMIT else text[: _MESSAGE_LIMIT - 3] + "..."
+
+
+#: Longest problem message; anything past it is input quoted back, not information.
+_MESSAGE_LIMIT = 300
+
+
+def _wording(err: Any) -> str:
     kind = err["type"]
     if kind == "speclens":
         return str(err["msg"])
@@ -180,7 +211,7 @@ def _rate(value: float) -> float:
 
 def _category(value: str) -> str:
     if not _CATEGORY_RE.fullmatch(value):
-        raise _fail(f"{value!r} is malformed: use lower-case letters, digits, '_' and '-'")
+        raise _fail(f"{_show(value)} is malformed: use lower-case letters, digits, '_' and '-'")
     return value
 
 
@@ -274,7 +305,7 @@ def _settings(value: dict[str, Any]) -> dict[str, Any]:
             or setting == []
             or setting == {}
         ):
-            raise _fail(f"setting {name!r} is empty")
+            raise _fail(f"setting {_show(name)} is empty")
     return value
 
 
@@ -323,7 +354,7 @@ COPIED_FROM_PATTERN = r"^[^/\s]+/[^/\s]+/k[1-9][0-9]*/thinking-(on|off)/[a-z0-9_
 
 def _copied_from(value: str) -> str:
     if not re.fullmatch(COPIED_FROM_PATTERN, value):
-        raise _fail(f"{value!r} is not model/method/k<K>/thinking-<on|off>/category")
+        raise _fail(f"{_show(value)} is not model/method/k<K>/thinking-<on|off>/category")
     return value
 
 

@@ -183,3 +183,57 @@ def test_an_overlong_dataset_line_is_refused(run_cli, tmp_path: Path) -> None:
     )  # fmt: skip
     assert code == 1
     assert stderr.strip() == f"{data}: line 1: longer than 4194304 bytes"
+
+
+def test_an_endless_sse_line_fails_the_request_within_a_bound(run_cli, tmp_path: Path) -> None:
+    reply = Reply(chunks=[b"data: " + b"x" * 2**20] * 17)  # 17 MiB, no line end
+    with GarbageServer(reply) as server:
+        _, _, rows = bench(run_cli, server, tmp_path)
+    (row,) = rows
+    assert row["success"] is False
+    assert row["error"] == "SSEError: an SSE event exceeds 16777216 characters"
+
+
+def test_an_oversized_body_fails_the_request(
+    run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("speclens.bench.client.MAX_BODY_BYTES", 1000)
+    body = json.dumps(chunk("a" * 5000, usage(1))).encode()
+    with GarbageServer(Reply(body=body)) as server:
+        _, _, rows = bench(run_cli, server, tmp_path, "--no-stream")
+    (row,) = rows
+    assert row["success"] is False
+    assert row["error"] == "the response body exceeds 1000 bytes"
+    assert row["raw"] == []
+
+
+def test_a_falling_completion_count_is_not_believed(run_cli, tmp_path: Path) -> None:
+    reply = Reply(chunks=sse(chunk("a", usage(1)), chunk("b", usage(5)), chunk("c", usage(3))))
+    with GarbageServer(reply) as server:
+        _, _, rows = bench(run_cli, server, tmp_path)
+    (row,) = rows
+    assert row["success"] is True and row["completion_tokens"] is None
+    assert row["anomalies"] == ["usage.completion_tokens: fell from 5 to 3"]
+
+
+def test_a_count_beyond_2_31_is_not_believed_even_without_max_tokens() -> None:
+    reply = Reply(chunks=sse(chunk("a", usage(1)), chunk("b", usage(2**31 + 1))))
+    config = LoadConfig(url="", model="m", num_requests=1, concurrency=1, max_tokens=None)
+    with GarbageServer(reply) as server:
+        config.url = server.url
+        result = asyncio.run(LoadGenerator(config, [Prompt("hi", "x")]).run())
+    (record,) = result.records
+    assert record.success and record.completion_tokens is None
+    assert record.anomalies == [
+        "usage.completion_tokens: 2147483649 is beyond the bound 2147483648"
+    ]
+    assert [n for _, n in record.itl_runs] == [1]  # its content counts one token
+
+
+def test_an_error_object_in_the_stream_fails_the_request(run_cli, tmp_path: Path) -> None:
+    reply = Reply(chunks=sse(chunk("a", usage(1)), {"error": {"message": "engine died"}}))
+    with GarbageServer(reply) as server:
+        _, _, rows = bench(run_cli, server, tmp_path)
+    (row,) = rows
+    assert row["success"] is False
+    assert row["error"] == "the server sent an error: {'message': 'engine died'}"

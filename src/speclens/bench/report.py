@@ -1,14 +1,18 @@
-"""Reports: rich console tables, and files: summary.json, records.jsonl, summary.csv, PNG plots."""
+"""Reports: rich console tables, and files: records.jsonl (streamed as requests finish, so a crash
+or Ctrl-C keeps every finished request), then summary.json, summary.csv and PNG plots."""
 
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeGuard
 
 import orjson
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from speclens.bench.client import RequestRecord
@@ -42,6 +46,8 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
             f"{good['requests_per_s']:.2f} req/s ({good['fraction']:.1%} within {good['slo_ms']} ms)",
         )
     console.print(head)
+    for row in (summary.get("failures") or {}).get("first_errors", []):
+        console.print(f"  [red]error[/] (x{row['count']}): {escape(row['error'])}", soft_wrap=True)
 
     latency = Table(title="Latency (ms)")
     for col in ("metric", "mean", "p50", "p90", "p99", "min", "max"):
@@ -84,18 +90,31 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     if server.get("available"):
         table.add_row(
             "server counters",
-            ("agree" if server["consistent"] else "; ".join(server["flags"]))
-            + f" ({server['source']})",
+            escape(
+                ("agree" if server["consistent"] else "; ".join(server["flags"]))
+                + f" ({server['source']})"
+            ),
         )
+    elif server:
+        table.add_row("server counters", escape(server["note"]))
     console.print(table)
     for warning in summary.get("warnings", []):
-        console.print(f"[bold yellow]warning:[/] {warning}")
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     verdict = summary.get("verdict")
+    fails = summary.get("failures") or {}
+    if not verdict and fails.get("exceeded"):
+        console.print(
+            f"[bold red]run FAIL[/]: {fails['failed']} of {fails['sent']} requests failed "
+            f"(max {fails['max_rate'] * 100:g}%)",
+            soft_wrap=True,
+        )
     if verdict:
         style = "bold green" if verdict["passed"] else "bold red"
         word = "PASS" if verdict["passed"] else "FAIL"
         console.print(
-            f"[{style}]verification {word}[/]: expected AL {verdict['expected_acceptance_length']:g}: {verdict['reason']}"
+            f"[{style}]verification {word}[/]: {escape(verdict['reason'])} "
+            f"(expected AL {verdict['expected_acceptance_length']:g})",
+            soft_wrap=True,
         )
 
 
@@ -138,7 +157,58 @@ def record_row(record: RequestRecord) -> dict[str, Any]:
     }
 
 
+class RecordStream:
+    """``records.jsonl``, one flushed line per finished request, written as it finishes.
+
+    Opening it is the check that the output directory is writable, done before the first request.
+    A record that cannot be serialized becomes a line saying so; a write that fails (disk full)
+    stops the stream and is kept in ``error`` for the caller to report, never raised mid-run.
+    """
+
+    def __init__(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = out_dir / "records.jsonl"
+        self._fh = self.path.open("wb")
+        self.count = 0
+        self.error: str | None = None
+
+    def write(self, record: RequestRecord) -> None:
+        if self.error is not None or self._fh.closed:
+            return
+        try:
+            line = orjson.dumps(record_row(record), option=_JSONL)
+        except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+            line = orjson.dumps(
+                {"index": record.index, "success": False, "row_error": f"{exc}"[:500]}
+            )
+        try:
+            self._fh.write(line + b"\n")
+            self._fh.flush()
+        except OSError as exc:
+            self.error = f"{self.path}: {exc.strerror or exc}"
+            return
+        self.count += 1
+
+    def close(self) -> None:
+        try:
+            self._fh.close()
+        except OSError as exc:
+            self.error = self.error or f"{self.path}: {exc.strerror or exc}"
+
+    def __enter__(self) -> RecordStream:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+_JSONL = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
 def write_files(out_dir: Path, summary: dict[str, Any], records: list[RequestRecord]) -> list[Path]:
+    """summary.json, summary.csv and the plots (records.jsonl is a ``RecordStream``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     path = out_dir / "summary.json"
@@ -148,11 +218,6 @@ def write_files(out_dir: Path, summary: dict[str, Any], records: list[RequestRec
             option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
         )
     )
-    written.append(path)
-    path = out_dir / "records.jsonl"
-    with path.open("wb") as fh:
-        for record in records:
-            fh.write(orjson.dumps(record_row(record), option=orjson.OPT_NON_STR_KEYS) + b"\n")
     written.append(path)
     path = out_dir / "summary.csv"
     with path.open("w", newline="", encoding="utf-8") as fh:
@@ -200,7 +265,9 @@ def plots(out_dir: Path, summary: dict[str, Any], records: list[RequestRecord]) 
         ax.legend()
         written.append(_save(fig, out_dir / "acceptance_histogram.png"))
     pairs = [
-        (r.spec["mean_acceptance_length"], r.tpot * 1000) for r in measured if r.spec and r.tpot
+        (al, r.tpot * 1000)
+        for r in measured
+        if r.spec and r.tpot and _finite(al := r.spec.get("mean_acceptance_length"))
     ]
     if pairs:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -216,7 +283,7 @@ def plots(out_dir: Path, summary: dict[str, Any], records: list[RequestRecord]) 
         ("TPOT", [r.tpot for r in measured]),
         ("E2E", [r.latency for r in measured]),
     ):
-        data = np.sort(np.array([v * 1000 for v in values if v is not None]))
+        data = np.sort(np.array([v * 1000 for v in values if _finite(v)], dtype=np.float64))
         if data.size:
             ax.plot(data, np.arange(1, data.size + 1) / data.size, label=name)
             drawn = True
@@ -230,6 +297,10 @@ def plots(out_dir: Path, summary: dict[str, Any], records: list[RequestRecord]) 
     else:
         plt.close(fig)
     return written
+
+
+def _finite(value: object) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _save(fig: Any, path: Path) -> Path:

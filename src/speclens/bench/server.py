@@ -38,18 +38,42 @@ def parse_metrics(text: str) -> dict[str, Any] | None:
     return None
 
 
+class Unreachable(Exception):
+    """The server could not be reached at all (refused, reset, timed out)."""
+
+
 async def _get(
     session: aiohttp.ClientSession, url: str, headers: dict[str, str]
 ) -> tuple[int, bytes]:
+    """Status and body; status 0 when the request failed on the way (the error is raised as
+    ``Unreachable`` by callers that must tell "down" from "no such endpoint")."""
     try:
         async with session.get(url, headers=headers) as resp:
             return resp.status, await resp.read()
-    except (aiohttp.ClientError, TimeoutError):
-        return 0, b""
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise Unreachable(f"{type(exc).__name__}: {exc}") from None
+
+
+async def read_counters(
+    base_url: str, api_key: str | None = None
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The server's acceptance counters (/metrics first, then /debug/mtp_stats), or None and
+    why: a dead server and one that exposes no counters call for different conclusions."""
+    try:
+        counters = await _scrape(base_url, api_key)
+    except Unreachable as exc:
+        return None, f"server unreachable ({exc})"
+    if counters is None:
+        return None, "the server exposes no acceptance counters"
+    return counters, None
 
 
 async def scrape(base_url: str, api_key: str | None = None) -> dict[str, Any] | None:
-    """The server's acceptance counters: /metrics first, then /debug/mtp_stats."""
+    """The server's acceptance counters, or None when they cannot be read."""
+    return (await read_counters(base_url, api_key))[0]
+
+
+async def _scrape(base_url: str, api_key: str | None) -> dict[str, Any] | None:
     base = base_url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     timeout = aiohttp.ClientTimeout(total=10)
@@ -72,7 +96,7 @@ async def scrape(base_url: str, api_key: str | None = None) -> dict[str, Any] | 
                     "accepted_tokens": float(stats["total_accepted_tokens"]),
                     "source": "debug/mtp_stats",
                 }
-            except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+            except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError):
                 return None
     return None
 
@@ -80,8 +104,11 @@ async def scrape(base_url: str, api_key: str | None = None) -> dict[str, Any] | 
 async def server_info(base_url: str, api_key: str | None = None) -> dict[str, Any] | None:
     """The server's ``/version`` (speclens and vLLM report one), or None."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        status, body = await _get(session, base_url.rstrip("/") + "/version", headers)
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            status, body = await _get(session, base_url.rstrip("/") + "/version", headers)
+    except Unreachable:
+        return None
     if status != 200:
         return None
     try:
@@ -92,11 +119,29 @@ async def server_info(base_url: str, api_key: str | None = None) -> dict[str, An
 
 
 def cross_check(
-    before: dict[str, Any] | None, after: dict[str, Any] | None, client: dict[str, Any]
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    client: dict[str, Any],
+    why_before: str | None = None,
+    why_after: str | None = None,
 ) -> dict[str, Any]:
-    """The server's counters gained over the run against the client's per-request totals."""
-    if before is None or after is None:
-        return {"available": False, "note": "the server exposes no acceptance counters"}
+    """The server's counters gained over the run against the client's per-request totals.
+
+    ``why_before``/``why_after`` say why a scrape came back empty (see ``read_counters``);
+    ``unreadable_after`` marks counters that were there before the run and gone after it.
+    """
+    if before is None:
+        note = why_before or "the server exposes no acceptance counters"
+        if why_before and why_before.startswith("server unreachable"):
+            note = f"the scrape before the run failed: {why_before}"
+        return {"available": False, "unreadable_after": False, "note": note}
+    if after is None:
+        why = why_after or "no counters"
+        return {
+            "available": False,
+            "unreadable_after": True,
+            "note": f"the scrape after the run failed: {why}",
+        }
     delta = {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted_tokens")}
     mine = {
         "drafts": client["verify_steps"],
@@ -117,6 +162,7 @@ def cross_check(
             )
     return {
         "available": True,
+        "unreadable_after": False,
         "source": after.get("source"),
         "server_delta": delta,
         "client_totals": mine,

@@ -1,12 +1,20 @@
 """``speclens bench``: load an OpenAI-compatible server, measure speculative decoding request by
-request, and judge the run against the acceptance it was supposed to hit."""
+request, and judge the run against the acceptance it was supposed to hit.
+
+Every option is checked before the first request (exit 2, one line naming the flag and its valid
+range): a run that can only fail at the end is minutes lost. Exit codes: 0 the run met its
+verdict (or had none) within ``--max-failure-rate``; 1 a failed verdict; 2 bad options; 3 more
+failed requests than ``--max-failure-rate`` allows; 130 interrupted (Ctrl-C), files still written.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import typer
 
@@ -17,6 +25,70 @@ from speclens.cli._common import (
     load_registry,
     out_console,
     reported,
+)
+
+if TYPE_CHECKING:
+    from speclens.bench.report import RecordStream
+
+
+def range_problem(
+    flag: str,
+    value: float | None,
+    low: float,
+    *,
+    above: bool = False,
+    high: float | None = None,
+    kind: str = "an integer",
+) -> str | None:
+    """One line when ``value`` (None: not given) is not finite or outside its range."""
+    if value is None:
+        return None
+    ok = math.isfinite(value) and (value > low if above else value >= low)
+    if ok and (high is None or value <= high):
+        return None
+    bound = f"in [{low:g}, {high:g}]" if high is not None else f"{'>' if above else '>='} {low:g}"
+    return f"command line: {flag}: expected {kind} {bound}, got {value:g}"
+
+
+def url_problem(url: str) -> str | None:
+    """One line when ``--url`` is not an http(s) URL with a host (and a valid port)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError as exc:
+        return f"command line: --url: expected http(s)://HOST[:PORT], got {url!r} ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"command line: --url: expected http(s)://HOST[:PORT], got {url!r}"
+    return None
+
+
+def check(problems: list[str | None]) -> None:
+    """Exit 2 with every problem found, one a line."""
+    lines = [p for p in problems if p]
+    if lines:
+        fail(lines, code=2)
+
+
+def open_records(output_dir: Path) -> RecordStream:
+    """The records stream in ``output_dir``: creating it is the writability check, before the
+    first request (exit 2 when the directory cannot be created or written)."""
+    from speclens.bench.report import RecordStream
+
+    try:
+        return RecordStream(output_dir)
+    except OSError as exc:
+        fail(
+            f"command line: --output-dir: cannot write to {str(output_dir)!r}: "
+            f"{exc.strerror or exc}",
+            code=2,
+        )
+
+
+MAX_FAILURE_RATE_OPTION = typer.Option(
+    0.0,
+    "--max-failure-rate",
+    help="Share of measured requests allowed to fail, in [0, 1]; above it the run exits 3 and "
+    "no verdict passes.",
 )
 
 
@@ -90,17 +162,39 @@ def bench(
         None, "--output-dir", help="Write summary.json, records.jsonl, summary.csv and plots here."
     ),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds per request."),
+    max_failure_rate: float = MAX_FAILURE_RATE_OPTION,
 ) -> None:
     """Benchmark an OpenAI-compatible server and its speculative decoding."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from speclens.bench.client import LoadConfig
+    from speclens.bench.client import LoadConfig, RequestRecord
     from speclens.bench.datasets import jsonl_prompts, random_prompts
     from speclens.bench.figures import parse_slo
     from speclens.bench.report import print_summary, write_files
     from speclens.bench.run import Expectation, run_bench
     from speclens.bench.server import server_info
 
+    number = "a number"
+    check([
+        url_problem(url),
+        range_problem("--input-len", input_len, 1),
+        range_problem("--num-requests", num_requests, 1),
+        range_problem("--duration", duration, 0, above=True, kind=number),
+        range_problem("--concurrency", concurrency, 1),
+        range_problem("--request-rate", request_rate, 0, above=True, kind=number),
+        range_problem("--burstiness", burstiness, 0, above=True, kind=number),
+        range_problem("--warmup", warmup, 0),
+        range_problem("--max-tokens", max_tokens, 1),
+        range_problem("--temperature", temperature, 0, kind=number),
+        range_problem("--seed", seed, 0),
+        range_problem("--num-spec-tokens", num_spec_tokens, 1),
+        range_problem("--timeout", timeout, 0, above=True, kind=number),
+        range_problem("--max-failure-rate", max_failure_rate, 0, high=1, kind=number),
+        range_problem(
+            "--expect-acceptance-length", expect_acceptance_length, 1,
+            high=None if num_spec_tokens is None else num_spec_tokens + 1, kind=number,
+        ),
+    ])  # fmt: skip
     if num_requests is not None and duration is not None:
         fail("give --num-requests or --duration, not both", code=2)
     if concurrency is not None and request_rate is not None:
@@ -162,22 +256,42 @@ def bench(
         }.items()
         if k != "api_key"
     }
+    settings["max_failure_rate"] = max_failure_rate
     total = (count or 0) + warmup if count else None
-    with Progress(
-        TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err_console, transient=True,
-    ) as progress:  # fmt: skip
-        task = progress.add_task("requests", total=total)
-        outcome = asyncio.run(
-            run_bench(
-                config, prompts, expectation, slos, expect_spec=expectation is not None,
-                on_done=lambda _r: progress.advance(task), settings=settings,
-            )
-        )  # fmt: skip
+    records_out = open_records(output_dir) if output_dir is not None else None
+    try:
+        with Progress(
+            TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=err_console, transient=True,
+        ) as progress:  # fmt: skip
+            task = progress.add_task("requests", total=total)
+
+            def done(record: RequestRecord) -> None:
+                progress.advance(task)
+                if records_out is not None:
+                    records_out.write(record)
+
+            outcome = asyncio.run(
+                run_bench(
+                    config, prompts, expectation, slos, expect_spec=expectation is not None,
+                    on_done=done, settings=settings, max_failure_rate=max_failure_rate,
+                )
+            )  # fmt: skip
+    except KeyboardInterrupt:  # a second Ctrl-C, or one outside the load phase
+        fail("bench: interrupted" + (f"; finished requests are in {records_out.path}" if records_out else ""), code=130)  # fmt: skip
+    finally:
+        if records_out is not None:
+            records_out.close()
     print_summary(out_console, outcome.summary)
-    if output_dir is not None:
-        for path in write_files(output_dir, outcome.summary, outcome.records):
+    if records_out is not None:
+        out_console.print(f"wrote {records_out.path} ({records_out.count} records)")
+        try:
+            paths = write_files(records_out.path.parent, outcome.summary, outcome.records)
+        except OSError as exc:
+            fail(f"{exc.filename or records_out.path.parent}: cannot write: {exc.strerror or exc}")
+        for path in paths:
             out_console.print(f"wrote {path}")
-    verdict = outcome.summary.get("verdict")
-    if verdict is not None and not verdict["passed"]:
-        raise typer.Exit(1)
+        if records_out.error:
+            fail(f"{records_out.error}: records.jsonl is incomplete")
+    if outcome.exit_code:
+        raise typer.Exit(outcome.exit_code)

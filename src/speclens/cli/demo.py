@@ -3,7 +3,8 @@
 Resolve a golden AL from the shipped registry (Kimi-K3 with DSpark at K = 7, thinking on,
 coding: 3.78), start ``speclens serve`` with that schedule forced on the embedded dummy target
 and drafter, load it with ``speclens bench``, verify the run hit the target (histogram and AL),
-print the report and where the files are, and stop the server. Exits 1 when verification fails.
+print the report and where the files are, and stop the server. Exit codes follow ``speclens
+bench``: 1 when verification fails, 2 bad options, 3 too many failed requests, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import typer
 
 from speclens.acceptance import Registry, WorkloadAcceptance, conditional_rates, resolve
 from speclens.cli._common import fail, out_console, reported
+from speclens.cli.bench import check, open_records, range_problem
 from speclens.cli.profiles import print_resolution
 
 
@@ -71,6 +73,12 @@ def demo(
     from speclens.bench.report import print_summary, write_files
     from speclens.bench.run import Expectation, run_bench
 
+    check([
+        range_problem("--num-spec-tokens", num_spec_tokens, 1),
+        range_problem("--num-requests", num_requests, 1),
+        range_problem("--concurrency", concurrency, 1),
+        range_problem("--max-tokens", max_tokens, 1),
+    ])  # fmt: skip
     with reported():
         registry = Registry.load()
         res = resolve(
@@ -99,7 +107,7 @@ def demo(
         "--per-request-spec-decode-stats", "detailed", "--executor", executor,
         "--max-num-seqs", str(max(concurrency, 1)), "--port", str(port),
     ]  # fmt: skip
-    output_dir.mkdir(parents=True, exist_ok=True)
+    records_out = open_records(output_dir)  # creates output_dir; exit 2 when it cannot
     log_path = output_dir / "server.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -121,9 +129,17 @@ def demo(
         prompts = random_prompts(num_requests + 4, 32, max_tokens, seed=0)
         expectation = Expectation(res.acceptance_length, num_spec_tokens, res.model_dump())
         settings = {"demo": True, "resolution": res.model_dump(), "server_command": command[3:]}
-        outcome = asyncio.run(run_bench(config, prompts, expectation, settings=settings))
-        with urllib.request.urlopen(url + "/debug/mtp_stats", timeout=5) as resp:
-            mtp = json.loads(resp.read())
+        with records_out:
+            outcome = asyncio.run(
+                run_bench(
+                    config, prompts, expectation, on_done=records_out.write, settings=settings
+                )
+            )
+        try:
+            with urllib.request.urlopen(url + "/debug/mtp_stats", timeout=5) as resp:
+                mtp = json.loads(resp.read())
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            mtp = {"unreadable": str(exc)}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -133,8 +149,10 @@ def demo(
     print_summary(out_console, outcome.summary)
     out_console.print(f"server /debug/mtp_stats: {json.dumps(mtp)}", markup=False)
     out_console.rule("4. Files")
-    for path in [*write_files(output_dir, outcome.summary, outcome.records), log_path]:
+    for path in [records_out.path, *write_files(output_dir, outcome.summary, outcome.records)]:
         out_console.print(f"  {path}")
-    verdict = outcome.summary["verdict"]
-    if not verdict["passed"]:
-        raise typer.Exit(1)
+    out_console.print(f"  {log_path}")
+    if records_out.error:
+        fail(f"{records_out.error}: records.jsonl is incomplete")
+    if outcome.exit_code:
+        raise typer.Exit(outcome.exit_code)

@@ -4,11 +4,15 @@ Loads a server that speculates without forcing acceptance with a category-tagged
 writes one ``measured`` profile per category: the token-weighted AL, with provenance filled from
 what was observed (the prompt file, how many prompts, the server's hardware and engine version,
 the sampling settings, K and the method). The output validates and resolves like any set.
+
+Exit codes follow ``speclens bench``: 2 bad options, 3 more failed requests than
+``--max-failure-rate`` allows (no profile set is written from such a run), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,20 @@ import typer
 import yaml
 
 from speclens.cli._common import fail, out_console, reported
+from speclens.cli.bench import MAX_FAILURE_RATE_OPTION, check, range_problem, url_problem
+
+
+def _writable(output: Path) -> str | None:
+    """One line when the profile set could not be written, found before the run, not after."""
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        if output.is_dir():
+            raise IsADirectoryError(21, "is a directory")
+        with tempfile.NamedTemporaryFile(dir=output.parent, prefix=".speclens-probe-"):
+            pass
+    except OSError as exc:
+        return f"command line: --output: cannot write to {str(output)!r}: {exc.strerror or exc}"
+    return None
 
 
 def measure(
@@ -54,14 +72,26 @@ def measure(
         None, "--source", help="Cited source (default: the prompt file's name and the server)."
     ),
     output: Path = typer.Option(..., "--output", "-o", help="Write the profile set here."),
+    max_failure_rate: float = MAX_FAILURE_RATE_OPTION,
 ) -> None:
     """Measure natural acceptance per category and write a profile set."""
     from speclens.acceptance import AcceptanceProfileSet, validate
     from speclens.bench.client import LoadConfig
     from speclens.bench.datasets import jsonl_prompts
-    from speclens.bench.run import run_bench
+    from speclens.bench.run import EXIT_OK, run_bench
     from speclens.bench.server import server_info
 
+    check([
+        url_problem(url),
+        None if endpoint in ("chat", "completions") else
+        f"command line: --endpoint: expected chat or completions, got {endpoint!r}",
+        range_problem("--prompts-per-category", prompts_per_category, 1),
+        range_problem("--max-tokens", max_tokens, 1),
+        range_problem("--temperature", temperature, 0, kind="a number"),
+        range_problem("--concurrency", concurrency, 1),
+        range_problem("--max-failure-rate", max_failure_rate, 0, high=1, kind="a number"),
+        _writable(output),
+    ])  # fmt: skip
     with reported():
         prompts = jsonl_prompts(dataset_path, category or None)
     if prompts_per_category is not None:
@@ -88,7 +118,21 @@ def measure(
         url=url, model=model, endpoint=endpoint, num_requests=len(prompts),  # type: ignore[arg-type]
         concurrency=concurrency, max_tokens=max_tokens, temperature=temperature,
     )  # fmt: skip
-    outcome = asyncio.run(run_bench(config, prompts, expect_spec=True))
+    outcome = asyncio.run(
+        run_bench(config, prompts, expect_spec=True, max_failure_rate=max_failure_rate)
+    )
+    if outcome.exit_code != EXIT_OK:
+        fails = outcome.summary["failures"]
+        fail(
+            [
+                f"measure: {fails['failed']} of {fails['sent']} requests failed "
+                f"(max {max_failure_rate * 100:g}%)"
+                + (", interrupted" if outcome.summary["figures"]["interrupted"] else "")
+                + f": no profile set written to {output}",
+                *(f"  {row['error']} (x{row['count']})" for row in fails["first_errors"]),
+            ],
+            code=outcome.exit_code,
+        )
     acceptance = outcome.summary["figures"]["acceptance"]
     if not acceptance["requests_with_stats"]:
         fail(

@@ -308,10 +308,10 @@ class Tally:
             record.error = f"the server sent an error: {chunk['error']!r:.300}"
         content = is_content_chunk(chunk)
         self.content_chunks += content
+        if now is None:  # a whole body: finish_record reads its usage
+            return
         usage = _usage(chunk)
         reported = None if usage is None else usage.get("completion_tokens")
-        if now is None:
-            return
         if reported is not None:
             problem = count_problem(reported, token_bound(self.max_tokens))
             if problem is None and reported < self.usage_peak:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -63,6 +64,11 @@ class _Connection(H11Protocol):
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         self._watch()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # may start a pipelined request already buffered
+        if self.conn.their_state is not h11.IDLE:  # (idle: uvicorn's keep-alive timer)
+            self._watch()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel()
@@ -126,4 +132,5 @@ def serve(
     config = uvicorn.Config(app, http=connection, log_level="warning", timeout_graceful_shutdown=5)
     server = _Server(config, on_listening)
     runner.on_dead = lambda _: setattr(server, "should_exit", True)
-    server.run(sockets=[sock])
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT once it has stopped
+        server.run(sockets=[sock])

@@ -302,3 +302,27 @@ def test_ctrl_c_keeps_every_finished_request(slow_server: ServerProcess, tmp_pat
     assert completed >= 8
     assert sum(r["success"] for r in records) == completed
     assert len(records) == summary["figures"]["requests"]["sent"]
+
+
+@pytest.mark.timeout(60)
+def test_garbage_payloads_and_counters_never_abort_the_report(run_cli: Any, tmp_path: Path) -> None:
+    from garbage_server import GarbageServer, Reply, sse
+
+    chunks = sse({"choices": "oops"}, "not json", {"usage": {"completion_tokens": "x"}})
+    get = {
+        "/version": Reply(body=b'{"acceptance": ["not", "a", "dict"]}'),
+        "/metrics": Reply(body=b"vllm:spec_decode_num_drafts{ nonsense"),
+        "/debug/mtp_stats": Reply(body=b'{"distribution": 5}'),
+    }
+    out = tmp_path / "run"
+    with GarbageServer(Reply(chunks=chunks), get=get) as server:
+        code, stdout, stderr = run_cli(
+            "bench", "--url", server.url, "--model", "m", "--num-requests", "4",
+            "--expect-acceptance-length", "3", "--num-spec-tokens", "7", "--output-dir", out,
+        )  # fmt: skip
+    assert code == 3, stdout + stderr
+    assert "Traceback" not in stdout + stderr
+    assert "verification FAIL: 4 of 4 requests failed (max 0%)" in stdout
+    assert len(rows(out / "records.jsonl")) == 4
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["server_check"]["note"] == "the server exposes no acceptance counters"

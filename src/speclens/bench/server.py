@@ -38,6 +38,10 @@ def parse_metrics(text: str) -> dict[str, Any] | None:
     return None
 
 
+#: The most of a /metrics, /debug/mtp_stats or /version body read; a larger one is not used.
+MAX_BODY = 8 * 1024 * 1024
+
+
 class Unreachable(Exception):
     """The server could not be reached at all (refused, reset, timed out)."""
 
@@ -45,11 +49,16 @@ class Unreachable(Exception):
 async def _get(
     session: aiohttp.ClientSession, url: str, headers: dict[str, str]
 ) -> tuple[int, bytes]:
-    """Status and body; status 0 when the request failed on the way (the error is raised as
-    ``Unreachable`` by callers that must tell "down" from "no such endpoint")."""
+    """Status and body (status -1 for a body over ``MAX_BODY``); raises ``Unreachable`` when the
+    request failed on the way, so callers can tell a dead server from a missing endpoint."""
     try:
         async with session.get(url, headers=headers) as resp:
-            return resp.status, await resp.read()
+            body = bytearray()
+            async for chunk in resp.content.iter_chunked(64 * 1024):
+                body += chunk
+                if len(body) > MAX_BODY:
+                    return -1, b""
+            return resp.status, bytes(body)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise Unreachable(f"{type(exc).__name__}: {exc}") from None
 
@@ -116,6 +125,19 @@ async def server_info(base_url: str, api_key: str | None = None) -> dict[str, An
     except orjson.JSONDecodeError:
         return None
     return data if isinstance(data, dict) else {"version": data}
+
+
+def served_speculation(info: dict[str, Any] | None) -> dict[str, Any]:
+    """``/version``'s acceptance block, type-checked: ``method`` (a string), K (an integer >= 1)
+    and ``forced``; a field of the wrong type reads as absent rather than failing later."""
+    block = info.get("acceptance") if isinstance(info, dict) else None
+    block = block if isinstance(block, dict) else {}
+    method, k = block.get("method"), block.get("num_speculative_tokens")
+    return {
+        "method": method if isinstance(method, str) and method else None,
+        "num_speculative_tokens": k if type(k) is int and k >= 1 else None,
+        "forced": bool(block.get("forced")),
+    }
 
 
 def cross_check(

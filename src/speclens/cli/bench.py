@@ -172,7 +172,7 @@ def bench(
     from speclens.bench.figures import parse_slo
     from speclens.bench.report import print_summary, write_files
     from speclens.bench.run import Expectation, run_bench
-    from speclens.bench.server import server_info
+    from speclens.bench.server import served_speculation, server_info
 
     number = "a number"
     check([
@@ -221,8 +221,7 @@ def bench(
             expect_acceptance_length, num_spec_tokens, {"cli": "--expect-acceptance-length"}
         )
     elif expect_profile:
-        info = asyncio.run(server_info(url, api_key)) or {}
-        served = (info.get("acceptance") or {}) if isinstance(info, dict) else {}
+        served = served_speculation(asyncio.run(server_info(url, api_key)))
         spec_method = method or served.get("method")
         k = num_spec_tokens or served.get("num_speculative_tokens")
         if not spec_method or not k:

@@ -79,7 +79,7 @@ def measure(
     from speclens.bench.client import LoadConfig
     from speclens.bench.datasets import jsonl_prompts
     from speclens.bench.run import EXIT_OK, run_bench
-    from speclens.bench.server import server_info
+    from speclens.bench.server import served_speculation, server_info
 
     check([
         url_problem(url),
@@ -103,7 +103,7 @@ def measure(
                 kept.append(prompt)
         prompts = kept
     info = asyncio.run(server_info(url)) or {}
-    served = info.get("acceptance") or {}
+    served = served_speculation(info)
     if served.get("forced"):
         fail(
             "the server forces acceptance: measure needs natural acceptance (start it without --spec-decode-acceptance-*)"

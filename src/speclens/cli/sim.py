@@ -4,6 +4,7 @@ resolved acceptance, with the engine's scheduler running in virtual time."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from speclens.cli._common import (
     out_console,
     reported,
 )
+from speclens.sim.limits import MAX_NUM_SPEC_TOKENS, MAX_REQUEST_STEPS, MAX_SWEEP_POINTS, check
 
 
 def _sweep(text: str) -> tuple[str, list[int]]:
@@ -31,6 +33,8 @@ def _sweep(text: str) -> tuple[str, list[int]]:
     try:
         if ".." in values:
             lo, hi = (int(v) for v in values.split(".."))
+            if hi - lo >= MAX_SWEEP_POINTS:
+                fail(f"--sweep: {values} is over the limit of {MAX_SWEEP_POINTS} points", code=2)
             points = list(range(lo, hi + 1))
         else:
             points = [int(v) for v in values.split(",") if v.strip()]
@@ -38,7 +42,38 @@ def _sweep(text: str) -> tuple[str, list[int]]:
         fail(f"--sweep: expected A..B or A,B,C integers, got {values!r}", code=2)
     if not points or min(points) < 1:
         fail("--sweep: points must be integers >= 1", code=2)
+    if len(points) > MAX_SWEEP_POINTS:
+        fail(f"--sweep: {len(points)} points, over the limit of {MAX_SWEEP_POINTS}", code=2)
+    if name == "num_spec_tokens" and max(points) > MAX_NUM_SPEC_TOKENS:
+        fail(f"--sweep: num_spec_tokens up to {MAX_NUM_SPEC_TOKENS}, got {max(points)}", code=2)
     return name, points
+
+
+#: Largest --seed: 32 bits, all that the forced-acceptance stream keeps.
+MAX_SEED = 2**32 - 1
+
+
+def _check_plot(plot: Path, sweep: str | None) -> None:
+    """Refuse a --plot that cannot be written, before any simulation (exit 2)."""
+    if sweep is None:
+        fail("--plot needs --sweep: it draws throughput against latency across the points", 2)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    suffix = plot.suffix.lower().lstrip(".")
+    parent = plot.parent
+    if plot.is_dir():
+        fail(f"--plot: {plot}: is a directory, expected a file to write", 2)
+    if suffix not in formats:
+        known = ", ".join(f".{f}" for f in sorted(formats))
+        fail(f"--plot: {plot}: expected an image file name ending in one of {known}", 2)
+    if not parent.is_dir():
+        fail(f"--plot: {plot}: directory {parent} does not exist", 2)
+    if not os.access(parent, os.W_OK) or (plot.exists() and not os.access(plot, os.W_OK)):
+        fail(f"--plot: {plot}: not writable", 2)
 
 
 def sim(
@@ -52,23 +87,42 @@ def sim(
     sweep: str | None = typer.Option(
         None, "--sweep", help="num_spec_tokens=1..8 or concurrency=1,8,32: one row per point."
     ),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help=f"Seed of every draw, 0..{MAX_SEED}."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     plot: Path | None = typer.Option(
         None, "--plot", help="With --sweep: write a PNG of throughput against latency."
+    ),
+    max_request_steps: int = typer.Option(
+        MAX_REQUEST_STEPS,
+        "--max-request-steps",
+        help="Refuse a run whose requests x longest output exceeds this (bounds time, memory).",
     ),
 ) -> None:
     """Simulate a scenario with the resolved acceptance."""
     from speclens.acceptance import WorkloadAcceptance, resolve
     from speclens.sim.scenario import load_scenario
-    from speclens.sim.simulate import simulate
 
+    if not 0 <= seed <= MAX_SEED:
+        fail(f"--seed: expected an integer in 0..{MAX_SEED}, got {seed}", code=2)
+    if max_request_steps < 1:
+        fail(f"--max-request-steps: expected an integer >= 1, got {max_request_steps}", code=2)
+    name, points = _sweep(sweep) if sweep else ("", [0])
+    if plot is not None:
+        _check_plot(plot, sweep)
     with reported():
         scenario = load_scenario(scenario_path)
+        check(
+            scenario,
+            str(scenario_path),
+            points if name == "num_spec_tokens" else [None],
+            max_request_steps,
+            runs=len(points),
+        )
         reg = load_registry(registry)
+    from speclens.sim.simulate import simulate  # torch: only once the scenario is accepted
+
     pools = scenario.speculating
     spec = pools[0].engine.speculative if pools else None
-    name, points = _sweep(sweep) if sweep else ("", [0])
     rows: list[dict[str, Any]] = []
     for point in points:
         k = point if name == "num_spec_tokens" else (spec.num_spec_tokens if spec else None)
@@ -85,11 +139,13 @@ def sim(
                     cli=cli_value(k, acceptance_length, acceptance_rate, per_position_rates),
                 )  # fmt: skip
             rates = resolution.per_position_rates
-        result = simulate(
-            scenario, scenario_path.parent, rates, seed,
-            concurrency=point if name == "concurrency" else None,
-            num_spec_tokens=k if name == "num_spec_tokens" else None,
-        )  # fmt: skip
+        with reported():
+            result = simulate(
+                scenario, scenario_path.parent, rates, seed,
+                concurrency=point if name == "concurrency" else None,
+                num_spec_tokens=k if name == "num_spec_tokens" else None,
+                max_request_steps=max_request_steps, source=str(scenario_path),
+            )  # fmt: skip
         result["resolution"] = resolution.model_dump() if resolution else None
         if name:
             result["sweep"] = {name: point}
@@ -98,7 +154,7 @@ def sim(
         typer.echo(json.dumps(rows if name else rows[0], indent=2))
     else:
         _print(rows, name)
-    if plot is not None and name:
+    if plot is not None:
         _plot(rows, name, plot)
         (err_console if as_json else out_console).print(f"wrote {plot}")
 
@@ -153,5 +209,9 @@ def _plot(rows: list[dict[str, Any]], name: str, path: Path) -> None:
     ax.set_ylabel("output tokens/s")
     ax.set_title(f"Throughput against latency, sweeping {name}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        fail(f"--plot: {path}: cannot write: {exc.strerror or exc}")
+    finally:
+        plt.close(fig)

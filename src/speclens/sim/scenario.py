@@ -85,9 +85,18 @@ class Workload(_Model):
 
     @classmethod
     def _cross_checks(cls, data: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        problems: list[tuple[tuple[str | int, ...], str]] = []
         if data.get("rate") is not None and data.get("concurrency") is not None:
-            return [(("concurrency",), "is not allowed with rate: give one arrival process")]
-        return []
+            problems.append(
+                (("concurrency",), "is not allowed with rate: give one arrival process")
+            )
+        for name in ("input_tokens", "output_tokens"):
+            spec = data.get(name)
+            if isinstance(spec, dict):
+                low, high = spec.get("min"), spec.get("max")
+                if type(low) is int and type(high) is int and low > high:
+                    problems.append(((name,), f"min {low} > max {high}"))
+        return problems
 
 
 class Scenario(_Model):

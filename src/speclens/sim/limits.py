@@ -1,0 +1,121 @@
+"""What ``speclens sim`` agrees to simulate: a scenario's stated limits hold as written, and a
+run's work is bounded before any of it starts.
+
+The checks are arithmetic on the scenario (no draws, no engine), so a refusal is immediate.
+Each problem reads ``<file>: <path.to.field>: <what is wrong>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from speclens.acceptance import Problem, ValidationError
+from speclens.sim.scenario import Lengths, Pool, Scenario
+
+#: Most request-steps a run may take, estimated as requests x the longest output (every step
+#: of a request emits at least one token). The simulator prices about 20-200k request-steps a
+#: second and keeps 8 bytes a token for the latency percentiles, so this default is minutes
+#: and well under a GiB. ``speclens sim --max-request-steps`` raises it.
+MAX_REQUEST_STEPS = 10_000_000
+#: Most prompt tokens a run may hold: requests x the longest input. A queued request holds its
+#: prompt (8 bytes a token), and an open-loop workload over capacity can queue every request.
+MAX_PROMPT_TOKENS = 200_000_000
+#: Largest K simulated: a step drafts and verifies K + 1 slots per request, and the resolved
+#: schedule holds K rates. Published MTP/EAGLE/DSpark setups run K <= 16.
+MAX_NUM_SPEC_TOKENS = 64
+#: Most points one ``--sweep`` runs (each is a whole simulation, counted in the budget).
+MAX_SWEEP_POINTS = 64
+#: Most simulated replicas (the sum over the pools that decode): each runs its own engine and
+#: re-draws the arrival stream to take its share, so set-up and draws grow with the count.
+MAX_REPLICAS = 1024
+
+
+def longest(spec: int | Lengths) -> int:
+    """The most tokens a length spec can draw."""
+    return spec if isinstance(spec, int) else spec.max
+
+
+def simulated_pools(scenario: Scenario) -> list[tuple[int, Pool]]:
+    """The pools whose replicas run an engine: those that decode (prefill pools are not
+    modelled apart yet), or the first pool when every pool only prefills."""
+    pools = [(i, p) for i, p in enumerate(scenario.deployment.pools) if p.role != "prefill"]
+    return pools or [(0, scenario.deployment.pools[0])]
+
+
+def problems(
+    scenario: Scenario,
+    file: str,
+    num_spec_tokens: Iterable[int | None] = (None,),
+    max_request_steps: int = MAX_REQUEST_STEPS,
+    runs: int = 1,
+) -> list[Problem]:
+    """Everything that stops the scenario from being simulated as stated. ``num_spec_tokens``
+    lists the K values a sweep will run (None: each pool's own K); ``runs`` simulations of the
+    scenario (a sweep's points) share the request-step budget."""
+    workload = scenario.workload
+    out: list[Problem] = []
+    inputs, outputs = longest(workload.input_tokens), longest(workload.output_tokens)
+    sweep_ks = [k for k in num_spec_tokens if k is not None]
+    pools = simulated_pools(scenario)
+    for index, pool in pools:
+        where = f"deployment.pools[{index}].engine"
+        engine = pool.engine
+        if inputs + outputs > engine.max_model_len:
+            out.append(Problem(file, f"{where}.max_model_len", (
+                f"is {engine.max_model_len}, but a request may need {inputs + outputs} tokens "
+                f"(workload.input_tokens up to {inputs} + workload.output_tokens up to "
+                f"{outputs}): raise max_model_len or shorten the workload"
+            )))  # fmt: skip
+        if engine.speculative is None:
+            k = 0
+        else:
+            k = max(sweep_ks, default=engine.speculative.num_spec_tokens)
+            if engine.speculative.num_spec_tokens > MAX_NUM_SPEC_TOKENS:
+                out.append(Problem(file, f"{where}.speculative.num_spec_tokens", (
+                    f"is {engine.speculative.num_spec_tokens}, over the limit of "
+                    f"{MAX_NUM_SPEC_TOKENS} the simulator runs"
+                )))  # fmt: skip
+                continue
+        if engine.kv_cache_tokens < engine.max_model_len + k + 1:
+            out.append(Problem(file, f"{where}.kv_cache_tokens", (
+                f"is {engine.kv_cache_tokens}, but one request of {where}.max_model_len "
+                f"{engine.max_model_len} plus its {k + 1} verify slots needs "
+                f"{engine.max_model_len + k + 1}: raise kv_cache_tokens or lower max_model_len"
+            )))  # fmt: skip
+    replicas = sum(pool.replicas for _, pool in pools)
+    if replicas > MAX_REPLICAS:
+        index = max(pools, key=lambda ip: ip[1].replicas)[0]
+        out.append(Problem(file, f"deployment.pools[{index}].replicas", (
+            f"{replicas:,} simulated replicas in all, over the limit of {MAX_REPLICAS:,} "
+            "(one engine each): simulate fewer replicas and scale the throughput"
+        )))  # fmt: skip
+    steps = workload.requests * outputs * runs
+    if steps > max_request_steps:
+        sweep = f" x {runs} sweep points" if runs > 1 else ""
+        out.append(Problem(file, "workload.requests", (
+            f"{workload.requests:,} requests x up to {outputs:,} output tokens "
+            f"(workload.output_tokens){sweep} = {steps:,} request-steps, over the budget of "
+            f"{max_request_steps:,}: lower workload.requests or workload.output_tokens, "
+            "or raise --max-request-steps"
+        )))  # fmt: skip
+    prompts = workload.requests * inputs
+    if prompts > MAX_PROMPT_TOKENS:
+        out.append(Problem(file, "workload.input_tokens", (
+            f"{workload.requests:,} requests (workload.requests) x up to {inputs:,} input "
+            f"tokens = {prompts:,} prompt tokens, over the limit of {MAX_PROMPT_TOKENS:,}: "
+            "lower workload.requests or workload.input_tokens"
+        )))  # fmt: skip
+    return out
+
+
+def check(
+    scenario: Scenario,
+    file: str,
+    num_spec_tokens: Iterable[int | None] = (None,),
+    max_request_steps: int = MAX_REQUEST_STEPS,
+    runs: int = 1,
+) -> None:
+    """Raise ``ValidationError`` with every problem ``problems`` finds."""
+    found = problems(scenario, file, num_spec_tokens, max_request_steps, runs)
+    if found:
+        raise ValidationError(found)

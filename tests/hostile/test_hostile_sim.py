@@ -1,0 +1,279 @@
+"""``speclens sim`` under scenarios it cannot or should not run: bounded work, stated limits
+kept as written, and one-line refusals (exit 1 for the scenario, exit 2 for a flag) that come
+before any simulation."""
+
+from __future__ import annotations
+
+import copy
+import os
+import resource
+import subprocess
+import sys
+import time
+from itertools import islice, pairwise
+from pathlib import Path
+
+import pytest
+import yaml
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "kimi-k3-dspark.yaml"
+
+SMALL = {
+    "model": "kimi-k3",
+    "hardware": "b300",
+    "deployment": {"pools": [{"engine": {"speculative": {"method": "dspark", "num_spec_tokens": 7}}}]},
+    "workload": {"category": "coding", "thinking": "on", "input_tokens": 32,
+                 "output_tokens": 32, "concurrency": 4, "requests": 8},
+}  # fmt: skip
+
+
+def _scenario(tmp_path: Path, **changes: object) -> Path:
+    """SMALL with changes by path (``workload__requests=...``; ``pools`` means the first pool),
+    written to a file."""
+    data = copy.deepcopy(SMALL)
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        node: dict = data
+        for key in parents:
+            node = node[key][0] if key == "pools" else node[key]
+        node[leaf] = value
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _sim(*args: object, timeout: float = 60) -> tuple[int, list[str], str, float]:
+    """``python -m speclens sim ARGS`` in a child (PYTHONPATH passes through); returns the exit
+    code, stderr's lines, stdout and the seconds it took."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "speclens", "sim", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    return proc.returncode, proc.stderr.splitlines(), proc.stdout, time.perf_counter() - start
+
+
+# ------------------------------------------------------------------------------ item 2: bounds
+@pytest.mark.timeout(30)
+def test_a_billion_requests_is_refused_at_once_in_bounded_memory(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, workload__requests=10**9)
+    code, err, _, seconds = _sim(path, timeout=10)
+    assert code == 1
+    assert err == [
+        f"{path}: workload.requests: 1,000,000,000 requests x up to 32 output tokens "
+        "(workload.output_tokens) = 32,000,000,000 request-steps, over the budget of "
+        "10,000,000: lower workload.requests or workload.output_tokens, or raise "
+        "--max-request-steps",
+        f"{path}: workload.input_tokens: 1,000,000,000 requests (workload.requests) x up to 32 "
+        "input tokens = 32,000,000,000 prompt tokens, over the limit of 200,000,000: lower "
+        "workload.requests or workload.input_tokens",
+    ]
+    assert seconds < 2.0
+    # The largest child so far (this one included) stayed small: nothing was built per request.
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 600 * 1024
+
+
+@pytest.mark.timeout(60)
+def test_a_million_replicas_is_refused(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, deployment__pools__replicas=10**6)
+    code, err, _, seconds = _sim(path, timeout=30)
+    assert (code, err) == (1, [
+        f"{path}: deployment.pools[0].replicas: 1,000,000 simulated replicas in all, over the "
+        "limit of 1,024 (one engine each): simulate fewer replicas and scale the throughput"
+    ])  # fmt: skip
+    assert seconds < 5.0
+
+
+@pytest.mark.timeout(60)
+def test_a_hundred_million_output_tokens_is_refused(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, workload__output_tokens=10**8, workload__requests=1)
+    code, err, _, seconds = _sim(path, timeout=30)
+    assert (code, err) == (1, [
+        f"{path}: deployment.pools[0].engine.max_model_len: is 32768, but a request may need "
+        "100000032 tokens (workload.input_tokens up to 32 + workload.output_tokens up to "
+        "100000000): raise max_model_len or shorten the workload",
+        f"{path}: workload.requests: 1 requests x up to 100,000,000 output tokens "
+        "(workload.output_tokens) = 100,000,000 request-steps, over the budget of 10,000,000: "
+        "lower workload.requests or workload.output_tokens, or raise --max-request-steps",
+    ])  # fmt: skip
+    assert seconds < 5.0
+
+
+@pytest.mark.timeout(60)
+def test_the_budget_flag_sets_the_bound(tmp_path: Path) -> None:
+    path = _scenario(tmp_path)
+    code, err, _, _ = _sim(path, "--max-request-steps", 100, timeout=30)
+    assert (code, err) == (1, [
+        f"{path}: workload.requests: 8 requests x up to 32 output tokens "
+        "(workload.output_tokens) = 256 request-steps, over the budget of 100: lower "
+        "workload.requests or workload.output_tokens, or raise --max-request-steps"
+    ])  # fmt: skip
+    code, err, _, _ = _sim(path, "--max-request-steps", 0, timeout=30)
+    assert (code, err) == (2, ["--max-request-steps: expected an integer >= 1, got 0"])
+
+
+@pytest.mark.timeout(60)
+def test_a_short_max_model_len_is_refused_not_raised(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, deployment__pools__engine__max_model_len=60)
+    code, err, out, _ = _sim(path, "--json", timeout=30)
+    assert (code, err, out) == (1, [
+        f"{path}: deployment.pools[0].engine.max_model_len: is 60, but a request may need 64 "
+        "tokens (workload.input_tokens up to 32 + workload.output_tokens up to 32): raise "
+        "max_model_len or shorten the workload"
+    ], "")  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+def test_a_small_kv_cache_is_refused_not_raised(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, deployment__pools__engine__kv_cache_tokens=10)
+    code, err, out, _ = _sim(path, "--json", timeout=30)
+    assert (code, err, out) == (1, [
+        f"{path}: deployment.pools[0].engine.kv_cache_tokens: is 10, but one request of "
+        "deployment.pools[0].engine.max_model_len 32768 plus its 8 verify slots needs 32776: "
+        "raise kv_cache_tokens or lower max_model_len"
+    ], "")  # fmt: skip
+
+
+def test_the_library_refuses_what_the_command_refuses() -> None:
+    from speclens.acceptance import ValidationError, minimum_variance_rates
+    from speclens.sim.scenario import Scenario
+    from speclens.sim.simulate import simulate
+
+    data = copy.deepcopy(SMALL)
+    data["deployment"]["pools"][0]["engine"]["max_model_len"] = 60
+    with pytest.raises(ValidationError) as info:
+        simulate(Scenario.model_validate(data), Path("."), minimum_variance_rates(3.0, 7))
+    assert [p.path for p in info.value.problems] == ["deployment.pools[0].engine.max_model_len"]
+
+
+def test_limits_that_just_fit_run_as_stated() -> None:
+    """Guard (passes on the old code too): a workload that exactly fits its pool's stated
+    max_model_len and KV cache runs, so the refusals above are not over-strict."""
+    from speclens.acceptance import minimum_variance_rates
+    from speclens.sim.scenario import Scenario
+    from speclens.sim.simulate import simulate
+
+    data = copy.deepcopy(SMALL)
+    data["deployment"]["pools"][0]["engine"].update(max_model_len=64, kv_cache_tokens=64 + 8)
+    result = simulate(Scenario.model_validate(data), Path("."), minimum_variance_rates(3.0, 7))
+    assert result["pools"]["0"]["requests"] == 8
+    assert result["latency_ms"]["e2e"] is not None
+
+
+@pytest.mark.timeout(30)
+def test_arrivals_are_drawn_lazily() -> None:
+    """A replica takes its share of a stream drawn a chunk at a time: the first of a billion
+    requests comes at once, and the shares of all replicas are the whole stream in order."""
+    from speclens.sim.scenario import Workload
+    from speclens.sim.simulate import CHUNK, arrivals
+
+    start = time.perf_counter()
+    first = next(arrivals(Workload(requests=10**9, rate=5.0), seed=0))
+    assert first.index == 0 and time.perf_counter() - start < 1.0
+    workload = Workload(requests=CHUNK + 7, rate=50.0, input_tokens={"min": 1, "max": 9})
+    whole = [(r.index, r.arrival, r.input_tokens) for r in arrivals(workload, 3)]
+    shares = [
+        (r.index, r.arrival, r.input_tokens) for s in range(3) for r in arrivals(workload, 3, s, 3)
+    ]
+    assert sorted(shares) == whole
+    assert [r.index for r in islice(arrivals(workload, 3, 2, 5), 3)] == [2, 7, 12]
+    assert all(a[1] <= b[1] for a, b in pairwise(whole))
+
+
+@pytest.mark.timeout(60)
+def test_a_huge_k_is_refused(tmp_path: Path) -> None:
+    path = _scenario(
+        tmp_path,
+        deployment__pools__engine__speculative={"method": "dspark", "num_spec_tokens": 10**8},
+    )
+    code, err, _, seconds = _sim(path, "--acceptance-length", "2.0", timeout=30)
+    assert (code, err) == (1, [
+        f"{path}: deployment.pools[0].engine.speculative.num_spec_tokens: is 100000000, over the "
+        "limit of 64 the simulator runs"
+    ])  # fmt: skip
+    assert seconds < 5.0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("sweep", "message"),
+    [
+        ("concurrency=1..1000000000", "--sweep: 1..1000000000 is over the limit of 64 points"),
+        ("num_spec_tokens=1,100000", "--sweep: num_spec_tokens up to 64, got 100000"),
+    ],
+)
+def test_a_sweep_is_bounded(tmp_path: Path, sweep: str, message: str) -> None:
+    code, err, out, seconds = _sim(_scenario(tmp_path), "--sweep", sweep, timeout=30)
+    assert (code, err, out) == (2, [message], "")
+    assert seconds < 5.0
+
+
+@pytest.mark.timeout(60)
+def test_a_sweep_shares_the_budget(tmp_path: Path) -> None:
+    path = _scenario(tmp_path)
+    code, err, _, _ = _sim(path, "--sweep", "concurrency=1..4", "--max-request-steps", 1000)
+    assert (code, err) == (1, [
+        f"{path}: workload.requests: 8 requests x up to 32 output tokens "
+        "(workload.output_tokens) x 4 sweep points = 1,024 request-steps, over the budget of "
+        "1,000: lower workload.requests or workload.output_tokens, or raise --max-request-steps"
+    ])  # fmt: skip
+
+
+# ------------------------------------------------------------------------- item 10: edge cases
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("field", ["input_tokens", "output_tokens"])
+def test_min_above_max_is_a_validation_error(tmp_path: Path, field: str) -> None:
+    path = _scenario(tmp_path, **{f"workload__{field}": {"min": 1024, "max": 256}})
+    code, err, _, _ = _sim(path, timeout=30)
+    assert (code, err) == (1, [f"{path}: workload.{field}: min 1024 > max 256"])
+
+
+@pytest.mark.timeout(60)
+def test_a_negative_seed_is_a_usage_error(tmp_path: Path) -> None:
+    code, err, out, _ = _sim(_scenario(tmp_path), "--seed", "-1", timeout=30)
+    assert (code, err, out) == (2, ["--seed: expected an integer in 0..4294967295, got -1"], "")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["missing-dir", "a-directory"])
+def test_an_unwritable_plot_is_refused_before_simulating(tmp_path: Path, where: str) -> None:
+    path = _scenario(tmp_path)
+    plot = tmp_path / "nowhere" / "sweep.png" if where == "missing-dir" else tmp_path
+    code, err, out, _ = _sim(path, "--sweep", "num_spec_tokens=1..2", "--plot", plot, timeout=30)
+    expected = (
+        f"--plot: {plot}: directory {plot.parent} does not exist"
+        if where == "missing-dir"
+        else f"--plot: {plot}: is a directory, expected a file to write"
+    )
+    assert (code, err, out) == (2, [expected], "")
+
+
+@pytest.mark.timeout(60)
+def test_plot_without_sweep_is_refused(tmp_path: Path) -> None:
+    plot = tmp_path / "plot.png"
+    code, err, out, _ = _sim(_scenario(tmp_path), "--plot", plot, timeout=30)
+    assert (code, err, out) == (
+        2,
+        ["--plot needs --sweep: it draws throughput against latency across the points"],
+        "",
+    )
+    assert not plot.exists()
+
+
+# ------------------------------------------------------------------------ unchanged results
+def test_the_example_gives_the_numbers_it_gave_before() -> None:
+    """Guard (passes on the old code too): lazy arrivals, per-request tallies and the KV bound
+    change nothing for a scenario within the limits (numbers from the code before them)."""
+    from speclens.acceptance import minimum_variance_rates
+    from speclens.sim.scenario import load_scenario
+    from speclens.sim.simulate import simulate
+
+    result = simulate(load_scenario(EXAMPLE), EXAMPLE.parent, minimum_variance_rates(3.78, 7))
+    assert result["realized_acceptance_length"] == pytest.approx(3.7854247365102243, rel=1e-12)
+    assert result["makespan_s"] == pytest.approx(24.461443679999984, rel=1e-9)
+    assert result["throughput"]["output_tokens_per_s"] == pytest.approx(
+        3432.1768207263904, rel=1e-9
+    )

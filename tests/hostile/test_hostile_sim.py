@@ -222,6 +222,25 @@ def test_a_sweep_shares_the_budget(tmp_path: Path) -> None:
     ])  # fmt: skip
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("rate", "burstiness", "path", "message"),
+    [
+        (1e-200, 1e-200, "workload.burstiness", "is 1e-200 with workload.rate 1e-200: expected a "
+         "finite burstiness whose product with the rate is above zero"),
+        (1e-307, 1.0, "workload.rate", "is 1e-307: 8 arrivals at this rate and burstiness 1 "
+         "overflow the clock; raise the rate"),
+    ],
+)  # fmt: skip
+def test_an_arrival_stream_that_overflows_is_refused(
+    tmp_path: Path, rate: float, burstiness: float, path: str, message: str
+) -> None:
+    scenario = _scenario(tmp_path, workload__concurrency=None, workload__rate=rate,
+                         workload__burstiness=burstiness)  # fmt: skip
+    code, err, _, _ = _sim(scenario, timeout=30)
+    assert (code, err) == (1, [f"{scenario}: {path}: {message}"])
+
+
 # ------------------------------------------------------------------------- item 10: edge cases
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("field", ["input_tokens", "output_tokens"])

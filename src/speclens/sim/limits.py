@@ -7,6 +7,7 @@ Each problem reads ``<file>: <path.to.field>: <what is wrong>``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from speclens.acceptance import Problem, ValidationError
@@ -81,6 +82,18 @@ def problems(
                 f"is {engine.kv_cache_tokens}, but one request of {where}.max_model_len "
                 f"{engine.max_model_len} plus its {k + 1} verify slots needs "
                 f"{engine.max_model_len + k + 1}: raise kv_cache_tokens or lower max_model_len"
+            )))  # fmt: skip
+    if workload.rate is not None:
+        scale = workload.rate * workload.burstiness  # gaps are gamma(burstiness, 1 / scale)
+        if not (math.isfinite(workload.burstiness) and scale > 0):
+            out.append(Problem(file, "workload.burstiness", (
+                f"is {workload.burstiness:g} with workload.rate {workload.rate:g}: expected a "
+                "finite burstiness whose product with the rate is above zero"
+            )))  # fmt: skip
+        elif workload.requests / scale > 1e300:  # far from float overflow, whatever the draws
+            out.append(Problem(file, "workload.rate", (
+                f"is {workload.rate:g}: {workload.requests:,} arrivals at this rate and "
+                f"burstiness {workload.burstiness:g} overflow the clock; raise the rate"
             )))  # fmt: skip
     replicas = sum(pool.replicas for _, pool in pools)
     if replicas > MAX_REPLICAS:

@@ -1,5 +1,8 @@
-"""``python -m speclens``."""
+"""``python -m speclens``: Ctrl-C while the command is still importing exits 130 quietly."""
 
-from speclens.cli import main
+try:
+    from speclens.cli import main
+except KeyboardInterrupt:
+    raise SystemExit(130) from None
 
 main()

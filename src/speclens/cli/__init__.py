@@ -1,13 +1,23 @@
-"""The ``speclens`` command: one module per command group, thin over the library."""
+"""The ``speclens`` command: one module per command group, thin over the library.
+
+Ctrl-C anywhere, even while these imports are still running, exits 130 without a traceback.
+"""
 
 from __future__ import annotations
 
-import logging
+import sys
 
-import typer
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 
-from speclens import __version__
-from speclens.cli import bench, demo, measure, profiles, serve, sim
+try:
+    import logging
+
+    import typer
+
+    from speclens import __version__
+    from speclens.cli import bench, demo, measure, profiles, serve, sim
+except KeyboardInterrupt:  # the console script imports this module before main() runs
+    raise SystemExit(INTERRUPTED) from None
 
 app = typer.Typer(
     name="speclens",
@@ -43,5 +53,9 @@ def _root(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. Typer turns a Ctrl-C inside a command into exit 130; this
+    covers the moments around it (building the command, interpreter teardown of ``app``)."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(INTERRUPTED)

@@ -21,7 +21,7 @@ from speclens.acceptance import (
 )
 
 # Wide when piped or captured, so tables of long names and URLs are not cut to 80 columns.
-err_console = Console(stderr=True, soft_wrap=True, highlight=False)
+err_console = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)  # ":x:" stays
 out_console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 REGISTRY_OPTION = typer.Option(

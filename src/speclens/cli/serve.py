@@ -6,16 +6,22 @@ is bound; forced acceptance logs its resolved schedule once.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import logging
 import signal
 import sys
+import threading
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import typer
+from pydantic import BaseModel, ConfigDict
 
+from speclens.acceptance import ValidationError, validate
 from speclens.cli._common import REGISTRY_OPTION, fail, load_registry
 
 log = logging.getLogger("speclens.serve")
@@ -32,6 +38,25 @@ class ExecutorChoice(StrEnum):
     sim = "sim"
 
 
+class _SpeculativeJSON(BaseModel):
+    """The types of ``--speculative-config`` keys (vLLM's names): a wrong type is refused here,
+    not inside the engine thread. Strict: no bool for an int, no string for a number."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    method: str | None = None
+    num_speculative_tokens: int | None = None
+    model: str | None = None
+    #: The engine picks greedy/probabilistic from each request's temperature; only synthetic
+    #: changes what runs.
+    rejection_sample_method: Literal["greedy", "probabilistic", "synthetic"] | None = None
+    synthetic_acceptance_length: float | None = None
+    synthetic_acceptance_rate: float | None = None
+    synthetic_acceptance_rates: list[float] | None = None
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+
+
 def _speculative_json(text: str | None) -> dict[str, Any]:
     if not text:
         return {}
@@ -41,14 +66,17 @@ def _speculative_json(text: str | None) -> dict[str, Any]:
         fail(f"--speculative-config: not valid JSON: {exc}", code=2)
     if not isinstance(data, dict):
         fail("--speculative-config: expected a JSON object", code=2)
-    known = {
-        "method", "num_speculative_tokens", "model", "rejection_sample_method",
-        "synthetic_acceptance_length", "synthetic_acceptance_rate", "synthetic_acceptance_rates",
-        "prompt_lookup_max", "prompt_lookup_min",
-    }  # fmt: skip
+    known = set(_SpeculativeJSON.model_fields)
     unknown = sorted(set(data) - known)
     if unknown:
         fail(f"--speculative-config: unknown keys {unknown}; known: {sorted(known)}", code=2)
+    try:
+        validate(_SpeculativeJSON, data, "--speculative-config")
+    except ValidationError as exc:
+        fail(
+            (f"{p}, got {_key_value(data, p.path)!r}" for p in exc.problems),
+            code=2,
+        )
     method = data.get("rejection_sample_method")
     synthetic = {
         "synthetic_acceptance_length",
@@ -69,13 +97,77 @@ def _speculative_json(text: str | None) -> dict[str, Any]:
     return data
 
 
+def _key_value(data: dict[str, Any], path: str) -> Any:
+    """The value at a problem's path (``key`` or ``key[i]``), to show what was refused."""
+    key, _, rest = path.partition("[")
+    value = data.get(key)
+    if rest and isinstance(value, list):
+        index = int(rest.rstrip("]"))
+        return value[index] if index < len(value) else None
+    return value
+
+
+def _server_flags(port: int, max_queue: int, api_key: str | None) -> None:
+    """The HTTP server's own flags (the engine checks the rest): refused before anything loads."""
+    if not 0 <= port <= 65535:
+        fail(f"--port {port}: expected a port number in 0..65535 (0: any free port)", code=2)
+    if max_queue < 1:
+        fail(f"--max-queue {max_queue}: expected at least 1 waiting request", code=2)
+    if api_key is not None and not api_key.strip():
+        fail(
+            "--api-key: empty; give a non-empty key, or omit the flag to serve without one", code=2
+        )
+
+
+def _warn_if_exposed(host: str, api_key: str | None) -> None:
+    """Binding beyond loopback without a key serves anyone who can reach the port."""
+    if api_key:
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        log.warning(
+            "--host %s without --api-key: anyone who can reach this port can use the server",
+            host,
+        )
+
+
 def _step_cost(text: str | None, cls: Any) -> Any:
     if not text:
         return cls()
     try:
-        return cls(**json.loads(text))
+        cost = cls(**json.loads(text))
     except (json.JSONDecodeError, TypeError) as exc:
         fail(f"--step-cost: expected a JSON object of StepCost fields: {exc}", code=2)
+    problems = cost.problems()
+    if problems:
+        fail((f"--step-cost: {p}" for p in problems), code=2)
+    return cost
+
+
+def _model_refusal(exc: Any, model: str) -> str:
+    """``refused: --model X: what is wrong`` (or ``--draft-model``) for a ``ModelLoadError``."""
+    flag = "--model" if exc.spec == model else "--draft-model"
+    return f"refused: {flag} {exc.spec}: {str(exc).removeprefix(f'{exc.spec}: ')}"
+
+
+@contextlib.contextmanager
+def _interrupt_deferred() -> Iterator[None]:
+    """Hold Ctrl-C until the block ends, then raise it: a KeyboardInterrupt raised while torch's
+    native extension is importing escapes as a C++ exception and aborts the process (SIGABRT)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _merge(flag: Any, key: str, config: dict[str, Any], name: str) -> Any:
@@ -172,9 +264,13 @@ def serve(
     """Serve the engine over an OpenAI-compatible HTTP API."""
     from speclens.acceptance import AcceptancePin, WorkloadAcceptance, resolve
     from speclens.cli._common import reported
-    from speclens.engine import ConfigError, EngineConfig, SpeculativeConfig, StepCost
 
+    _server_flags(port, max_queue, api_key)
     spec_json = _speculative_json(speculative_config)
+    try:
+        workload = validate(WorkloadAcceptance, {"thinking": thinking, "category": category})
+    except ValidationError as exc:
+        fail((f"--{p.path}: {p.message}" for p in exc.problems), code=2)
     method = _merge(method, "method", spec_json, "--method")
     k = _merge(
         num_speculative_tokens, "num_speculative_tokens", spec_json, "--num-speculative-tokens"
@@ -204,9 +300,6 @@ def serve(
                 code=2,
             )
         with reported():
-            workload = WorkloadAcceptance.model_validate(
-                {"thinking": thinking, "category": category}
-            )
             pin = (
                 None
                 if acceptance_profile == "registry"
@@ -217,6 +310,22 @@ def serve(
                 registry=load_registry(registry), workload=workload, scenario=pin,
             )  # fmt: skip
         rates = resolution.per_position_rates
+    # The engine (and torch) load only once the command line is known to be well formed; the
+    # server's modules load here too, so that a Ctrl-C meanwhile is held rather than swallowed.
+    with _interrupt_deferred():
+        import uvicorn  # noqa: F401
+
+        import speclens.server  # noqa: F401
+        from speclens.engine.config import (
+            ConfigError,
+            EngineConfig,
+            ModelLoadError,
+            SpeculativeConfig,
+            StepCost,
+        )
+        from speclens.engine.weights import check_models
+
+    cost = _step_cost(step_cost, StepCost)
     try:
         spec = SpeculativeConfig(
             method=method,
@@ -240,9 +349,12 @@ def serve(
             kv_cache_tokens=kv_cache_tokens,
             device=device,
             seed=seed,
-            step_cost=_step_cost(step_cost, StepCost),
+            step_cost=cost,
         )
         config.validate()
+        check_models(config)
+    except ModelLoadError as exc:
+        fail(_model_refusal(exc, model))
     except ConfigError as exc:
         fail(f"refused: {exc}")
     if resolution is not None:
@@ -252,7 +364,11 @@ def serve(
             resolution.profile, resolution.method, resolution.source or "(none)",
             f"; measured on {resolution.measured_on}" if resolution.measured_on else "",
         )  # fmt: skip
-    run_server(config, name, host, port, api_key, stats_level.value, max_queue, resolution)
+    _warn_if_exposed(host, api_key)
+    try:
+        run_server(config, name, host, port, api_key, stats_level.value, max_queue, resolution)
+    except ModelLoadError as exc:  # what the headers could not show (a tensor, the tokenizer)
+        fail(_model_refusal(exc, model))
 
 
 def run_server(

@@ -29,6 +29,49 @@ class ConfigError(ValueError):
     """A configuration refused at startup."""
 
 
+class ModelLoadError(ConfigError):
+    """A model (target or drafter) that cannot be loaded: missing, unreadable or unsupported.
+
+    ``spec`` is what the user named (``--model`` or ``--draft-model``), so a caller can say which
+    flag to fix; the message names the file and what is wrong with it.
+    """
+
+    def __init__(self, spec: str, message: str) -> None:
+        super().__init__(" ".join(message.split()))  # one line, whatever the cause printed
+        self.spec = spec
+
+
+#: Seeds every generator takes (torch's ``manual_seed`` keeps 64 bits; drafters use seed + 1).
+MAX_SEED = 2**63 - 1
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_seed(seed: Any, name: str = "--seed") -> None:
+    """Refuse a seed the generators cannot all take (negative, too large, not an integer)."""
+    if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"{name} {seed!r}: expected an integer in [0, 2**63 - 1]")
+
+
+def layer_subset(draft_model: str | None) -> int | None:
+    """N of a ``layers:N`` drafter (the target's first N layers), None for any other drafter."""
+    if draft_model is None or not draft_model.startswith("layers:"):
+        return None
+    text = draft_model.split(":", 1)[1]
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(
+            f"--draft-model {draft_model}: expected layers:N with N a positive integer "
+            "(the target's first N layers)"
+        )
+    return int(text)
+
+
 @dataclass
 class SpeculativeConfig:
     """Speculative decoding: the drafter, K, and (optionally) forced acceptance.
@@ -55,6 +98,7 @@ class SpeculativeConfig:
     per_position_rates: list[float] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        self._check_types()
         self.per_position_rates = self._resolve()
 
     @property
@@ -72,10 +116,53 @@ class SpeculativeConfig:
         rates = self.per_position_rates
         return None if rates is None else length_from_rates(rates)
 
+    def _check_types(self) -> None:
+        """Refuse wrong types up front: a string where a number belongs would otherwise fail
+        inside the engine's step loop, long after startup said yes."""
+        k = self.num_speculative_tokens
+        if not _is_int(k) or k < 0:
+            raise ConfigError(f"num_speculative_tokens must be an integer >= 0, got {k!r}")
+        if self.method is not None and not isinstance(self.method, str):
+            raise ConfigError(f"speculative method must be a name (a string), got {self.method!r}")
+        if self.draft_model is not None and not isinstance(self.draft_model, str):
+            raise ConfigError(f"--draft-model must be a string, got {self.draft_model!r}")
+        layer_subset(self.draft_model)
+        for name in ("acceptance_length", "acceptance_rate"):
+            value = getattr(self, name)
+            if value is not None and not _is_number(value):
+                flag = "--spec-decode-" + name.replace("_", "-")
+                raise ConfigError(f"{flag}: expected a number, got {value!r}")
+        rates = self.acceptance_rates
+        if rates is not None and (
+            not isinstance(rates, list) or not all(_is_number(r) for r in rates)
+        ):
+            raise ConfigError(
+                f"synthetic_acceptance_rates: expected a list of numbers, got {rates!r}"
+            )
+        if not isinstance(self.confidence_schedule, bool):
+            raise ConfigError(
+                f"confidence_schedule must be true or false, got {self.confidence_schedule!r}"
+            )
+        if not _is_number(self.confidence_threshold) or not 0 <= self.confidence_threshold <= 1:
+            raise ConfigError(
+                f"confidence_threshold must be a number in [0, 1], got {self.confidence_threshold!r}"
+            )
+        for name, value in (
+            ("prompt_lookup_max", self.ngram_max),
+            ("prompt_lookup_min", self.ngram_min),
+        ):
+            if not _is_int(value) or value < 1:
+                raise ConfigError(
+                    f"{name} (n-gram length): expected an integer >= 1, got {value!r}"
+                )
+        if self.ngram_min > self.ngram_max:
+            raise ConfigError(
+                f"prompt_lookup_min {self.ngram_min} is above prompt_lookup_max {self.ngram_max}"
+            )
+        check_seed(self.seed)
+
     def _resolve(self) -> list[float] | None:
         k = self.num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ConfigError(f"num_speculative_tokens must be an integer >= 0, got {k!r}")
         if self.method and k == 0:
             raise ConfigError(
                 f"speculative method {self.method!r} needs num_speculative_tokens >= 1"
@@ -90,14 +177,19 @@ class SpeculativeConfig:
             or self.acceptance_rate is not None
             or self.acceptance_rates is not None
         )
-        if not forced:
-            return None
-        if not self.enabled:
+        if forced and not self.enabled:
             raise ConfigError(
                 "forced acceptance needs a speculative method (--method) and a non-zero "
                 "--num-speculative-tokens: without draft positions there is no schedule to "
                 "resolve, and the flag is refused rather than silently ignored"
             )
+        if k and not self.method:
+            raise ConfigError(
+                f"--num-speculative-tokens {k} needs a speculative method (--method): without one "
+                "speculation is off, and K is refused rather than silently ignored"
+            )
+        if not forced:
+            return None
         length = self.acceptance_length
         if length is not None and not (math.isfinite(length) and 1.0 <= length <= k + 1):
             raise ConfigError(
@@ -184,6 +276,17 @@ class StepCost:
     #: Prefill steps, when priced apart from verification (None: priced as a verify step).
     prefill_base: float | None = None
     prefill_per_token: float | None = None
+
+    def problems(self) -> list[str]:
+        """``<field>: <what is wrong>`` for each field that is not a finite number >= 0 (the
+        prefill pair may also be null): a bad price kills the engine thread mid-run."""
+        found = []
+        for name, value in vars(self).items():
+            if value is None and name.startswith("prefill_"):
+                continue
+            if not _is_number(value) or not math.isfinite(value) or value < 0:
+                found.append(f"{name}: expected a finite number >= 0 (seconds), got {value!r}")
+        return found
 
     def prefill(self, query_tokens: int, requests: int, context_tokens: int) -> float:
         if self.prefill_base is None or self.prefill_per_token is None:
@@ -277,6 +380,34 @@ def _nonnegative_lstsq(x: Any, y: Any) -> list[float]:
         active.remove(min(negative, key=lambda a: coef[active.index(a)]))
 
 
+def check_device(device: Any, dtype: Any = "float32") -> None:
+    """Refuse a device torch cannot parse or this machine does not have, and a dtype that is
+    not a torch floating type, before any model is built on them."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"--device {device}: expected cpu, cuda, cuda:N or mps") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"--device {device}: CUDA is not available on this machine")
+        if parsed.index is not None and parsed.index >= count:
+            raise ConfigError(
+                f"--device {device}: this machine has {count} CUDA device(s), cuda:0.."
+                f"cuda:{count - 1}"
+            )
+    elif parsed.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"--device {device}: MPS is not available on this machine")
+    elif parsed.type != "cpu":
+        raise ConfigError(f"--device {device}: expected cpu, cuda, cuda:N or mps")
+    kind = getattr(torch, dtype, None) if isinstance(dtype, str) else None
+    if not isinstance(kind, torch.dtype) or not kind.is_floating_point:
+        raise ConfigError(f"dtype {dtype!r}: expected a torch floating type such as float32")
+
+
 @dataclass
 class EngineConfig:
     """Everything the engine needs; ``validate`` refuses a bad combination before any work."""
@@ -311,9 +442,17 @@ class EngineConfig:
                 "the sim executor runs no model, so acceptance must be forced or stated: give "
                 "--spec-decode-acceptance-length (or a rate, or an acceptance profile)"
             )
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1")
+        for name in (
+            "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
+            "kv_cache_tokens",
+        ):  # fmt: skip
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        check_seed(self.seed)
+        for problem in self.step_cost.problems():
+            raise ConfigError(f"step_cost.{problem}")
+        check_device(self.device, self.dtype)
         k = spec.num_speculative_tokens if spec.enabled else 0
         if self.max_num_batched_tokens < self.max_model_len:
             raise ConfigError(

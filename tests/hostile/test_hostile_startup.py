@@ -423,3 +423,15 @@ def test_ctrl_c_while_starting_exits_130_quietly(when: float | str) -> None:
     assert proc.returncode == 130, err
     assert "Traceback" not in err, err
     assert len(message_lines(err)) <= 1, err
+
+
+def test_the_engine_itself_refuses_a_layer_subset_beyond_the_target() -> None:
+    """``Engine(config)`` from Python, with no ``check_models`` call before it, must refuse
+    ``layers:999`` instead of sizing a 999-layer KV pool."""
+    from speclens.engine import ConfigError, Engine, EngineConfig, SpeculativeConfig
+
+    spec = SpeculativeConfig(
+        method="draft_model", num_speculative_tokens=3, draft_model="layers:999"
+    )
+    with pytest.raises(ConfigError, match="the target has 4 layers"):
+        Engine(EngineConfig(speculative=spec, kv_cache_tokens=4096))

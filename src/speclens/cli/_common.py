@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -98,3 +100,20 @@ def cli_value(
     }
     data["source"] = "command line " + " ".join(flags[f] for f in flags if f in data)
     return validate(AcceptanceValue, data, "command line")
+
+
+@contextmanager
+def interrupt_deferred() -> Iterator[None]:
+    """Hold Ctrl-C until the block ends, then raise it: a KeyboardInterrupt raised while torch's
+    native extension is importing escapes as a C++ exception and aborts the process (SIGABRT)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+    if caught:
+        raise KeyboardInterrupt

@@ -6,14 +6,11 @@ is bound; forced acceptance logs its resolved schedule once.
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
 import logging
 import signal
 import sys
-import threading
-from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +19,7 @@ import typer
 from pydantic import BaseModel, ConfigDict
 
 from speclens.acceptance import ValidationError, validate
-from speclens.cli._common import REGISTRY_OPTION, fail, load_registry
+from speclens.cli._common import REGISTRY_OPTION, fail, interrupt_deferred, load_registry
 
 log = logging.getLogger("speclens.serve")
 
@@ -151,23 +148,6 @@ def _model_refusal(exc: Any, model: str) -> str:
     """``refused: --model X: what is wrong`` (or ``--draft-model``) for a ``ModelLoadError``."""
     flag = "--model" if exc.spec == model else "--draft-model"
     return f"refused: {flag} {exc.spec}: {str(exc).removeprefix(f'{exc.spec}: ')}"
-
-
-@contextlib.contextmanager
-def _interrupt_deferred() -> Iterator[None]:
-    """Hold Ctrl-C until the block ends, then raise it: a KeyboardInterrupt raised while torch's
-    native extension is importing escapes as a C++ exception and aborts the process (SIGABRT)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
-    if caught:
-        raise KeyboardInterrupt
 
 
 def _merge(flag: Any, key: str, config: dict[str, Any], name: str) -> Any:
@@ -312,7 +292,7 @@ def serve(
         rates = resolution.per_position_rates
     # The engine (and torch) load only once the command line is known to be well formed; the
     # server's modules load here too, so that a Ctrl-C meanwhile is held rather than swallowed.
-    with _interrupt_deferred():
+    with interrupt_deferred():
         import uvicorn  # noqa: F401
 
         import speclens.server  # noqa: F401

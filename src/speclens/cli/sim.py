@@ -19,6 +19,7 @@ from speclens.cli._common import (
     cli_value,
     err_console,
     fail,
+    interrupt_deferred,
     load_registry,
     out_console,
     reported,
@@ -119,7 +120,8 @@ def sim(
             runs=len(points),
         )
         reg = load_registry(registry)
-    from speclens.sim.simulate import simulate  # torch: only once the scenario is accepted
+    with interrupt_deferred():  # torch: only once the scenario is accepted
+        from speclens.sim.simulate import simulate
 
     pools = scenario.speculating
     spec = pools[0].engine.speculative if pools else None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from speclens.engine import logits as logits_ops
-from speclens.engine.config import EngineConfig
+from speclens.engine.config import ConfigError, EngineConfig, layer_subset
 from speclens.engine.drafters import DraftModelDrafter, NgramDrafter, Proposal, SimDrafter
 from speclens.engine.executor import SimExecutor, TorchExecutor
 from speclens.engine.kv_cache import BlockManager, blocks_for
@@ -125,7 +125,12 @@ class Engine:
         name = spec.draft_model or ("dummy-draft" if self.config.model == "dummy" else None)
         if draft is None and (name is None or name.startswith("layers:")):
             # A layer subset of the target: the first N layers, then its norm and LM head.
-            num_layers = int(name.split(":", 1)[1]) if name else max(1, self.target.num_layers // 4)
+            num_layers = layer_subset(name) or max(1, self.target.num_layers // 4)
+            if num_layers > self.target.num_layers:  # refused before its KV pool is sized by N
+                raise ConfigError(
+                    f"--draft-model {name}: the target has {self.target.num_layers} layers; "
+                    f"a layer subset takes 1 to {self.target.num_layers} of them"
+                )
             draft = self.target
         elif draft is None:
             assert name is not None

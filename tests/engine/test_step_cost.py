@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from speclens.engine import StepCost, StepRecord
@@ -61,3 +62,57 @@ def test_prefill_is_priced_apart_when_the_run_has_enough_of_both() -> None:
     # price of one more request is what it must get right.
     assert 6 * fitted.per_token + fitted.per_seq == pytest.approx(6 * 4e-5 + 2e-5, rel=1e-6)
     assert StepCost().prefill(100, 1, 100) == StepCost().verify(100, 1, 100)  # unset: as verify
+
+
+def _se(design: list[list[float]], sigma: float) -> np.ndarray:
+    """Standard errors of least-squares coefficients: sigma x sqrt(diag((X'X)^-1))."""
+    x = np.array(design, dtype=float)
+    return np.asarray(sigma * np.sqrt(np.diag(np.linalg.inv(x.T @ x))))
+
+
+def test_fit_recovers_known_coefficients_through_timing_noise() -> None:
+    """Steps priced by a known cost plus seeded Gaussian noise (as a timer adds): every
+    coefficient the design can identify comes back within 4.5 of its standard errors, which
+    follow from the noise and the design (two-sided false alarm ~7e-6 each), and each band is
+    narrow enough to catch a wrong fit (under 15% of the true value)."""
+    k, sigma_verify, sigma_draft = 5, 1e-4, 1e-4
+    truth = StepCost(base=3e-3, per_token=4e-5, per_seq=2e-5, per_context_token=3e-8,
+                     draft_base=6e-4, draft_per_token=7e-6, prefill_base=1e-3, prefill_per_token=2e-5)  # fmt: skip
+    rng = np.random.default_rng(11)
+    steps = []
+    for _ in range(4):
+        for batch in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32):
+            for context in (64, 256, 1024, 2048):
+                query, ctx = batch * (k + 1), context * batch
+                draft = k * truth.draft(batch) + rng.normal(0.0, sigma_draft)
+                verify = truth.verify(query, batch, ctx) + rng.normal(0.0, sigma_verify)
+                steps.append(StepRecord("decode", batch, query, ctx, verify + draft, draft))
+        for n in (16, 64, 128, 256, 512, 1024):
+            seconds = truth.prefill(n, 1, n) + rng.normal(0.0, sigma_verify)
+            steps.append(StepRecord("prefill", 1, n, n, seconds, 0.0))
+    fitted = StepCost.fit(steps, num_spec_tokens=k)
+
+    decode = [s for s in steps if s.kind == "decode"]
+    prefill = [s for s in steps if s.kind == "prefill"]
+    # Decode steps have query = (K + 1) x requests, so per-token and per-request prices are
+    # identified only as the price of one more request, (K + 1) x per_token + per_seq.
+    se_verify = _se([[1.0, s.num_requests, s.context_tokens] for s in decode], sigma_verify)
+    se_draft = _se([[1.0, s.num_requests] for s in decode], sigma_draft / k)
+    se_prefill = _se([[1.0, s.query_tokens] for s in prefill], sigma_verify)
+    checks = {
+        "base": (fitted.base, truth.base, se_verify[0]),
+        "per request": (
+            (k + 1) * fitted.per_token + fitted.per_seq,
+            (k + 1) * truth.per_token + truth.per_seq,
+            se_verify[1],
+        ),
+        "per_context_token": (fitted.per_context_token, truth.per_context_token, se_verify[2]),
+        "draft_base": (fitted.draft_base, truth.draft_base, se_draft[0]),
+        "draft_per_token": (fitted.draft_per_token, truth.draft_per_token, se_draft[1]),
+        "prefill_base": (fitted.prefill_base, truth.prefill_base, se_prefill[0]),
+        "prefill_per_token": (fitted.prefill_per_token, truth.prefill_per_token, se_prefill[1]),
+    }
+    for name, (got, want, se) in checks.items():
+        assert want is not None and got is not None, name
+        assert 4.5 * se < 0.15 * want, (name, se, want)  # the band can tell a wrong fit
+        assert abs(got - want) < 4.5 * se, (name, got, want, se)

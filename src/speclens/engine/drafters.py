@@ -1,7 +1,8 @@
 """Drafters: who proposes up to K tokens per request each step.
 
-- ``NgramDrafter`` (prompt lookup, no model): find the latest earlier occurrence of the context's
-  last n tokens (n from ``ngram_max`` down to ``ngram_min``) and propose what followed it.
+- ``NgramDrafter`` (prompt lookup, no model): vLLM's rule. The longest suffix of the context
+  (prompt and output so far, n from ``ngram_max`` down to ``ngram_min``) that occurs earlier; of
+  its occurrences the earliest wins; propose up to K tokens that followed it.
 - ``DraftModelDrafter``: a second, smaller model (or a layer subset of the target) run
   autoregressively K times against its own KV pool, optionally stopping a request early when its
   confidence falls below a threshold (the confidence schedule).
@@ -13,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
 
 from speclens.engine import logits as logits_ops
 from speclens.engine.batch import build_batch
@@ -38,10 +41,18 @@ def _one_hot(token_ids: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 class NgramDrafter:
-    """Prompt-lookup drafting: no model, no KV."""
+    """Prompt-lookup drafting: no model, no KV. Follows vLLM 0.32.0's n-gram proposer exactly
+    (``vllm/v1/spec_decode/ngram_proposer.py``), so a profile measured here is what vLLM measures.
+    """
 
     def __init__(
-        self, k: int, vocab_size: int, ngram_max: int = 3, ngram_min: int = 1, fill: bool = False
+        self,
+        k: int,
+        vocab_size: int,
+        ngram_max: int = 3,
+        ngram_min: int = 1,
+        fill: bool = False,
+        max_model_len: int | None = None,
     ) -> None:
         self.k = k
         self.vocab_size = vocab_size
@@ -50,19 +61,41 @@ class NgramDrafter:
         #: Always propose K tokens, repeating the last one after a short (or no) match. Forced
         #: acceptance needs this: a schedule cannot accept drafts that were never proposed.
         self.fill = fill
+        #: Drafts never run past the context limit (None: no limit).
+        self.max_model_len = max_model_len
 
     def prefill(self, requests: Sequence[Request]) -> None:
         """Nothing to compute."""
 
     def lookup(self, tokens: Sequence[int]) -> list[int]:
-        """Up to K tokens that followed the latest earlier occurrence of the context's suffix."""
-        n_tokens = len(tokens)
-        for n in range(min(self.ngram_max, n_tokens - 1), self.ngram_min - 1, -1):
-            suffix = list(tokens[n_tokens - n :])
-            for start in range(n_tokens - n - 1, -1, -1):
-                if list(tokens[start : start + n]) == suffix:
-                    return list(tokens[start + n : start + n + self.k])
+        """vLLM's ``_find_longest_matched_ngram_and_propose_tokens``, without the KMP.
+
+        The longest n in [min, max] whose suffix occurs earlier with a token after it; the
+        earliest such occurrence; up to K tokens after it (fewer when the context ends first,
+        and no more than ``max_model_len - len(tokens)``). Nothing when the context is shorter
+        than ``ngram_min``.
+        """
+        total = len(tokens)
+        k = self.k if self.max_model_len is None else min(self.k, self.max_model_len - total)
+        if total < self.ngram_min or k <= 0:
+            return []
+        context = np.asarray(tokens, dtype=np.int64)
+        for n in range(min(self.ngram_max, total - 1), self.ngram_min - 1, -1):
+            # Windows start at 0..total-1-n: each occurrence has a token after it.
+            windows = sliding_window_view(context[: total - 1], n)
+            hits = np.flatnonzero((windows == context[total - n :]).all(axis=1))
+            if hits.size:
+                start = int(hits[0]) + n
+                return [int(t) for t in context[start : start + k]]
         return []
+
+    def room(self, num_tokens: int) -> int:
+        """Drafts a step can verify: vLLM's scheduler keeps the step's last position inside
+        ``max_model_len`` (``vllm/v1/core/sched/scheduler.py``, ``schedule``), one fewer than the
+        proposer's own cap."""
+        if self.max_model_len is None:
+            return self.k
+        return max(0, min(self.k, self.max_model_len - 1 - num_tokens))
 
     def propose(
         self, requests: Sequence[Request], want_probs: bool, device: torch.device
@@ -70,9 +103,11 @@ class NgramDrafter:
         ids = torch.zeros((len(requests), self.k), dtype=torch.int64)
         counts = torch.zeros(len(requests), dtype=torch.int64)
         for b, request in enumerate(requests):
-            found = self.lookup(request.prompt_token_ids + request.output_token_ids)
+            tokens = request.prompt_token_ids + request.output_token_ids
+            room = self.room(len(tokens))
+            found = self.lookup(tokens)[:room]
             if self.fill:
-                found += [(found or [request.last_token])[-1]] * (self.k - len(found))
+                found += [(found or [request.last_token])[-1]] * (room - len(found))
             if found:
                 ids[b, : len(found)] = torch.tensor(found)
                 counts[b] = len(found)

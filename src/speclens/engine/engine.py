@@ -119,7 +119,12 @@ class Engine:
         if spec.method == "ngram":
             # Forced acceptance needs K drafts every step: fill a short lookup up to K.
             return NgramDrafter(
-                self.k, self.vocab_size, spec.ngram_max, spec.ngram_min, fill=spec.forced
+                self.k,
+                self.vocab_size,
+                spec.ngram_max,
+                spec.ngram_min,
+                fill=spec.forced,
+                max_model_len=self.config.max_model_len,
             )
         num_layers: int | None = None
         name = spec.draft_model or ("dummy-draft" if self.config.model == "dummy" else None)

@@ -216,3 +216,21 @@ def test_engine_drafts_right_after_prefill_from_prompt_and_output() -> None:
         ).tolist()
         assert drafts == full[: max(0, 64 - 1 - len(context))]
     assert out.outputs[0].acceptance.num_spec_steps == sum(1 for _, d in seen if d)
+
+
+@pytest.mark.parametrize(
+    ("given", "want"),
+    [
+        ({}, (5, 5)),
+        ({"prompt_lookup_max": 4}, (4, 4)),
+        ({"prompt_lookup_min": 2}, (2, 2)),
+        ({"prompt_lookup_min": 2, "prompt_lookup_max": 4}, (2, 4)),
+    ],
+)
+def test_serve_defaults_are_vllms(given: dict[str, int], want: tuple[int, int]) -> None:
+    """``vllm/config/speculative.py`` (``SpeculativeConfig.__post_init__``, method ngram):
+    neither length given, 5 and 5; one given, it sets the other. ``speclens serve
+    --speculative-config`` reads the same keys the same way."""
+    from speclens.cli.serve import _prompt_lookup
+
+    assert _prompt_lookup(given) == want

@@ -54,6 +54,16 @@ class _SpeculativeJSON(BaseModel):
     prompt_lookup_min: int | None = None
 
 
+def _prompt_lookup(spec_json: dict[str, Any]) -> tuple[int, int]:
+    """(min, max) n-gram lengths with vLLM's defaults (``vllm/config/speculative.py``): neither
+    given, 5 and 5; one given, it sets both (a bad minimum alone is refused under its own name)."""
+    lo: int | None = spec_json.get("prompt_lookup_min")
+    hi: int | None = spec_json.get("prompt_lookup_max")
+    if hi is None:
+        return (5, 5) if lo is None else (lo, max(lo, 1))
+    return (hi if lo is None else lo), hi
+
+
 def _speculative_json(text: str | None) -> dict[str, Any]:
     if not text:
         return {}
@@ -306,6 +316,7 @@ def serve(
         from speclens.engine.weights import check_models
 
     cost = _step_cost(step_cost, StepCost)
+    lookup_min, lookup_max = _prompt_lookup(spec_json)
     try:
         spec = SpeculativeConfig(
             method=method,
@@ -315,8 +326,8 @@ def serve(
             acceptance_rates=rates,
             confidence_schedule=confidence_schedule,
             draft_model=draft_model,
-            ngram_max=spec_json.get("prompt_lookup_max", 3),
-            ngram_min=spec_json.get("prompt_lookup_min", 1),
+            ngram_max=lookup_max,
+            ngram_min=lookup_min,
             seed=seed,
         )
         config = EngineConfig(

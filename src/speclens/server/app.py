@@ -348,6 +348,8 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
         out = await _final(request, q, request_id)
         if out is None:
             return Response(status_code=499)
+        # vLLM's ``return_token_ids``: the generated ids, so a client can compare tokens.
+        with_ids = (body.model_extra or {}).get("return_token_ids") is True
         choices = [
             {
                 "index": c.index,
@@ -358,6 +360,7 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
                 ),
                 "logprobs": None,
                 "finish_reason": c.finish_reason,
+                **({"token_ids": list(c.token_ids)} if with_ids else {}),
                 **_stats_fields(out, c.index),
             }
             for c in out.outputs

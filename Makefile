@@ -6,7 +6,7 @@ EXTRAS ?= dev,engine
 # The CPU build of PyTorch; override (e.g. TORCH=torch) to let pip choose.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test lint format clean
+.PHONY: demo test test-peers lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest
+
+# The peer tier: speclens against a real vLLM (CPU build), separate from `test` because it builds a
+# pinned vLLM environment (once, cached outside the checkout) and starts vLLM (about a minute).
+# An environment that cannot be built fails here, loudly; nothing is skipped.
+test-peers: $(VENV)/.installed
+	$(BIN)/python tests/peers/vllm_env.py
+	$(BIN)/python -m pytest tests/peers --timeout 900
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests benchmarks

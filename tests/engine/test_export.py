@@ -95,6 +95,12 @@ def assert_same_as_speclens(
             )[0, len(ids) :].tolist()
         assert theirs == ours[0].outputs[0].token_ids, prompt
         assert hf_tokenizer.decode(theirs, skip_special_tokens=True) == ours[0].outputs[0].text
+    # and speclens reads its own export back: the same tensors, prompt and ids
+    reloaded, reloaded_tokenizer = load_model(str(directory))
+    original = model.state_dict()
+    assert all(torch.equal(t, original[n]) for n, t in reloaded.state_dict().items())
+    assert reloaded_tokenizer.apply_chat_template(messages) == text
+    assert reloaded_tokenizer.encode(text) == ids
 
 
 # --- dummy ------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ try:
     import typer
 
     from speclens import __version__
-    from speclens.cli import bench, demo, export, measure, profiles, serve, sim
+    from speclens.cli import bench, demo, export, lossless, measure, profiles, serve, sim
 except KeyboardInterrupt:  # the console script imports this module before main() runs
     raise SystemExit(INTERRUPTED) from None
 
@@ -33,6 +33,7 @@ app.command("bench")(bench.bench)
 app.command("measure")(measure.measure)
 app.command("sim")(sim.sim)
 app.command("export")(export.export)
+app.command("lossless")(lossless.lossless)
 
 
 def _version(value: bool) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 
 from speclens.acceptance import AcceptanceHistogram
 from speclens.bench.client import RequestRecord, RunResult
+from speclens.bench.server import MAX_POSITIONS
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
 
@@ -128,11 +129,19 @@ def acceptance(records: Sequence[RequestRecord]) -> dict[str, Any]:
     inconsistent = [
         {"index": r.index, "problem": p} for r in with_stats if (p := consistency_problem(r))
     ]
+    k = next(
+        (r.spec["num_spec_tokens"] for r in with_stats if r.spec and r.spec.get("num_spec_tokens")),
+        None,
+    )
+    # Steps whose first p + 1 drafts were accepted, p = 0..K-1 (vLLM's per-position counter);
+    # K and j come from the wire, so the width is bounded.
+    width = min(max(k or 0, *pooled.counts, 0), MAX_POSITIONS)
+    per_position = [sum(n for j, n in pooled if j > p) for p in range(width)]
     return {
         "requests_with_stats": len(with_stats),
         "detection": dict(statuses),
         "adapters": sorted({r.spec_adapter for r in with_stats if r.spec_adapter}),
-        "num_spec_tokens": next((r.spec["num_spec_tokens"] for r in with_stats if r.spec and r.spec.get("num_spec_tokens")), None),
+        "num_spec_tokens": k,
         "per_request_al": distribution(r.spec["mean_acceptance_length"] for r in with_stats if r.spec and r.spec["num_spec_steps"]),
         "per_request_draft_acceptance_rate": distribution(
             r.spec["draft_acceptance_rate"] for r in with_stats if r.spec and r.spec["num_draft_tokens"]
@@ -144,6 +153,8 @@ def acceptance(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "draft_tokens": drafted,
         "accepted_tokens": accepted,
         "histogram": {str(j): n for j, n in pooled.counts.items()},
+        "accepted_per_position": per_position,
+        "per_position_rates": [n / steps for n in per_position] if steps else None,
         "zero_step_requests": sum(1 for r in with_stats if r.spec and r.spec["num_spec_steps"] == 0),
         "al_by_category": {
             c: {"al": h.acceptance_length, "verify_steps": h.num_steps}

@@ -14,19 +14,34 @@ VLLM = {
     "draft_tokens": "vllm:spec_decode_num_draft_tokens",
     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
+#: vLLM's accepted drafts by draft position (label ``position``, 0-based).
+VLLM_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+#: Positions read from ``VLLM_PER_POSITION``; a label outside 0..MAX_POSITIONS-1 is ignored.
+MAX_POSITIONS = 64
 
 
 def parse_metrics(text: str) -> dict[str, Any] | None:
-    """vLLM's counters, or ATOM's names, from Prometheus text; None when neither is there."""
+    """vLLM's counters, or ATOM's names, from Prometheus text; None when neither is there.
+
+    Samples are summed over their labels (vLLM's ``engine``), and vLLM's per-position counter
+    becomes ``accepted_per_position`` {position: count}."""
     sums: dict[str, float] = {}
+    per_position: dict[int, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name.endswith("_created"):
                 continue
             name = sample.name.removesuffix("_total")  # exporters differ on where _total goes
             sums[name] = sums.get(name, 0.0) + sample.value
+            position = sample.labels.get("position", "")
+            digits = len(position) <= 4 and position.isascii() and position.isdigit()
+            if name == VLLM_PER_POSITION and digits and int(position) < MAX_POSITIONS:
+                p = int(position)
+                per_position[p] = per_position.get(p, 0.0) + sample.value
     if all(name in sums for name in VLLM.values()):
         out: dict[str, Any] = {key: sums[name] for key, name in VLLM.items()}
+        if per_position:
+            out["accepted_per_position"] = per_position
         return out | {"source": "metrics:vllm"}
     if "atom:mtp_decode_steps" in sums and "atom:mtp_accepted_tokens" in sums:
         return {
@@ -182,7 +197,7 @@ def cross_check(
             flags.append(
                 f"server counted {mine[key] - value:g} fewer {key} than the client's requests report"
             )
-    return {
+    out = {
         "available": True,
         "unreadable_after": False,
         "source": after.get("source"),
@@ -191,4 +206,38 @@ def cross_check(
         "server_al": 1.0 + delta["accepted_tokens"] / delta["drafts"] if delta["drafts"] else None,
         "consistent": not flags,
         "flags": flags,
+    }
+    per_position = _per_position(before, after, client, delta["drafts"])
+    if per_position is not None:
+        out["per_position"] = per_position
+        if per_position["server_accepted"] != per_position["client_accepted"]:
+            flags.append(
+                f"server's accepted drafts by position {per_position['server_accepted']} differ "
+                f"from the client's requests' {per_position['client_accepted']}"
+            )
+            out["consistent"] = False
+    return out
+
+
+def _per_position(
+    before: dict[str, Any], after: dict[str, Any], client: dict[str, Any], drafts: float
+) -> dict[str, Any] | None:
+    """Accepted drafts by position over the run, server's and client's, and the rates each gives
+    (accepted at position i over verify steps: vLLM's per-position acceptance rate)."""
+    if "accepted_per_position" not in after or "accepted_per_position" not in before:
+        return None
+    gained = {
+        p: n - before["accepted_per_position"].get(p, 0.0)
+        for p, n in after["accepted_per_position"].items()
+    }
+    mine = list(client.get("accepted_per_position") or [])
+    k = max(len(mine), max(gained, default=-1) + 1)
+    server = [gained.get(p, 0.0) for p in range(k)]
+    mine += [0] * (k - len(mine))
+    steps = client["verify_steps"]
+    return {
+        "server_accepted": server,
+        "client_accepted": mine,
+        "server_rates": [n / drafts for n in server] if drafts else None,
+        "client_rates": [n / steps for n in mine] if steps else None,
     }

@@ -30,9 +30,11 @@ from speclens.cli import app
 SPEC_BENCH = Path(__file__).parents[2] / ".." / "shared" / "data" / "spec-bench" / "question.jsonl"
 #: One prompt per Spec-Bench category (13), taken round robin by the command.
 GREEDY_PROMPTS = 13
+#: Prompts that repeat themselves, so the n-gram drafter proposes from the first decode step on:
+#: a prompt without a match gets no drafts, and its samples never meet the broken verification.
 SAMPLED_PROMPTS = (
-    "--prompt", "Once upon a time, in a small village by the sea,",
-    "--prompt", "The three primary colors are",
+    "--prompt", "The cat sat on the mat. The cat sat on the mat. The cat sat on the",
+    "--prompt", "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3,",
 )  # fmt: skip
 #: Loading SmolLM2 on a loaded 2-core machine.
 STARTUP_TIMEOUT_S = 240.0

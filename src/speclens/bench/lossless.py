@@ -248,6 +248,14 @@ class Sampler:
         self._probed = False
 
     async def _post(self, body: dict[str, Any]) -> tuple[int, bytes]:
+        """One request, sent again once if the server closed a kept-alive connection as it went
+        out (the same seed asks for the same sample, so the retry does not bias anything)."""
+        try:
+            return await self._post_once(body)
+        except aiohttp.ServerDisconnectedError:
+            return await self._post_once(body)
+
+    async def _post_once(self, body: dict[str, Any]) -> tuple[int, bytes]:
         async with self.session.post(
             self.url, data=orjson.dumps(body), headers=self.headers
         ) as resp:
@@ -461,8 +469,13 @@ def judge(
     config: LosslessConfig, server: list[list[Sample]], reference: list[list[Sample]]
 ) -> LosslessReport:
     """The verdict on samples already collected (``server[p]``, ``reference[p]``: prompt p's)."""
-    every = [s for group in server + reference for s in group]
-    failed = [s for s in every if s.error is not None]
+    failed = [
+        f"{side} prompt {p} sample {i}: {s.error}"
+        for side, groups in (("server", server), ("reference", reference))
+        for p, group in enumerate(groups)
+        for i, s in enumerate(group)
+        if s.error is not None
+    ]
     mode = _mode(*server, *reference)
     unit = "token" if mode == "tokens" else "character"
     greedy = config.temperature == 0
@@ -474,7 +487,7 @@ def judge(
         samples=1 if greedy else config.samples,
         passed=False,
         failed_requests=len(failed),
-        errors=[s.error for s in failed[:5] if s.error],
+        errors=failed[:5],
     )
     if greedy:
         report.compared = (

@@ -133,7 +133,7 @@ def lossless(
     ),
     seed: int = typer.Option(0, "--seed", help="First request seed; every request has its own."),
     concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight per server."),
-    timeout: float = typer.Option(600.0, "--timeout", help="Seconds for the whole run."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds per request."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     output: Path | None = typer.Option(None, "--output", help="Write the JSON report here."),
 ) -> None:

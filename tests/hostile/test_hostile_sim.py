@@ -49,32 +49,43 @@ def _sim(*args: object, timeout: float = 60) -> tuple[int, list[str], str, float
     return code, err, out, seconds
 
 
+#: Runs ``speclens`` and, at exit, writes its own peak resident memory (VmHWM, KiB) to argv[1].
+#: VmHWM belongs to the process's address space since exec; ``ru_maxrss`` would not do: Linux
+#: folds the forking parent's resident size into the child's at exec.
+_MEASURED = """
+import atexit, sys
+out = sys.argv.pop(1)
+def peak():
+    with open("/proc/self/status") as status:
+        kib = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    with open(out, "w") as f:
+        f.write(kib)
+atexit.register(peak)
+from speclens.cli import main
+main()
+"""
+
+
 def _sim_measured(*args: object, timeout: float) -> tuple[int, list[str], str, float, int]:
-    """``_sim``, plus the child's own peak resident memory in KiB (``wait4`` reaps this child
-    alone, so other tests' children cannot count)."""
-    start = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "speclens", "sim", *map(str, args)],
-            stdout=out,
-            stderr=err,
+    """``_sim``, plus the child's own peak resident memory in KiB."""
+    with tempfile.TemporaryDirectory() as tmp:
+        peak = Path(tmp) / "peak"
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-c", _MEASURED, str(peak), "sim", *map(str, args)],
+            capture_output=True,
             text=True,
+            timeout=timeout,
             env={**os.environ, "COLUMNS": "400"},
         )
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() - start > timeout:
-                proc.kill()
-                _, status, usage = os.wait4(proc.pid, 0)
-                raise subprocess.TimeoutExpired(proc.args, timeout)
-            time.sleep(0.02)
-        proc.returncode = os.waitstatus_to_exitcode(status)
         seconds = time.perf_counter() - start
-        out.seek(0)
-        err.seek(0)
-        return proc.returncode, err.read().splitlines(), out.read(), seconds, usage.ru_maxrss
+        return (
+            proc.returncode,
+            proc.stderr.splitlines(),
+            proc.stdout,
+            seconds,
+            int(peak.read_text()),
+        )
 
 
 # ------------------------------------------------------------------------------ item 2: bounds

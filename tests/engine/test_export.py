@@ -19,9 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
+from enginekit import prefill_logits
 from speclens.engine import Engine, EngineConfig, SamplingParams
 from speclens.engine.export import export_model, write_hf_dir
-from speclens.engine.model import ForwardBatch, KVPool, LlamaModel
+from speclens.engine.model import LlamaModel
 from speclens.engine.tokenizer import ByteTokenizer, Tokenizer
 from speclens.engine.weights import load_model, smollm2_gguf_path
 
@@ -54,17 +55,6 @@ def hf_load(directory: Path) -> tuple[Any, Any]:
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
     return model.eval(), tokenizer
-
-
-def prefill_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
-    """speclens's logits [n, V] of one sequence, prefilled in one forward."""
-    n = len(ids)
-    positions = torch.arange(n)[None]
-    kv = KVPool(model.config, model.num_layers, -(-n // 16), 16, torch.float32, torch.device("cpu"))
-    causal = (torch.arange(n)[None, :] <= torch.arange(n)[:, None])[None, None]
-    batch = ForwardBatch(torch.tensor([ids]), positions, positions.clone(), positions, causal)
-    with torch.no_grad():
-        return model.logits(model(batch, kv))[0]
 
 
 def assert_same_as_speclens(

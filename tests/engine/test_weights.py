@@ -12,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from speclens.engine.model import ForwardBatch, KVPool, LlamaModel, ModelConfig
+from enginekit import prefill_logits
+from speclens.engine.model import LlamaModel, ModelConfig
 from speclens.engine.tokenizer import ByteTokenizer, HFTokenizer, bytes_to_unicode
 from speclens.engine.weights import (
     DUMMY_DRAFT,
@@ -39,17 +40,6 @@ def small_config(tie: bool = True) -> ModelConfig:
         bos_token_id=256,
         eos_token_id=257,
     )
-
-
-def prefill_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
-    """Logits [n, V] of one sequence, prefilled in one forward."""
-    n = len(ids)
-    positions = torch.arange(n)[None]
-    kv = KVPool(model.config, model.num_layers, -(-n // 16), 16, torch.float32, torch.device("cpu"))
-    causal = (torch.arange(n)[None, :] <= torch.arange(n)[:, None])[None, None]
-    batch = ForwardBatch(torch.tensor([ids]), positions, positions.clone(), positions, causal)
-    with torch.no_grad():
-        return model.logits(model(batch, kv))[0]
 
 
 IDS = [256, *b"Speculative decoding, byte by byte."]

@@ -101,14 +101,14 @@ async def run_bench(
 
     async def snapshot() -> None:
         nonlocal before, why_before
-        before, why_before = await read_counters(config.url, config.api_key)
+        before, why_before = await read_counters(config.url, config.api_key, config.model)
 
     try:
         result = await generator.run(before_measure=snapshot)
     finally:
         if handler:
             loop.remove_signal_handler(signal.SIGINT)
-    after, why_after = await read_counters(config.url, config.api_key)
+    after, why_after = await read_counters(config.url, config.api_key, config.model)
     figures = _summarize(result, slo)
     acceptance = figures["acceptance"]
     warnings = []

@@ -20,16 +20,25 @@ VLLM_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 MAX_POSITIONS = 64
 
 
-def parse_metrics(text: str) -> dict[str, Any] | None:
+def parse_metrics(text: str, model: str | None = None) -> dict[str, Any] | None:
     """vLLM's counters, or ATOM's names, from Prometheus text; None when neither is there.
 
     Samples are summed over their labels (vLLM's ``engine``), and vLLM's per-position counter
-    becomes ``accepted_per_position`` {position: count}."""
+    becomes ``accepted_per_position`` {position: count}. With ``model``, and when some sample is
+    labelled ``model_name="<model>"``, only the samples of that model (or with no ``model_name``)
+    count: one server may serve several models, and the run loaded one of them."""
+    families = list(text_string_to_metric_families(text))
+    named = {
+        s.labels["model_name"] for f in families for s in f.samples if "model_name" in s.labels
+    }
+    only = model if model is not None and model in named else None
     sums: dict[str, float] = {}
     per_position: dict[int, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in families:
         for sample in family.samples:
             if sample.name.endswith("_created"):
+                continue
+            if only is not None and sample.labels.get("model_name", only) != only:
                 continue
             name = sample.name.removesuffix("_total")  # exporters differ on where _total goes
             sums[name] = sums.get(name, 0.0) + sample.value
@@ -79,12 +88,13 @@ async def _get(
 
 
 async def read_counters(
-    base_url: str, api_key: str | None = None
+    base_url: str, api_key: str | None = None, model: str | None = None
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The server's acceptance counters (/metrics first, then /debug/mtp_stats), or None and
-    why: a dead server and one that exposes no counters call for different conclusions."""
+    why: a dead server and one that exposes no counters call for different conclusions.
+    ``model`` keeps vLLM's counters to that served model (see ``parse_metrics``)."""
     try:
-        counters = await _scrape(base_url, api_key)
+        counters = await _scrape(base_url, api_key, model)
     except Unreachable as exc:
         return None, f"server unreachable ({exc})"
     if counters is None:
@@ -92,12 +102,14 @@ async def read_counters(
     return counters, None
 
 
-async def scrape(base_url: str, api_key: str | None = None) -> dict[str, Any] | None:
+async def scrape(
+    base_url: str, api_key: str | None = None, model: str | None = None
+) -> dict[str, Any] | None:
     """The server's acceptance counters, or None when they cannot be read."""
-    return (await read_counters(base_url, api_key))[0]
+    return (await read_counters(base_url, api_key, model))[0]
 
 
-async def _scrape(base_url: str, api_key: str | None) -> dict[str, Any] | None:
+async def _scrape(base_url: str, api_key: str | None, model: str | None) -> dict[str, Any] | None:
     base = base_url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     timeout = aiohttp.ClientTimeout(total=10)
@@ -105,7 +117,7 @@ async def _scrape(base_url: str, api_key: str | None) -> dict[str, Any] | None:
         status, body = await _get(session, base + "/metrics", headers)
         if status == 200:
             try:
-                parsed = parse_metrics(body.decode("utf-8", errors="replace"))
+                parsed = parse_metrics(body.decode("utf-8", errors="replace"), model)
             except ValueError:
                 parsed = None
             if parsed is not None:

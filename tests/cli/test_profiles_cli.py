@@ -176,6 +176,46 @@ def test_list_with_a_user_registry(run_cli, tmp_path):
     assert "mine" in out and "tiny" in out and "1.9" in out
 
 
+def test_resolve_prints_the_draft_coverage_a_profile_states(run_cli, tmp_path):
+    """Human and --json output carry the coverage, and say whether it was stated."""
+    (tmp_path / "acceptance").mkdir()
+    (tmp_path / "acceptance" / "mine.yaml").write_text(
+        "kind: AcceptanceProfileSet\nname: mine\nprofiles:\n"
+        "  - {model: tiny, speculative_method: ngram, num_spec_tokens: 4, thinking: 'off',"
+        " category: chat, acceptance_length: 1.46, draft_coverage: 0.386, method: assumed,"
+        " rationale: a guess}\n"
+        "  - {model: tiny, speculative_method: ngram, num_spec_tokens: 4, thinking: 'off',"
+        " category: code, acceptance_length: 1.9, method: assumed, rationale: a guess}\n"
+    )
+    args = ["profiles", "resolve", "--model", "tiny", "--method", "ngram", "-k", "4",
+            "--thinking", "off", "--registry", tmp_path]  # fmt: skip
+    code, out, err = run_cli(*args, "--category", "chat", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert (res["draft_coverage"], res["draft_coverage_stated"]) == (0.386, True)
+    code, out, err = run_cli(*args, "--category", "chat")
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("draft coverage"))
+    assert line.split(maxsplit=2)[2].rstrip() == "0.386 of decode steps draft  (stated)"
+    code, out, err = run_cli(*args, "--category", "code", "--json")
+    res = json.loads(out)
+    assert (res["draft_coverage"], res["draft_coverage_stated"]) == (1.0, False)
+    code, out, err = run_cli(*args, "--category", "code")
+    line = next(x for x in out.splitlines() if x.startswith("draft coverage"))
+    assert line.split(maxsplit=2)[2].rstrip() == (
+        "1 of decode steps draft  (not stated: every step drafts)"
+    )
+
+
+def test_schema_shows_the_draft_coverage_field(run_cli):
+    code, out, _ = run_cli("profiles", "schema")
+    assert code == 0
+    field = json.loads(out)["$defs"]["Profile"]["properties"]["draft_coverage"]
+    assert {"type": "number", "exclusiveMinimum": 0, "maximum": 1}.items() <= field["anyOf"][
+        0
+    ].items()
+
+
 def test_schema_is_json_schema_of_the_set(run_cli):
     code, out, _ = run_cli("profiles", "schema")
     assert code == 0

@@ -34,6 +34,8 @@ from speclens.acceptance.schema import (
 
 Layer = Literal["registry", "workload", "scenario", "cli"]
 LAYERS: tuple[Layer, ...] = ("registry", "workload", "scenario", "cli")
+#: Coverage when none is stated: every decode step drafts (forced and model-based drafters).
+FULL_COVERAGE = 1.0
 
 
 class Resolution(BaseModel):
@@ -60,6 +62,9 @@ class Resolution(BaseModel):
     measured_on: str | None = None
     #: True when the rates were derived with the minimum-variance schedule, not stated.
     rates_derived: bool
+    #: The share of decode steps that draft (AL counts only those); 1.0 unless stated.
+    draft_coverage: float = FULL_COVERAGE
+    draft_coverage_stated: bool = False
 
     @property
     def acceptance_rate(self) -> float:
@@ -90,6 +95,8 @@ def _from_value(layer: Layer, value: AcceptanceValue) -> Resolution:
         layer=layer,
         source=value.source,
         rates_derived=stated is None,
+        draft_coverage=FULL_COVERAGE if value.draft_coverage is None else value.draft_coverage,
+        draft_coverage_stated=value.draft_coverage is not None,
     )
 
 
@@ -124,6 +131,8 @@ def _from_profile(
         fallback_category=replaced,
         measured_on=measured_on,
         rates_derived=stated is None,
+        draft_coverage=FULL_COVERAGE if profile.draft_coverage is None else profile.draft_coverage,
+        draft_coverage_stated=profile.draft_coverage is not None,
     )
 
 

@@ -209,6 +209,13 @@ def _rate(value: float) -> float:
     return value
 
 
+def _draft_coverage(value: object) -> object:
+    """Checked before pydantic's own type check, so every wrong value reads the same way."""
+    if not (is_finite_number(value) and 0 < value <= 1):  # type: ignore[operator]
+        raise _fail(f"expected a number in (0, 1], got {_describe(value)}")
+    return float(value)  # type: ignore[arg-type]
+
+
 def _category(value: str) -> str:
     if not _CATEGORY_RE.fullmatch(value):
         raise _fail(f"{_show(value)} is malformed: use lower-case letters, digits, '_' and '-'")
@@ -239,6 +246,18 @@ Category = Annotated[str, AfterValidator(_category), Field(pattern=CATEGORY_PATT
 Thinking = Annotated[ThinkingMode, BeforeValidator(_thinking)]
 AcceptanceLength = Annotated[float, AfterValidator(_finite_at_least_one)]
 Rate = Annotated[float, AfterValidator(_rate), Field(ge=0, le=1)]
+#: The share of decode request-steps that drafted at all (an n-gram drafter often finds no match).
+#: AL counts only the steps that drafted; absent means 1.0, as for forced and model drafters.
+DraftCoverage = Annotated[
+    float,
+    Field(
+        gt=0,
+        le=1,
+        description="The share of decode steps that drafted, in (0, 1]; AL counts only those. "
+        "Absent: 1.0.",
+    ),
+    BeforeValidator(_draft_coverage),  # after Field: the schema keeps the JSON Schema bounds
+]
 ProfileMethod = Annotated[Literal["measured", "copied", "assumed"], BeforeValidator(_method)]
 
 
@@ -370,6 +389,7 @@ class Profile(_Model):
     per_position_rates: list[Rate] | None = Field(
         None, description="K rates, each in [0, 1], non-increasing, summing to AL - 1 within 0.01."
     )
+    draft_coverage: DraftCoverage | None = None
     method: ProfileMethod = Field(description="How the value was obtained.")
     provenance: Provenance | None = Field(None, description="Required unless method is assumed.")
     rationale: NonEmptyStr | None = Field(None, description="Required unless method is measured.")
@@ -469,6 +489,7 @@ class AcceptanceValue(_Model):
     acceptance_length: AcceptanceLength | None = Field(None, description="AL, in [1, K + 1].")
     acceptance_rate: Rate | None = Field(None, description="(AL - 1) / K, in [0, 1].")
     per_position_rates: list[Rate] | None = Field(None, description="K rates, as for a profile.")
+    draft_coverage: DraftCoverage | None = None
     source: NonEmptyStr | None = Field(None, description="Where the value came from.")
 
     @classmethod

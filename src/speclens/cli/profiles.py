@@ -138,6 +138,11 @@ def describe(res: Resolution) -> list[tuple[str, str]]:
                 for j, p in accepted_count_distribution(res.per_position_rates).items()
             ),
         ),
+        (
+            "draft coverage",
+            f"{res.draft_coverage:g} of decode steps draft"
+            + ("  (stated)" if res.draft_coverage_stated else "  (not stated: every step drafts)"),
+        ),
         ("layer", res.layer),
     ]
     if res.profile:

@@ -12,7 +12,9 @@ token, then -1) and ``num_accepted`` [B] (accepted drafts per request, the seed'
 - ``synthetic``: accept position i with the forced schedule's conditional rate, stopping at the
   first rejection; accepted positions emit the draft's own ids, a rejection the target argmax.
 
-Everything stays on the tensors' device: no ``.item()``, ``.tolist()`` or ``.cpu()``.
+Everything stays on the tensors' device and no op waits for it: no host reads (``.item()``,
+``.tolist()``, ``.cpu()``, ``bool(t)``) and no data-dependent shapes (``nonzero``, boolean-mask
+indexing, ``unique``); tests/sampling/test_no_host_sync.py runs every method under a guard.
 """
 
 from __future__ import annotations

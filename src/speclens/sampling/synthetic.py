@@ -2,9 +2,9 @@
 
 The sampler walks draft positions in order and stops at the first rejection, so it draws against
 the conditional rates c_i = r_i / r_(i-1), computed once and cached per device. Its uniforms come
-from a dedicated generator on the device, re-seeded every step from a base seed plus a counter
-that advances once per step: every tensor-parallel rank that runs the same steps draws the same
-Philox stream, with no host-side draw, no host-to-device copy and no synchronisation.
+from a dedicated generator on the device, re-seeded every step with ``stream_seed(step)`` (``step``
+advances once per step): every tensor-parallel rank that runs the same steps draws the
+same Philox stream, with no host-side draw, no host-to-device copy and no synchronisation.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class SyntheticAcceptance:
         self.conditional: list[float] = conditional_rates(self.rates)
         self._seed = int(seed)
         self._base = _splitmix64(self._seed)
-        #: Steps drawn so far; the next draw re-seeds with ``seed + step``.
+        #: Steps drawn so far; the next draw re-seeds with ``stream_seed(step)``.
         self.step = 0
         self._conditional_on: dict[torch.device, torch.Tensor] = {}
         self._generators: dict[torch.device, torch.Generator] = {}
@@ -117,7 +117,7 @@ class SyntheticAcceptance:
         if prepared is None:
             prepared = self._prepare(device, width)
         generator, conditional = prepared
-        generator.manual_seed((self._base + self.step) & 0xFFFFFFFF)
+        generator.manual_seed(self.stream_seed(self.step))
         self.step += 1
         return (
             torch.rand((batch, width), generator=generator, device=generator.device) < conditional

@@ -270,6 +270,7 @@ CHOICE_KEYS = {
     "num_draft_tokens",
     "num_spec_steps",
     "num_spec_tokens",
+    "num_decode_steps",
 }
 PER_STEP_KEYS = {"per_step_accepted", "per_step_drafted"}
 
@@ -291,6 +292,7 @@ def check_choice_stats(stats: Any, level: str, k: int = K) -> dict[str, Any]:
     assert accepted == sum(int(j) * n for j, n in hist.items())
     assert stats["num_spec_tokens"] == k
     assert stats["num_draft_tokens"] == k * steps  # forced acceptance drafts all K every step
+    assert stats["num_decode_steps"] == steps  # so every decode step is a verify step
     assert stats["mean_acceptance_length"] == pytest.approx(1 + accepted / steps)
     assert stats["draft_acceptance_rate"] == pytest.approx(accepted / stats["num_draft_tokens"])
     if level == "detailed":

@@ -663,4 +663,5 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "completion_tokens": COMPLETION_TOKENS,
     "per_step_accepted": None,
     "per_step_drafted": None,
+    "num_decode_steps": None,
 }

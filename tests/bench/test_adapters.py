@@ -799,3 +799,57 @@ def test_fuzz_mutated_fixtures_never_raise(
         if not paths:
             break
     _check(responses)
+
+
+# --- decode steps: read when the engine reports them, never derived ------------------------------
+
+
+def _with_decode_steps(choice: object, root: object) -> Responses:
+    """Our server's response (both shapes, detailed) of a request with 7 decode steps, 5 of which
+    drafted: 1 prefill token + 2 undrafted steps + 5 verify steps emitting 9 accepted + 5 = 17."""
+    body = P.speclens_both_chat()[0]
+    body["usage"] = {"prompt_tokens": 24, "completion_tokens": 17, "total_tokens": 41}
+    for spec, value in (
+        (body["choices"][0]["speculative_decoding_stats"], choice),
+        (body["metrics"]["speculative_decoding"], root),
+    ):
+        if value is not None:
+            spec["num_decode_steps"] = value
+    return [body]
+
+
+def test_decode_steps_from_our_server_give_draft_coverage() -> None:
+    found = detect(_with_decode_steps(7, 7))
+    assert found.status == "ok", found.message
+    assert sorted(found.claimed_by) == ["vllm-per-choice-stats", "vllm-root-metrics"]
+    assert found.record is not None
+    assert found.record.num_decode_steps == 7
+    assert found.record.draft_coverage == 5 / 7
+    root = VLLMMetricsAdapter.adapt(_with_decode_steps(None, 7))
+    assert root is not None and root.num_decode_steps == 7
+
+
+def test_decode_steps_are_never_derived_from_vllm_payloads() -> None:
+    """vLLM 0.32 lists verify steps only (``RequestSpecDecodeMetrics.observe`` runs under
+    ``if scheduled_spec_token_ids``), so neither its per-step arrays nor usage give the count."""
+    for make in (P.vllm_completions_detailed, P.vllm_metrics_chat, P.trtllm_chat, P.sglang_chat):
+        found = detect(make())
+        assert found.status == "ok" and found.record is not None
+        assert found.record.num_decode_steps is None
+        assert found.record.draft_coverage is None
+
+
+def test_shapes_disagreeing_on_decode_steps_conflict() -> None:
+    found = detect(_with_decode_steps(7, 8))
+    assert found.status == "conflict" and found.record is None
+    assert found.message is not None and "num_decode_steps" in found.message
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [("7", "not an integer"), (True, "not an integer"), (-1, "out of range"), (4, "below")],
+)
+def test_bad_decode_steps_are_malformed(value: object, why: str) -> None:
+    for adapter in (VLLMSpecDecodeAdapter, VLLMMetricsAdapter):
+        record, message = adapter.diagnose(_with_decode_steps(value, value))
+        assert record is None and message is not None and why in message, message

@@ -43,6 +43,25 @@ def test_token_weighted_al_pools_steps_not_requests() -> None:
     assert figs["throughput"]["requests_per_s"] == pytest.approx(1.0)
 
 
+def test_draft_coverage_pools_steps_over_records_that_report_it() -> None:
+    """Pooled coverage = sum verify steps / sum decode steps over the records carrying decode
+    steps; tokens per decode step = 1 + accepted / decode steps over the same records."""
+    a = _record(0, {2: 1}, 6, 0.1, 1.0)  # 1 verify step of 3 decode steps
+    a.spec["num_decode_steps"] = 3
+    b = _record(1, {3: 3}, 14, 0.1, 1.0)  # 3 verify steps of 4 decode steps
+    b.spec["num_decode_steps"] = 4
+    c = _record(2, {1: 50}, 101, 0.1, 1.0)  # no decode steps reported: left out
+    acc = summarize(RunResult([a, b, c], 0.0, 1.0))["acceptance"]
+    assert acc["draft_coverage"] == (1 + 3) / (3 + 4)
+    assert acc["draft_coverage_requests"] == 2
+    assert acc["decode_steps"] == 7
+    assert acc["tokens_per_decode_step"] == 1 + (2 + 9) / 7
+    assert acc["verify_steps"] == 54  # AL still pools every record
+    none = summarize(RunResult([c], 0.0, 1.0))["acceptance"]
+    assert none["draft_coverage"] is None and none["draft_coverage_requests"] == 0
+    assert none["decode_steps"] is None and none["tokens_per_decode_step"] is None
+
+
 def test_warmup_is_excluded_from_every_figure() -> None:
     warm = _record(0, {0: 50}, 51, 5.0, 9.0)
     warm.warmup = True

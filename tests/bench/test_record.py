@@ -67,6 +67,31 @@ def test_optional_fields_default_to_none() -> None:
     assert rec.per_step_accepted is None and rec.per_step_drafted is None
 
 
+def test_decode_steps_give_draft_coverage() -> None:
+    """5 verify steps among 8 decode steps (3 drafted nothing): coverage 5 / 8."""
+    rec = make(num_decode_steps=8)
+    assert rec.num_decode_steps == 8
+    assert rec.draft_coverage == 5 / 8
+    assert SpecDecodeAcceptanceRecord.model_validate_json(rec.model_dump_json()) == rec
+    assert make().num_decode_steps is None and make().draft_coverage is None
+    assert make(num_decode_steps=5).draft_coverage == 1.0
+    no_steps = make(
+        mean_acceptance_length=1.0, draft_acceptance_rate=0.0, acceptance_histogram={},
+        num_accepted_draft_tokens=0, num_draft_tokens=0, num_spec_steps=0,
+        per_step_accepted=[], per_step_drafted=[], num_decode_steps=0,
+    )  # fmt: skip
+    assert no_steps.draft_coverage is None
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [(4, "num_decode_steps 4 is below num_spec_steps 5"), (-1, "greater than or equal"),
+     ("8", "valid integer"), (8.0, "valid integer"), (True, "valid integer")],
+)  # fmt: skip
+def test_bad_decode_steps_are_refused(value: object, match: str) -> None:
+    refused(match, num_decode_steps=value)
+
+
 def test_histogram_is_sparse_and_sorted() -> None:
     rec = make(acceptance_histogram={3: 2, 1: 1, 4: 0, 0: 1, 2: 1})
     assert list(rec.acceptance_histogram.items()) == [(0, 1), (1, 1), (2, 1), (3, 2)]

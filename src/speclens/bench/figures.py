@@ -109,6 +109,23 @@ def consistency_problem(record: RequestRecord) -> str | None:
     return None
 
 
+def coverage(with_stats: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Draft coverage pooled over the records that report decode steps: their verify steps over
+    their decode steps, and tokens per decode step 1 + accepted / decode steps (what a target
+    forward after prefill yields, steps that drafted nothing included). None without such records.
+    """
+    covered = [r.spec for r in with_stats if r.spec and r.spec.get("num_decode_steps") is not None]
+    decode = sum(spec["num_decode_steps"] for spec in covered)
+    spec_steps = sum(spec["num_spec_steps"] for spec in covered)
+    accepted = sum(spec["num_accepted_draft_tokens"] for spec in covered)
+    return {
+        "draft_coverage": spec_steps / decode if decode else None,
+        "draft_coverage_requests": len(covered),
+        "decode_steps": decode if covered else None,
+        "tokens_per_decode_step": 1 + accepted / decode if decode else None,
+    }
+
+
 def acceptance(records: Sequence[RequestRecord]) -> dict[str, Any]:
     with_stats = [r for r in records if r.spec is not None]
     pooled = AcceptanceHistogram()
@@ -161,6 +178,7 @@ def acceptance(records: Sequence[RequestRecord]) -> dict[str, Any]:
             for c, h in sorted(per_category.items())
         },
         "inconsistent_requests": inconsistent,
+        **coverage(with_stats),
     }  # fmt: skip
 
 

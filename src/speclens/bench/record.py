@@ -55,6 +55,10 @@ class SpecDecodeAcceptanceRecord(BaseModel):
     num_spec_tokens: Annotated[int, Field(ge=1, le=MAX_COUNT)] | None = Field(
         default=None, description="K, the per-step draft bound; None when the engine has none."
     )
+    num_decode_steps: Count | None = Field(
+        default=None,
+        description="Decode steps, drafted or not (verify steps included); None when not reported.",
+    )
     completion_tokens: Count | None = Field(
         default=None, description="From the response usage only; None when it carried none."
     )
@@ -99,6 +103,8 @@ class SpecDecodeAcceptanceRecord(BaseModel):
             )
         if accepted > drafted:
             out.append(f"{accepted} accepted draft tokens exceed {drafted} drafted")
+        if self.num_decode_steps is not None and self.num_decode_steps < steps:
+            out.append(f"num_decode_steps {self.num_decode_steps} is below num_spec_steps {steps}")
         if k is not None and hist.max_accepted > k:
             out.append(f"acceptance_histogram has a count at {hist.max_accepted} > K = {k}")
         out += self._per_step_problems()
@@ -147,6 +153,12 @@ class SpecDecodeAcceptanceRecord(BaseModel):
         if {j: n for j, n in sorted(Counter(acc).items())} != self.acceptance_histogram:
             out.append("acceptance_histogram is not the count of per_step_accepted")
         return out
+
+    @property
+    def draft_coverage(self) -> float | None:
+        """Verify steps over decode steps; None when decode steps are not reported or zero."""
+        decode = self.num_decode_steps
+        return self.num_spec_steps / decode if decode else None
 
     @property
     def histogram(self) -> AcceptanceHistogram:

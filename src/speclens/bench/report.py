@@ -77,6 +77,13 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     table.add_row("draft acceptance rate", _fmt(acc["draft_acceptance_rate"], 4))
     table.add_row("accepted per verify step", _fmt(acc["accepted_per_step"], 4))
     table.add_row("verify steps", str(acc["verify_steps"]))
+    if acc.get("draft_coverage_requests"):
+        table.add_row(
+            "draft coverage",
+            f"{_fmt(acc['draft_coverage'], 4)} of {acc['decode_steps']} decode steps "
+            f"({acc['draft_coverage_requests']} requests)",
+        )
+        table.add_row("tokens per decode step", _fmt(acc["tokens_per_decode_step"], 4))
     table.add_row(
         "histogram (accepted: steps)",
         ", ".join(f"{j}: {n}" for j, n in acc["histogram"].items()) or "-",

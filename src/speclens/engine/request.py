@@ -60,16 +60,24 @@ class Status(enum.Enum):
 
 @dataclass
 class RequestAcceptance:
-    """One request's speculative decoding: verify steps, drafts, accepted, per step."""
+    """One request's speculative decoding: decode steps, verify steps, drafts, accepted, per step.
+
+    A decode step is a target forward after the request's prefill; it is a verify step only when
+    it drafted at least one token, so ``per_step_*`` list verify steps alone (vLLM's convention)
+    and ``num_decode_steps`` also counts the steps that drafted nothing.
+    """
 
     num_spec_tokens: int | None = None
     histogram: AcceptanceHistogram = field(default_factory=AcceptanceHistogram)
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_decode_steps: int = 0
     per_step_accepted: list[int] = field(default_factory=list)
     per_step_drafted: list[int] = field(default_factory=list)
 
     def record(self, drafted: int, accepted: int) -> None:
+        """Count one decode step of this request."""
+        self.num_decode_steps += 1
         if drafted <= 0:
             return
         self.histogram.add(accepted)
@@ -81,6 +89,11 @@ class RequestAcceptance:
     @property
     def num_spec_steps(self) -> int:
         return len(self.per_step_accepted)
+
+    @property
+    def draft_coverage(self) -> float | None:
+        """Verify steps over decode steps; None before the first decode step."""
+        return self.num_spec_steps / self.num_decode_steps if self.num_decode_steps else None
 
     @property
     def mean_acceptance_length(self) -> float:

@@ -2,7 +2,9 @@
 
 ``SpecDecodeStats`` accumulates draft tokens, accepted tokens, verify steps, the accepted-count
 histogram and per-position accepted counts, and renders ``GET /debug/mtp_stats`` exactly. A
-request-step that proposed no drafts is not a verify step (as in vLLM's ``num_drafts``).
+request-step that proposed no drafts is not a verify step (as in vLLM's ``num_drafts``), but it is
+a decode step: ``num_decode_steps`` counts both, so ``draft_coverage`` says how often a step drafted
+(an n-gram drafter often finds nothing, and AL alone then overstates tokens per target forward).
 """
 
 from __future__ import annotations
@@ -13,10 +15,6 @@ from typing import Any
 from speclens.acceptance import AcceptanceHistogram
 
 
-def _round4(value: float) -> float:
-    return round(value, 4)
-
-
 class SpecDecodeStats:
     """Engine-wide (or per-request) speculative-decoding counters."""
 
@@ -24,6 +22,7 @@ class SpecDecodeStats:
         self.enabled = enabled
         self.num_spec_tokens = num_spec_tokens
         self.num_drafts = 0  # verify steps: request-steps that proposed at least one draft
+        self.num_decode_steps = 0  # every request-step after prefill, drafted or not
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.histogram = AcceptanceHistogram()
@@ -38,6 +37,7 @@ class SpecDecodeStats:
         for drafted, accepted in pairs:
             if drafted < 0 or not 0 <= accepted <= drafted:
                 raise ValueError(f"accepted {accepted} drafts of {drafted}")
+        self.num_decode_steps += len(pairs)
         for drafted, accepted in pairs:
             if drafted == 0:
                 continue
@@ -53,6 +53,7 @@ class SpecDecodeStats:
     def update(self, other: SpecDecodeStats) -> None:
         """Add another accumulator's counts into this one."""
         self.num_drafts += other.num_drafts
+        self.num_decode_steps += other.num_decode_steps
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
         self.histogram.update(other.histogram)
@@ -71,15 +72,27 @@ class SpecDecodeStats:
         """Accepted draft tokens over drafted tokens (0.0 before any draft)."""
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
+    @property
+    def draft_coverage(self) -> float | None:
+        """Decode steps that drafted over all decode steps (None before any decode step)."""
+        return self.num_drafts / self.num_decode_steps if self.num_decode_steps else None
+
     def mtp_stats(self) -> dict[str, Any]:
-        """The ``GET /debug/mtp_stats`` object, keyed exactly as the specification's."""
+        """The ``GET /debug/mtp_stats`` object: the seed's keys, plus ``draft_coverage``.
+
+        Where the seed's example is silent it follows ATOM's ``LLMEngine.get_mtp_statistics``:
+        floats unrounded, and a ratio over no steps reads 0.0 (``average_tokens_per_forward``
+        included). ``distribution`` stays sparse, as the seed's example shows it.
+        """
         fractions = self.histogram.fractions()
+        ran = self.num_drafts > 0
         return {
             "enabled": self.enabled,
             "total_draft_tokens": self.num_draft_tokens,
             "total_accepted_tokens": self.num_accepted_tokens,
-            "acceptance_rate": _round4(self.draft_acceptance_rate),
-            "average_tokens_per_forward": _round4(self.acceptance_length),
+            "acceptance_rate": self.draft_acceptance_rate,
+            "average_tokens_per_forward": self.acceptance_length if ran else 0.0,
             "distribution": {str(j): n for j, n in self.histogram.counts.items()},
-            "distribution_percent": {str(j): _round4(f) for j, f in fractions.items()},
+            "distribution_percent": {str(j): f for j, f in fractions.items()},
+            "draft_coverage": self.draft_coverage or 0.0,
         }

@@ -48,6 +48,12 @@ class _SpecDecodeCollector(Collector):
             "vllm:num_requests_waiting", "Requests waiting to be scheduled.", snap.num_waiting
         )
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", snap.kv_usage)
+        # No engine names this count; with vllm:spec_decode_num_drafts it gives draft coverage.
+        yield counter(
+            "speclens:decode_steps",
+            "Decode steps (request-steps after prefill), drafted or not.",
+            stats.num_decode_steps,
+        )
         if not stats.enabled:
             return
         # vLLM's counters: an InferenceX-style collector measures AL = 1 + d(accepted) / d(drafts).
@@ -73,13 +79,14 @@ class _SpecDecodeCollector(Collector):
             per_pos.add_metric([*value, str(position)], count)
         yield per_pos
         # ATOM's names, the same numbers /debug/mtp_stats reports.
+        mtp = stats.mtp_stats()
         yield gauge(
             "atom:mtp_average_tokens_per_forward",
-            "Realized acceptance length.",
-            stats.acceptance_length,
+            "Realized acceptance length (0 before any verify step).",
+            mtp["average_tokens_per_forward"],
         )
         yield gauge(
-            "atom:mtp_acceptance_rate", "Accepted over drafted tokens.", stats.draft_acceptance_rate
+            "atom:mtp_acceptance_rate", "Accepted over drafted tokens.", mtp["acceptance_rate"]
         )
         yield counter(
             "atom:mtp_accepted_tokens", "Draft tokens accepted.", stats.num_accepted_tokens
@@ -90,8 +97,10 @@ class _SpecDecodeCollector(Collector):
             "Verify steps by accepted draft tokens.",
             labels=[*labels, "accepted_tokens"],
         )
-        for accepted, count in stats.histogram.counts.items():
-            steps.add_metric([*value, str(accepted)], count)
+        # Dense over 0..K, zeros included, as ATOM's exporter (a series exists from the start).
+        counts = stats.histogram.counts
+        for accepted in sorted(set(range(stats.num_spec_tokens + 1)) | set(counts)):
+            steps.add_metric([*value, str(accepted)], counts.get(accepted, 0))
         yield steps
 
 

@@ -156,7 +156,11 @@ class ChatCompletionRequest(_Request):
 
 
 def choice_stats(acceptance: RequestAcceptance, level: StatsLevel) -> dict[str, Any] | None:
-    """The per-choice ``speculative_decoding_stats`` object (histogram keyed by strings)."""
+    """The per-choice ``speculative_decoding_stats`` object (histogram keyed by strings).
+
+    ``num_decode_steps`` (every decode step, drafted or not) extends vLLM's fields so a client can
+    tell draft coverage; the root shape carries it too.
+    """
     if level == "none" or acceptance.num_spec_tokens is None:
         return None
     out: dict[str, Any] = {
@@ -167,6 +171,7 @@ def choice_stats(acceptance: RequestAcceptance, level: StatsLevel) -> dict[str, 
         "num_draft_tokens": acceptance.num_draft_tokens,
         "num_spec_steps": acceptance.num_spec_steps,
         "num_spec_tokens": acceptance.num_spec_tokens,
+        "num_decode_steps": acceptance.num_decode_steps,
     }
     if level == "detailed":
         out["per_step_accepted"] = list(acceptance.per_step_accepted)
@@ -187,6 +192,7 @@ def root_metrics(acceptance: RequestAcceptance, level: StatsLevel) -> dict[str, 
         "mean_acceptance_length": acceptance.mean_acceptance_length,
         "draft_acceptance_rate": acceptance.draft_acceptance_rate,
         "acceptance_histogram": acceptance.histogram.dense(k),
+        "num_decode_steps": acceptance.num_decode_steps,
     }
     if level == "detailed":
         spec["per_step_accepted"] = list(acceptance.per_step_accepted)

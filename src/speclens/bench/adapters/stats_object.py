@@ -3,7 +3,8 @@
 It maps to the record one-to-one: histogram keys are JSON strings and are int-cast; the mean AL
 and draft acceptance rate are taken verbatim (the record checks them against the counts);
 ``num_spec_tokens`` is always present; ``detailed`` adds the per-step arrays. In a stream it rides
-the finishing chunk's choice. Our own server emits this shape too (``protocol.choice_stats``).
+the finishing chunk's choice. Our own server emits this shape too (``protocol.choice_stats``),
+with ``num_decode_steps`` added, which is read when present (vLLM sends none: None).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from speclens.bench.adapters._common import (
     keyed_histogram,
     last_choice_value,
     number,
+    optional_count,
     required,
 )
 from speclens.bench.record import SpecDecodeAcceptanceRecord
@@ -51,6 +53,7 @@ class VLLMSpecDecodeAdapter(BuiltinAdapter):
             num_draft_tokens=count(stats, "num_draft_tokens", where),
             num_spec_steps=count(stats, "num_spec_steps", where),
             num_spec_tokens=count(stats, "num_spec_tokens", where),
+            num_decode_steps=optional_count(stats, "num_decode_steps", where),
             completion_tokens=completion_tokens(responses),
             per_step_accepted=count_list(stats, "per_step_accepted", where),
             per_step_drafted=count_list(stats, "per_step_drafted", where),

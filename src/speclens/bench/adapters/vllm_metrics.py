@@ -6,6 +6,13 @@ asked for no usage). The histogram is a list, index j = steps that accepted exac
 length K + 1, so K is read from its length when ``num_spec_tokens`` is absent. Field names follow
 ``speclens.server.protocol.root_metrics``; vLLM's ``num_drafts`` / ``num_accepted_tokens`` (its
 Prometheus counter names) are read as aliases, and every spelling present must agree.
+
+``num_decode_steps`` is read when present (``speclens serve`` sends it) and never derived: vLLM
+0.32 calls ``RequestSpecDecodeMetrics.observe`` (``vllm/v1/metrics/stats.py``) only for a step
+that had scheduled drafts (``Scheduler.update_from_output`` in ``vllm/v1/core/sched/scheduler.py``
+guards it with ``if scheduled_spec_token_ids``), so ``per_step_drafted`` never lists a step that
+drafted nothing, and ``completion_tokens`` does not give the count exactly either (the last step
+may be cut short; a preempted request's re-prefill emits a token).
 """
 
 from __future__ import annotations
@@ -90,6 +97,7 @@ class VLLMMetricsAdapter(BuiltinAdapter):
             num_draft_tokens=drafted,
             num_spec_steps=steps,
             num_spec_tokens=k,
+            num_decode_steps=optional_count(spec, "num_decode_steps", WHERE),
             completion_tokens=completion_tokens(responses),
             per_step_accepted=count_list(spec, "per_step_accepted", WHERE),
             per_step_drafted=count_list(spec, "per_step_drafted", WHERE),

@@ -147,6 +147,7 @@ def sim(
                 concurrency=point if name == "concurrency" else None,
                 num_spec_tokens=k if name == "num_spec_tokens" else None,
                 max_request_steps=max_request_steps, source=str(scenario_path),
+                draft_coverage=resolution.draft_coverage if resolution else 1.0,
             )  # fmt: skip
         result["resolution"] = resolution.model_dump() if resolution else None
         if name:
@@ -165,6 +166,8 @@ def _print(rows: list[dict[str, Any]], name: str) -> None:
     table = Table(title="speclens sim")
     for col in ([name] if name else []) + [
         "AL",
+        "coverage",
+        "tok/step",
         "req/s",
         "out tok/s",
         "TTFT p50",
@@ -177,6 +180,8 @@ def _print(rows: list[dict[str, Any]], name: str) -> None:
         lat = r["latency_ms"]
         cells = [
             f"{r['realized_acceptance_length']:.3f}" if r["realized_acceptance_length"] else "-",
+            f"{r['draft_coverage']:.3f}" if r["draft_coverage"] is not None else "-",
+            f"{r['tokens_per_step']:.3f}" if r["tokens_per_step"] is not None else "-",
             f"{r['throughput']['requests_per_s']:.2f}",
             f"{r['throughput']['output_tokens_per_s']:,.0f}",
             *(
@@ -191,6 +196,11 @@ def _print(rows: list[dict[str, Any]], name: str) -> None:
         out_console.print(
             f"acceptance: AL {res['acceptance_length']:g} from the {res['layer']} layer"
             + (f" ({res['profile_set']}: {res['profile']})" if res.get("profile") else "")
+            + (
+                f", drafting on {res['draft_coverage']:g} of decode steps"
+                if res["draft_coverage_stated"]
+                else ""
+            )
             + (f"; source: {res['source']}" if res.get("source") else "")
         )
 

@@ -264,7 +264,10 @@ class StepCost:
 
     verify/prefill: ``base + per_token * query_tokens + per_seq * requests
     + per_context_token * context_tokens``; drafting: ``draft_base + draft_per_token *
-    query_tokens`` per drafter forward (K forwards per step for a draft model).
+    requests`` per drafter forward, K forwards per step. ``draft_per_token`` is per request
+    drafting (each drafter forward after the first queries one token per request): ``fit``
+    regresses the drafter's seconds per forward on the request count, and the sim drafter
+    prices it so.
     """
 
     base: float = 2e-3
@@ -301,8 +304,9 @@ class StepCost:
             + self.per_context_token * context_tokens
         )
 
-    def draft(self, query_tokens: int) -> float:
-        return self.draft_base + self.draft_per_token * query_tokens
+    def draft(self, requests: int) -> float:
+        """One drafter forward over ``requests`` drafting requests."""
+        return self.draft_base + self.draft_per_token * requests
 
     @classmethod
     def fit(cls, steps: Sequence[StepLike], num_spec_tokens: int) -> StepCost:

@@ -24,7 +24,11 @@ from speclens.engine.model import LlamaModel
 from speclens.engine.tokenizer import Tokenizer
 from speclens.engine.weights import load_model
 from speclens.sim import limits
+from speclens.sim.coverage import Coverage, cover
 from speclens.sim.scenario import Lengths, Pool, Scenario, Workload, pool_cost
+
+#: Keys the coverage stream apart from the arrival stream drawn from the same seed.
+COVERAGE_STREAM = 0xC0FE
 
 #: Requests drawn at a time. A workload of at most this many draws exactly what one batch
 #: would (inputs, then outputs, then gaps), so its results do not depend on the chunking.
@@ -213,9 +217,12 @@ def simulate(
     num_spec_tokens: int | None = None,
     max_request_steps: int = limits.MAX_REQUEST_STEPS,
     source: str = "scenario",
+    draft_coverage: float = 1.0,
 ) -> dict[str, Any]:
-    """Run the scenario; returns throughput, latency percentiles and realized AL, per pool too.
-    Raises ``ValidationError`` (naming ``source``) for what ``limits`` refuses, before any work."""
+    """Run the scenario; returns throughput, latency percentiles, realized AL, draft coverage
+    and tokens per decode step, per pool too. A speculating request-step drafts with
+    probability ``draft_coverage`` (``speclens.sim.coverage``). Raises ``ValidationError``
+    (naming ``source``) for what ``limits`` refuses, before any work."""
     limits.check(scenario, source, [num_spec_tokens], max_request_steps)
     workload = scenario.workload
     count = workload.requests
@@ -228,6 +235,8 @@ def simulate(
     closed = concurrency or workload.concurrency
     per_replica = None if closed is None else max(1, math.ceil(closed / len(replicas)))
     histogram = AcceptanceHistogram()
+    coverage = Coverage()
+    accepted = 0
     tally = _Tally()
     per_pool: dict[int, _Tally] = {}
     for slot, (pool_index, pool) in enumerate(replicas):
@@ -239,6 +248,8 @@ def simulate(
             pool = pool.model_copy(update={"engine": pool.engine.model_copy(update={
                 "speculative": pool.engine.speculative.model_copy(update={"num_spec_tokens": num_spec_tokens})})})  # fmt: skip
         engine = _engine(pool, base, rates, seed + slot, longest, share)
+        rng = np.random.default_rng([COVERAGE_STREAM, seed, slot])
+        drafted = cover(engine, draft_coverage, rng)
 
         def done(r: SimRequest, pooled: _Tally = pooled) -> None:
             tally.add(r)
@@ -250,6 +261,9 @@ def simulate(
         requests = arrivals(workload, seed, slot, len(replicas))
         _run_replica(engine, requests, per_replica, done, keep_steps=False)
         histogram.update(engine.stats.histogram)
+        if drafted is not None:
+            coverage.add(drafted)
+            accepted += engine.stats.num_accepted_tokens
     makespan = max(tally.end - tally.start, 1e-12)
     return {
         "requests": count,
@@ -266,6 +280,12 @@ def simulate(
         },
         "realized_acceptance_length": histogram.acceptance_length if histogram else None,
         "histogram": {str(j): n for j, n in histogram.counts.items()},
+        # Speculating replicas only: the share of decode request-steps that drafted, and the
+        # tokens each gained (AL counts only the steps that drafted; this counts them all).
+        "draft_coverage": coverage.realized,
+        "tokens_per_step": 1 + accepted / coverage.request_steps
+        if coverage.request_steps
+        else None,
         "pools": {
             str(index): {
                 "requests": s.requests,

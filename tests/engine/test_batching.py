@@ -190,3 +190,31 @@ def test_abort_waiting_and_n_requests() -> None:
     assert not engine.has_unfinished()
     assert engine.step() == []
     assert engine.abort("never-added") is False
+
+
+# --------------------------------------------------------------------------- preemption
+
+
+def test_preemptions_are_counted_once_each(reference: list[list[int]]) -> None:
+    """A cache that holds about one request forces preemption (recompute). Every request that
+    drops from running back to the front of the queue during a step is one preemption:
+    ``Scheduler.num_preemptions`` counts exactly those, as do the requests' own counts."""
+    engine = Engine(config(draft(), kv_cache_tokens=80, max_model_len=64))
+    ids = [engine.add_request(p, GREEDY) for p in PROMPTS]
+    requests = [r for rid in ids for r in engine._groups[rid]]
+    seen, final = 0, {}
+    while engine.has_unfinished():
+        running = list(engine.scheduler.running)
+        before = engine.scheduler.num_preemptions
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out
+        victims = [r for r in running if r in engine.scheduler.waiting]
+        assert engine.scheduler.num_preemptions - before == len(victims)
+        front = list(engine.scheduler.waiting)[: len(victims)]
+        assert all(any(v is r for r in front) for v in victims)  # back at the front
+        seen += len(victims)
+    assert seen > 0, "the small cache never preempted"
+    assert engine.scheduler.num_preemptions == seen == sum(r.num_preemptions for r in requests)
+    for rid, expected in zip(ids, reference, strict=True):
+        assert final[rid].outputs[0].token_ids == expected

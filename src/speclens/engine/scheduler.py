@@ -4,7 +4,8 @@ KV capacity, with preemption (recompute) when the cache is full.
 Like nano-vllm, a step is either a prefill of newly admitted requests or a decode step of the
 running ones. A decoding request needs room for its K + 1 verify slots; when the cache cannot
 give it that, the most recently admitted request is preempted: its blocks are freed and it goes
-back to the front of the queue, to be recomputed from its prompt and output so far.
+back to the front of the queue, to be recomputed from its prompt and output so far
+(``num_preemptions`` counts them, like vLLM's ``vllm:num_preemptions``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from speclens.engine.request import Request, Status
 class ScheduledBatch:
     kind: Literal["prefill", "decode", "idle"]
     requests: list[Request] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
 
 
 class Scheduler:
@@ -38,6 +38,8 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        #: Preemptions so far (a request preempted twice counts twice).
+        self.num_preemptions = 0
 
     @property
     def num_unfinished(self) -> int:
@@ -75,7 +77,6 @@ class Scheduler:
         per_request = self.k + 1
         limit = max(1, min(self.max_num_seqs, self.max_num_batched_tokens // per_request))
         batch: list[Request] = []
-        preempted: list[Request] = []
         for request in list(self.running):
             if request not in self.running:  # preempted to make room for an earlier one
                 continue
@@ -85,19 +86,19 @@ class Scheduler:
             while not self.blocks.can_hold(request, need):
                 victim = self.running[-1]
                 self._preempt(victim)
-                preempted.append(victim)
                 if victim is request:
                     break
             if request.status is Status.RUNNING:
                 self.blocks.reserve(request, need)
                 batch.append(request)
-        return ScheduledBatch("decode", batch, preempted)
+        return ScheduledBatch("decode", batch)
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self.blocks.free(request)
         request.status = Status.WAITING
         request.num_preemptions += 1
+        self.num_preemptions += 1
         self.waiting.appendleft(request)
 
     def finish(self, request: Request, reason: str) -> None:

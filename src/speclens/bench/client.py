@@ -82,6 +82,7 @@ class RequestRecord:
     index: int
     category: str
     warmup: bool = False
+    scheduled: float | None = None  # open loop: when the arrival was due (start is when sent)
     start: float = 0.0
     end: float | None = None
     ttft: float | None = None
@@ -129,6 +130,10 @@ class RunResult:
     started: float  # wall clock (time.time) at the start of the measured part
     duration: float  # seconds, first send of the measured part to its last finish
     interrupted: bool = False
+    #: Seconds from the measured part's start to when it stopped sending, and how many of its
+    #: requests were still in flight then (awaited and recorded, not dropped).
+    sending_s: float = 0.0
+    in_flight_at_stop: int = 0
 
 
 def _payload(config: LoadConfig, prompt: Prompt) -> dict[str, Any]:
@@ -466,8 +471,13 @@ class LoadGenerator:
         duration: float | None,
         warmup: bool,
         first_index: int,
-    ) -> tuple[list[RequestRecord], float]:
-        """Send one phase (warm-up or measured); returns its records and its duration."""
+    ) -> tuple[list[RequestRecord], float, float, int]:
+        """Send one phase (warm-up or measured); returns its records, its duration, when it
+        stopped sending and how many requests were in flight then.
+
+        Open-loop arrivals are scheduled at absolute times (``t0`` plus the summed gaps), so the
+        loop's own work between sends does not lengthen every gap; a send is never started at or
+        after ``duration``, and no wait runs past it."""
         config = self.config
         records: list[RequestRecord] = []
         tasks: set[asyncio.Task[None]] = set()
@@ -488,20 +498,23 @@ class LoadGenerator:
                 await self._send(session, record, prompt, t0)
 
         index = 0
+        due = 0.0  # open loop: when the next request is due, seconds from t0
         while not self.stop.is_set():
             if count is not None and index >= count:
-                break
-            if duration is not None and time.perf_counter() - t0 >= duration:
                 break
             if limit is not None and config.request_rate is None:
                 await limit.acquire()  # closed loop: wait for a free slot before creating work
                 limit.release()
+            if duration is not None and time.perf_counter() - t0 >= duration:
+                break  # checked after the wait for a slot, which may end past the duration
             prompt = (
                 self.prompts[order.randrange(len(self.prompts))]
                 if duration
                 else self.prompts[(first_index + index) % len(self.prompts)]
             )
             record = RequestRecord(first_index + index, prompt.category, warmup)
+            if config.request_rate:
+                record.scheduled = due
             records.append(record)
             task = asyncio.create_task(one(record, prompt))
             tasks.add(task)
@@ -509,11 +522,16 @@ class LoadGenerator:
             index += 1
             if config.request_rate:
                 shape = config.burstiness
-                gap = rng.gamma(shape, 1.0 / (config.request_rate * shape))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stop.wait(), timeout=float(gap))
-            else:
-                await asyncio.sleep(0)
+                due += float(rng.gamma(shape, 1.0 / (config.request_rate * shape)))
+                wait = due if duration is None else min(due, duration)
+                wait -= time.perf_counter() - t0
+                if wait > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.stop.wait(), timeout=wait)
+                    continue
+            await asyncio.sleep(0)  # let the new task start its send
+        sending = time.perf_counter() - t0
+        in_flight = sum(1 for r in records if r.end is None and r.error is None)
         if tasks:
             if self.stop.is_set():
                 _, pending = await asyncio.wait(tasks, timeout=config.grace)
@@ -523,7 +541,7 @@ class LoadGenerator:
             else:
                 await asyncio.gather(*tasks, return_exceptions=True)
         ends = [r.end for r in records if r.end is not None]
-        return records, (max(ends) if ends else time.perf_counter() - t0)
+        return records, (max(ends) if ends else time.perf_counter() - t0), sending, in_flight
 
     async def run(self, before_measure: Callable[[], Any] | None = None) -> RunResult:
         """Warm up, call ``before_measure`` (e.g. scrape server counters), then measure."""
@@ -533,14 +551,14 @@ class LoadGenerator:
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             warm: list[RequestRecord] = []
             if config.warmup:
-                warm, _ = await self._phase(session, config.warmup, None, True, 0)
+                warm, *_ = await self._phase(session, config.warmup, None, True, 0)
             if before_measure is not None:
                 result = before_measure()
                 if asyncio.iscoroutine(result):
                     await result
             started = time.time()
             count = None if config.duration else config.num_requests
-            records, duration = await self._phase(
+            records, duration, sending, in_flight = await self._phase(
                 session, count, config.duration, False, config.warmup
             )
-        return RunResult(warm + records, started, duration, self.stop.is_set())
+        return RunResult(warm + records, started, duration, self.stop.is_set(), sending, in_flight)

@@ -134,6 +134,10 @@ async def run_bench(
         "figures": figures,
         "server_check": cross_check(before, after, acceptance, why_before, why_after),
         "failures": failures(result.records, max_failure_rate),
+        "load": {  # a duration-bound run awaits what was in flight when it stopped sending
+            "sending_s": result.sending_s,
+            "in_flight_at_stop": result.in_flight_at_stop,
+        },
         "warnings": warnings,
     }
     if summary["server_check"].get("flags"):

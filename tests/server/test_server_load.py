@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import aiohttp
+import httpx
 import pytest
 
 from serverkit import (
@@ -105,6 +106,7 @@ def load(server: ServerProcess) -> dict[str, Any]:
         "peak_running": peak,
         "drained": drained,
         "mtp": mtp_stats(server.url),
+        "mtp_body": httpx.get(server.url + "/debug/mtp_stats", timeout=10.0).content,
         "metrics": scrape(server.url),
     }
 
@@ -149,8 +151,10 @@ def test_totals_consistent(load: dict[str, Any]) -> None:
     assert metric(m, "vllm:spec_decode_num_drafts_total") == steps
     assert metric(m, "vllm:spec_decode_num_draft_tokens_total") == mtp["total_draft_tokens"]
     assert metric(m, "vllm:spec_decode_num_accepted_tokens_total") == mtp["total_accepted_tokens"]
-    assert labelled(m, "atom:mtp_decode_steps_total", "accepted_tokens") == {
-        j: float(n) for j, n in mtp["distribution"].items()
+    dense = labelled(m, "atom:mtp_decode_steps_total", "accepted_tokens")
+    assert set(dense) == {str(j) for j in range(K + 1)}  # every bucket, zeros included
+    assert {j: v for j, v in dense.items() if v} == {
+        j: float(n) for j, n in mtp["distribution"].items() if n
     }
     completed = [
         r["chunks"][-2]["choices"][0]["speculative_decoding_stats"]
@@ -179,7 +183,34 @@ def test_totals_consistent(load: dict[str, Any]) -> None:
 def test_server_log_clean(server: ServerProcess, load: dict[str, Any]) -> None:
     log = server.log()
     assert "Traceback" not in log, log[-3000:]
-    assert json.dumps(load["mtp"])  # serialisable as served
+
+
+def _no_constants(name: str) -> None:
+    raise AssertionError(f"/debug/mtp_stats holds {name}, which is not JSON")
+
+
+def test_mtp_stats_served_as_strict_json_that_agrees_with_itself(load: dict[str, Any]) -> None:
+    """What the body is after cancellations: strict JSON (no NaN or Infinity, which Python's json
+    writes by default), the same object twice, every derived field following from the counts."""
+    served = json.loads(load["mtp_body"], parse_constant=_no_constants)
+    assert served == load["mtp"]
+    assert served["enabled"] is True
+    dist = {int(j): n for j, n in served["distribution"].items()}
+    counts = [served["total_draft_tokens"], served["total_accepted_tokens"], *dist.values()]
+    assert all(type(n) is int and n >= 0 for n in counts), served
+    assert set(dist) <= set(range(K + 1))
+    steps = sum(dist.values())
+    accepted = served["total_accepted_tokens"]
+    assert steps > 0 and accepted == sum(j * n for j, n in dist.items())
+    # The floats follow from the counts (rounded to 4 places at most).
+    assert served["acceptance_rate"] == pytest.approx(
+        accepted / served["total_draft_tokens"], abs=5e-5
+    )
+    assert served["average_tokens_per_forward"] == pytest.approx(1 + accepted / steps, abs=5e-5)
+    percent = {int(j): f for j, f in served["distribution_percent"].items()}
+    assert {j for j, f in percent.items() if f} == {j for j, n in dist.items() if n}
+    for j, f in percent.items():
+        assert f == pytest.approx(dist.get(j, 0) / steps, abs=5e-5), (j, served)
 
 
 def test_server_still_serves_after_load(server: ServerProcess, load: dict[str, Any]) -> None:

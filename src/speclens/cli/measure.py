@@ -36,6 +36,32 @@ def _writable(output: Path) -> str | None:
     return None
 
 
+def _engine(info: dict[str, Any], counters: dict[str, Any] | None) -> str:
+    """The engine's name: ``/version``'s ``engine`` (speclens serve), else vLLM when its
+    counters are there (vLLM's ``/version`` is ``{"version": ...}`` alone), else unknown."""
+    named = info.get("engine")
+    if isinstance(named, str) and named:
+        return named
+    if counters is not None and counters.get("source") == "metrics:vllm":
+        return "vllm"
+    return "unknown engine"
+
+
+def _k_from_counters(counters: dict[str, Any] | None) -> int | None:
+    """K from vLLM's per-position counter: it is created for positions 0..K-1 at start-up
+    (``vllm/v1/spec_decode/metrics.py``, ``SpecDecodingProm``), so a scrape before any traffic
+    shows all K. Positions that are not exactly 0..K-1 prove nothing."""
+    positions = sorted((counters or {}).get("accepted_per_position") or {})
+    return len(positions) if positions and positions == list(range(len(positions))) else None
+
+
+def _agreed(flag: str, given: Any, reported: Any) -> Any:
+    """The flag's value, or the server's; both given and different is a usage error."""
+    if given is not None and reported is not None and given != reported:
+        fail(f"command line: {flag}: the server reports {reported!r}, got {given!r}", code=2)
+    return given if given is not None else reported
+
+
 def measure(
     url: str = typer.Option("http://127.0.0.1:8000", "--url", help="The server's base URL."),
     model: str = typer.Option(..., "--model", help="The served model name."),
@@ -65,6 +91,16 @@ def measure(
     hardware: str | None = typer.Option(
         None, "--hardware", help="The chip (default: what the server's /version reports)."
     ),
+    method: str | None = typer.Option(
+        None,
+        "--method",
+        help="The server's speculative method (default: what its /version reports; vLLM's does not).",
+    ),
+    num_spec_tokens: int | None = typer.Option(
+        None,
+        "--num-spec-tokens",
+        help="K (default: /version, or the positions of vLLM's per-position counter).",
+    ),
     name: str | None = typer.Option(
         None, "--name", help="The set's name (default: the output file's name)."
     ),
@@ -79,7 +115,7 @@ def measure(
     from speclens.bench.client import LoadConfig
     from speclens.bench.datasets import jsonl_prompts
     from speclens.bench.run import EXIT_OK, run_bench
-    from speclens.bench.server import served_speculation, server_info
+    from speclens.bench.server import read_counters, served_speculation, server_info
 
     check([
         url_problem(url),
@@ -89,6 +125,9 @@ def measure(
         range_problem("--max-tokens", max_tokens, 1),
         range_problem("--temperature", temperature, 0, kind="a number"),
         range_problem("--concurrency", concurrency, 1),
+        range_problem("--num-spec-tokens", num_spec_tokens, 1),
+        None if method is None or method.strip() else
+        "command line: --method: expected a method name, got ''",
         range_problem("--max-failure-rate", max_failure_rate, 0, high=1, kind="a number"),
         _writable(output),
     ])  # fmt: skip
@@ -108,12 +147,22 @@ def measure(
         fail(
             "the server forces acceptance: measure needs natural acceptance (start it without --spec-decode-acceptance-*)"
         )
-    method, k = served.get("method"), served.get("num_speculative_tokens")
-    if not method or not k:
-        fail("the server does not report its speculative method and K on /version")
+    counters, _why = asyncio.run(read_counters(url, model=model))
+    engine = _engine(info, counters)
+    spec_method = _agreed("--method", method, served.get("method"))
+    k = _agreed(
+        "--num-spec-tokens",
+        num_spec_tokens,
+        served.get("num_speculative_tokens") or _k_from_counters(counters),
+    )
+    if not spec_method or not k:
+        fail(
+            f"the server ({engine}) does not report its speculative method and K: give --method and --num-spec-tokens",
+            code=2,
+        )
     chip = hardware or info.get("hardware")
     if not chip:
-        fail("give --hardware: the server does not report it")
+        fail("give --hardware: the server does not report it", code=2)
     config = LoadConfig(
         url=url, model=model, endpoint=endpoint, num_requests=len(prompts),  # type: ignore[arg-type]
         concurrency=concurrency, max_tokens=max_tokens, temperature=temperature,
@@ -143,7 +192,6 @@ def measure(
         if record.spec is not None and not record.warmup:
             counts[record.category] = counts.get(record.category, 0) + 1
     version = info.get("version")
-    engine = info.get("engine", "speclens")
     provenance_base: dict[str, Any] = {
         "source": source or f"{dataset_path.name} via {engine} {version} at {url}",
         "benchmark": dataset_path.name,
@@ -158,7 +206,7 @@ def measure(
         if not row["verify_steps"]:
             continue
         profiles.append({
-            "model": catalog_model or model, "speculative_method": method, "num_spec_tokens": int(k),
+            "model": catalog_model or model, "speculative_method": spec_method, "num_spec_tokens": int(k),
             "thinking": thinking, "category": cat, "acceptance_length": round(row["al"], 4),
             "method": "measured", "provenance": {**provenance_base, "prompts": counts.get(cat, 0)},
         })  # fmt: skip

@@ -105,3 +105,51 @@ def test_missing_stats_are_reported_loudly(tmp_path: Path) -> None:
     assert summary["figures"]["acceptance"]["requests_with_stats"] == 0
     assert any("no request carried per-request stats" in w for w in summary["warnings"])
     assert not summary["verdict"]["passed"]
+
+
+PROFILE_SET = """\
+kind: AcceptanceProfileSet
+name: tiny-forced
+profiles:
+  - model: dummy
+    speculative_method: draft_model
+    num_spec_tokens: 7
+    thinking: "off"
+    category: coding
+    acceptance_length: 3.78
+    method: assumed
+    rationale: The AL the test servers are forced to, or not.
+"""
+
+
+def test_expect_profile_passes_at_the_profiles_al_and_fails_at_another(
+    run_cli, sim_server: ServerProcess, tmp_path: Path
+) -> None:
+    """``--expect-profile`` resolves the AL from the registry with the server's method and K (from
+    /version): 3.78 here. A server forced to 3.78 passes; one forced to 3.48 (0.3 off, as above)
+    fails with exit 1 and the realized AL in the reason."""
+    registry = tmp_path / "registry"
+    (registry / "acceptance").mkdir(parents=True)
+    (registry / "acceptance" / "tiny-forced.yaml").write_text(PROFILE_SET)
+    off = [a if a != "3.78" else "3.48" for a in FORCED]
+    with running_server(tmp_path / "logs", *off, "--executor", "sim",
+                        "--per-request-spec-decode-stats", "summary") as other:  # fmt: skip
+        for server, code in ((sim_server, 0), (other, 1)):
+            out = tmp_path / f"run-{code}"
+            got, stdout, stderr = run_cli(
+                "bench", "--url", server.url, "--model", "dummy", "--num-requests", "24",
+                "--concurrency", "8", "--max-tokens", "32", "--ignore-eos", "--expect-profile",
+                "--registry", registry, "--thinking", "off", "--category", "coding",
+                "--output-dir", out,
+            )  # fmt: skip
+            assert got == code, stdout + stderr
+            verdict = json.loads((out / "summary.json").read_text())["verdict"]
+            assert verdict["expected_acceptance_length"] == 3.78
+            source = verdict["expectation_source"]
+            assert (source["profile_set"], source["num_spec_tokens"]) == ("tiny-forced", 7)
+            assert source["profile"] == "dummy/draft_model/k7/thinking-off/coding"
+            if code == 0:
+                assert verdict["passed"] and "verification PASS" in stdout
+            else:
+                assert not verdict["passed"] and "verification FAIL" in stdout
+                assert "realized AL" in verdict["reason"]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from serverkit import running_server
+from serverkit import ServerProcess, mtp_stats, running_server
 from speclens.acceptance import AcceptanceProfileSet, load
 
 pytestmark = pytest.mark.integration
@@ -26,23 +27,30 @@ ROWS = [
 ]
 
 
-def test_measure_writes_one_measured_profile_per_category(run_cli, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def ngram_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A real torch server speculating with the n-gram drafter, natural acceptance, K = 3."""
+    args = ("--method", "ngram", "--num-speculative-tokens", "3",
+            "--per-request-spec-decode-stats", "summary")  # fmt: skip
+    with running_server(tmp_path_factory.mktemp("measure"), *args) as server:
+        yield server
+
+
+def _dataset(tmp_path: Path) -> Path:
     data = tmp_path / "questions.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return data
+
+
+def test_measure_writes_one_measured_profile_per_category(
+    run_cli, ngram_server: ServerProcess, tmp_path: Path
+) -> None:
+    data = _dataset(tmp_path)
     out = tmp_path / "registry" / "acceptance" / "tiny-ngram.yaml"
-    args = (
-        "--method",
-        "ngram",
-        "--num-speculative-tokens",
-        "3",
-        "--per-request-spec-decode-stats",
-        "summary",
-    )
-    with running_server(tmp_path / "logs", *args) as server:
-        code, stdout, stderr = run_cli(
-            "measure", "--url", server.url, "--model", "dummy", "--catalog-model", "tiny",
-            "--dataset-path", data, "--max-tokens", "32", "--concurrency", "4", "-o", out,
-        )  # fmt: skip
+    code, stdout, stderr = run_cli(
+        "measure", "--url", ngram_server.url, "--model", "dummy", "--catalog-model", "tiny",
+        "--dataset-path", data, "--max-tokens", "32", "--concurrency", "4", "-o", out,
+    )  # fmt: skip
     assert code == 0, stdout + stderr
     profile_set = load(AcceptanceProfileSet, out)
     by_category = {p.category: p for p in profile_set.profiles}
@@ -59,6 +67,30 @@ def test_measure_writes_one_measured_profile_per_category(run_cli, tmp_path: Pat
     )  # fmt: skip
     assert code == 0
     assert json.loads(stdout)["acceptance_length"] == coding.acceptance_length
+
+
+@pytest.mark.parametrize("category", ["coding", "writing", "math"])
+def test_measured_al_is_the_servers_own_count(
+    run_cli, ngram_server: ServerProcess, tmp_path: Path, category: str
+) -> None:
+    """The profile's AL is exactly what the server counted over the run: 1 + accepted drafts /
+    verify steps, from /debug/mtp_stats scraped before and after a run of one category (the
+    server's counters pool everything it served), rounded as the profile stores it."""
+    out = tmp_path / "one.yaml"
+    before = mtp_stats(ngram_server.url)
+    code, stdout, stderr = run_cli(
+        "measure", "--url", ngram_server.url, "--model", "dummy", "--dataset-path",
+        _dataset(tmp_path), "--category", category, "--max-tokens", "32", "--concurrency", "4",
+        "-o", out,
+    )  # fmt: skip
+    after = mtp_stats(ngram_server.url)
+    assert code == 0, stdout + stderr
+    steps = sum(after["distribution"].values()) - sum(before["distribution"].values())
+    accepted = after["total_accepted_tokens"] - before["total_accepted_tokens"]
+    assert steps > 0
+    (profile,) = load(AcceptanceProfileSet, out).profiles
+    assert profile.category == category
+    assert profile.acceptance_length == pytest.approx(1 + accepted / steps, abs=5e-5)
 
 
 def test_measure_refuses_a_forced_server(run_cli, tmp_path: Path) -> None:

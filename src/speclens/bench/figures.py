@@ -126,6 +126,12 @@ def coverage(with_stats: Sequence[RequestRecord]) -> dict[str, Any]:
     }
 
 
+def _category_coverage(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """One category's draft coverage and decode steps (None when no record reports them)."""
+    pooled = coverage(records)
+    return {"draft_coverage": pooled["draft_coverage"], "decode_steps": pooled["decode_steps"]}
+
+
 def acceptance(records: Sequence[RequestRecord]) -> dict[str, Any]:
     with_stats = [r for r in records if r.spec is not None]
     pooled = AcceptanceHistogram()
@@ -174,7 +180,8 @@ def acceptance(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "per_position_rates": [n / steps for n in per_position] if steps else None,
         "zero_step_requests": sum(1 for r in with_stats if r.spec and r.spec["num_spec_steps"] == 0),
         "al_by_category": {
-            c: {"al": h.acceptance_length, "verify_steps": h.num_steps}
+            c: {"al": h.acceptance_length, "verify_steps": h.num_steps,
+                **_category_coverage([r for r in with_stats if r.category == c])}
             for c, h in sorted(per_category.items())
         },
         "inconsistent_requests": inconsistent,

@@ -1,7 +1,8 @@
 """``speclens measure``: turn a natural-acceptance run into a registry profile set.
 
 Loads a server that speculates without forcing acceptance with a category-tagged prompt set, and
-writes one ``measured`` profile per category: the token-weighted AL, with provenance filled from
+writes one ``measured`` profile per category: the token-weighted AL (and the draft coverage, when
+the engine reports its decode steps), with provenance filled from
 what was observed (the prompt file, how many prompts, the server's hardware and engine version,
 the sampling settings, K and the method). The output validates and resolves like any set.
 
@@ -210,6 +211,8 @@ def measure(
             "thinking": thinking, "category": cat, "acceptance_length": round(row["al"], 4),
             "method": "measured", "provenance": {**provenance_base, "prompts": counts.get(cat, 0)},
         })  # fmt: skip
+        if row.get("draft_coverage") is not None:  # engines that report steps without drafts
+            profiles[-1]["draft_coverage"] = round(row["draft_coverage"], 4)
     set_name = name or output.stem
     document = {
         "kind": "AcceptanceProfileSet",
@@ -225,7 +228,9 @@ def measure(
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(yaml.safe_dump(document, sort_keys=False, width=100), encoding="utf-8")
     for p in profiles:
+        covered = f", draft coverage {p['draft_coverage']}" if "draft_coverage" in p else ""
         out_console.print(
-            f"{p['category']}: AL {p['acceptance_length']} over {p['provenance']['prompts']} prompts"
+            f"{p['category']}: AL {p['acceptance_length']}{covered} over "
+            f"{p['provenance']['prompts']} prompts"
         )
     out_console.print(f"wrote {output} ({len(profiles)} measured profiles)")

@@ -63,3 +63,6 @@ def test_the_profile_carries_the_servers_draft_coverage(
     (profile,) = load(AcceptanceProfileSet, out).profiles
     assert profile.draft_coverage == round(expected, 4)
     assert f"draft coverage {profile.draft_coverage}" in stdout
+    assert profile.provenance is not None and profile.provenance.settings is not None
+    settings = profile.provenance.settings
+    assert (settings["prompt_lookup_min"], settings["prompt_lookup_max"]) == (2, 3)

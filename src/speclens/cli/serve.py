@@ -392,6 +392,8 @@ def run_server(
         "acceptance_length": spec.forced_acceptance_length,
         "per_position_rates": spec.per_position_rates,
     }
+    if spec.method == "ngram":  # so measure's provenance says which lookup was measured
+        acceptance |= {"prompt_lookup_min": spec.ngram_min, "prompt_lookup_max": spec.ngram_max}
     if resolution is not None:
         acceptance["resolution"] = resolution.model_dump()
     settings = ServerSettings(

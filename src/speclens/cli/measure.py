@@ -202,7 +202,8 @@ def measure(
         "settings": {"rejection_sample_method": "greedy" if temperature == 0 else "probabilistic",
                      "endpoint": endpoint, "model": model},
     }  # fmt: skip
-    served_block = info.get("acceptance") if isinstance(info.get("acceptance"), dict) else {}
+    block = info.get("acceptance")
+    served_block: dict[str, Any] = block if isinstance(block, dict) else {}
     for key in ("prompt_lookup_min", "prompt_lookup_max"):  # the n-gram lookup, when reported
         if type(served_block.get(key)) is int:
             provenance_base["settings"][key] = served_block[key]

@@ -233,4 +233,14 @@ def test_serve_defaults_are_vllms(given: dict[str, int], want: tuple[int, int]) 
     --speculative-config`` reads the same keys the same way."""
     from speclens.cli.serve import _prompt_lookup
 
-    assert _prompt_lookup(given) == want
+    config = SpeculativeConfig(method="ngram", num_speculative_tokens=4)
+    assert _prompt_lookup(given, (config.ngram_min, config.ngram_max)) == want
+
+
+def test_the_engines_own_defaults_are_vllms() -> None:
+    """One default for the library and the server: ``SpeculativeConfig`` and ``NgramDrafter``
+    without lookup lengths draft as vLLM does without ``prompt_lookup_min``/``max`` (5 and 5)."""
+    config = SpeculativeConfig(method="ngram", num_speculative_tokens=4)
+    assert (config.ngram_min, config.ngram_max) == (5, 5)
+    drafter = NgramDrafter(4, 100)
+    assert (drafter.ngram_min, drafter.ngram_max) == (5, 5)

@@ -54,13 +54,14 @@ class _SpeculativeJSON(BaseModel):
     prompt_lookup_min: int | None = None
 
 
-def _prompt_lookup(spec_json: dict[str, Any]) -> tuple[int, int]:
-    """(min, max) n-gram lengths with vLLM's defaults (``vllm/config/speculative.py``): neither
-    given, 5 and 5; one given, it sets both (a bad minimum alone is refused under its own name)."""
+def _prompt_lookup(spec_json: dict[str, Any], defaults: tuple[int, int]) -> tuple[int, int]:
+    """(min, max) n-gram lengths with vLLM's rule (``vllm/config/speculative.py``): neither
+    given, the defaults (``SpeculativeConfig``'s, vLLM's 5 and 5); one given, it sets both (a bad
+    minimum alone is refused under its own name)."""
     lo: int | None = spec_json.get("prompt_lookup_min")
     hi: int | None = spec_json.get("prompt_lookup_max")
     if hi is None:
-        return (5, 5) if lo is None else (lo, max(lo, 1))
+        return defaults if lo is None else (lo, max(lo, 1))
     return (hi if lo is None else lo), hi
 
 
@@ -316,7 +317,9 @@ def serve(
         from speclens.engine.weights import check_models
 
     cost = _step_cost(step_cost, StepCost)
-    lookup_min, lookup_max = _prompt_lookup(spec_json)
+    lookup_min, lookup_max = _prompt_lookup(
+        spec_json, (SpeculativeConfig.ngram_min, SpeculativeConfig.ngram_max)
+    )
     try:
         spec = SpeculativeConfig(
             method=method,

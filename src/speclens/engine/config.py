@@ -90,9 +90,10 @@ class SpeculativeConfig:
     confidence_schedule: bool = False
     confidence_threshold: float = 0.5
     draft_model: str | None = None
-    #: n-gram drafter: the longest and shortest suffix it looks up in the context.
-    ngram_max: int = 3
-    ngram_min: int = 1
+    #: n-gram drafter: the longest and shortest suffix it looks up in the context (vLLM's
+    #: ``prompt_lookup_max``/``min``; its default when neither is given is 5 and 5).
+    ngram_max: int = 5
+    ngram_min: int = 5
     #: Seed of the forced-acceptance stream (every rank must use the same one).
     seed: int = 0
     per_position_rates: list[float] | None = field(default=None, init=False)

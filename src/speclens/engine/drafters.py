@@ -49,8 +49,8 @@ class NgramDrafter:
         self,
         k: int,
         vocab_size: int,
-        ngram_max: int = 3,
-        ngram_min: int = 1,
+        ngram_max: int = 5,
+        ngram_min: int = 5,
         fill: bool = False,
         max_model_len: int | None = None,
     ) -> None:

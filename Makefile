@@ -27,7 +27,7 @@ test: $(VENV)/.installed
 # An environment that cannot be built fails here, loudly; nothing is skipped.
 test-peers: $(VENV)/.installed
 	$(BIN)/python tests/peers/vllm_env.py
-	$(BIN)/python -m pytest tests/peers --timeout 900
+	$(BIN)/python -m pytest tests/peers --timeout 900 -rfEP --durations 0
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests benchmarks

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ from speclens.bench.datasets import Prompt
 from speclens.bench.sse import SSEError, SSEParser
 
 Endpoint = Literal["completions", "chat"]
+Routing = Literal["round-robin", "least-outstanding"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,23 @@ class LoadConfig:
     continuous_usage: bool = True
     timeout: float = 600.0
     grace: float = 5.0  # seconds in-flight requests get after Ctrl-C
+    #: Every replica's base URL (empty: ``url`` alone), and how requests are spread over them.
+    urls: tuple[str, ...] = ()
+    routing: Routing = "round-robin"
+    #: This generator's part of the run, (p, P): it sends the arrivals whose index within a
+    #: phase is p modulo P, at the times a single generator would, with its share of the
+    #: concurrency. Shards (``--shard``) and worker processes (``--workers``) are parts.
+    part: tuple[int, int] = (0, 1)
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        return self.urls or (self.url,)
+
+    def share(self, total: int) -> int:
+        """This part's share of ``total`` (concurrency): the first ``total % P`` parts get one
+        more."""
+        p, parts = self.part
+        return total // parts + (p < total % parts)
 
 
 #: What a response can make the client hold or believe.
@@ -82,6 +100,7 @@ class RequestRecord:
     index: int
     category: str
     warmup: bool = False
+    replica: str | None = None  # the base URL it was sent to
     scheduled: float | None = None  # open loop: when the arrival was due (start is when sent)
     start: float = 0.0
     end: float | None = None
@@ -160,16 +179,6 @@ def _choices(chunk: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in raw if isinstance(c, dict)] if isinstance(raw, list) else []
 
 
-def _content(chunk: dict[str, Any]) -> str:
-    out = []
-    for choice in _choices(chunk):
-        delta = choice.get("delta")
-        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-        if isinstance(text, str):
-            out.append(text)
-    return "".join(out)
-
-
 def is_content_chunk(chunk: object) -> bool:
     """A choice object with a string ``text`` or a ``delta`` or ``message`` object."""
     return isinstance(chunk, dict) and any(
@@ -187,13 +196,6 @@ def chunk_problem(chunk: object) -> str | None:
     raw = chunk.get("choices")
     if raw is not None and not (isinstance(raw, list) and all(isinstance(c, dict) for c in raw)):
         return "choices is not a list of objects"
-    return None
-
-
-def _finish_reason(chunk: dict[str, Any]) -> object:
-    for choice in _choices(chunk):
-        if choice.get("finish_reason") is not None:
-            return choice["finish_reason"]
     return None
 
 
@@ -220,41 +222,93 @@ _PLAIN_ROOT = frozenset(
 _PLAIN_CHOICE = frozenset({"index", "text", "delta", "logprobs", "finish_reason", "stop_reason"})
 
 
+class Seen:
+    """What a request's responses hold, gathered in one pass as each arrives, so finishing the
+    record never walks the stream again: the last usage object, the first finish reason, and
+    the responses that can carry speculative-decoding stats (``carriers``)."""
+
+    __slots__ = ("count", "finish_reason", "flagged", "usage", "usage_at")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.flagged: list[tuple[int, dict[str, Any]]] = []
+        self.usage: dict[str, Any] | None = None
+        self.usage_at: tuple[int, dict[str, Any]] | None = None
+        self.finish_reason: object = None
+
+    def add(self, response: object) -> tuple[str | None, bool, bool, dict[str, Any] | None]:
+        """Note one response; returns (why it is not a completion chunk, whether it is a content
+        chunk, whether its content text is non-empty, its usage object)."""
+        index = self.count
+        self.count += 1
+        if not isinstance(response, dict):
+            return "not a JSON object", False, False, None
+        usage = response.get("usage")
+        if not isinstance(usage, dict):
+            usage = None
+        elif usage:
+            self.usage, self.usage_at = usage, (index, response)
+        choices = response.get("choices")
+        flagged = not _PLAIN_ROOT.issuperset(response)
+        problem = None
+        content = text = False
+        finish: object = None
+        if isinstance(choices, list):
+            for c in choices:
+                if not isinstance(c, dict):
+                    problem, flagged = "choices is not a list of objects", True
+                    continue
+                reason = c.get("finish_reason")
+                if reason is not None:
+                    flagged = flagged or bool(reason)
+                    if finish is None:
+                        finish = reason
+                if not flagged and not _PLAIN_CHOICE.issuperset(c):
+                    flagged = True
+                delta = c.get("delta")
+                if isinstance(delta, dict):
+                    content = True
+                    piece = delta.get("content")
+                else:
+                    piece = c.get("text")
+                    content = content or isinstance(piece, str) or isinstance(c.get("message"), dict)
+                text = text or (isinstance(piece, str) and piece != "")
+        else:
+            flagged = True
+            if choices is not None:
+                problem = "choices is not a list of objects"
+        if finish and self.finish_reason is None:
+            self.finish_reason = finish
+        if flagged:
+            self.flagged.append((index, response))
+        return problem, content, text, usage
+
+    def carriers(self) -> list[dict[str, Any]]:
+        """The flagged responses and the last one with usage, in arrival order."""
+        out = self.flagged
+        at = self.usage_at
+        if at is not None and at[0] not in {i for i, _ in out}:
+            out = sorted([*out, at], key=lambda pair: pair[0])
+        return [r for _, r in out]
+
+
 def carriers(responses: list[Any]) -> list[dict[str, Any]]:
     """The objects that can carry speculative-decoding stats or usage, in order: any with an
     extra field, a finished choice, and the last one with usage. Plain content chunks (most of a
     stream) are skipped, so detection costs per request, not per token."""
-    last_usage = max((i for i, r in enumerate(responses) if _usage(r)), default=-1)
-    out = []
-    for i, r in enumerate(responses):
-        if not isinstance(r, dict):
-            continue
-        choices = r.get("choices")
-        interesting = (
-            i == last_usage
-            or not _PLAIN_ROOT.issuperset(r)
-            or not isinstance(choices, list)
-            or any(
-                not isinstance(c, dict) or c.get("finish_reason") or not _PLAIN_CHOICE.issuperset(c)
-                for c in choices
-            )
-        )
-        if interesting:
-            out.append(r)
-    return out
+    seen = Seen()
+    for r in responses:
+        seen.add(r)
+    return seen.carriers()
 
 
-def _usage(chunk: Any) -> dict[str, Any] | None:
-    usage = chunk.get("usage") if isinstance(chunk, dict) else None
-    return usage if isinstance(usage, dict) else None
-
-
-@dataclass
+@dataclass(slots=True)
 class Tally:
     """One request's accounting as its events arrive: parsing, token counts, ITL runs.
 
     Kept apart from the HTTP code so it can be fed any sequence of events in a test; it never
-    raises, whatever the events hold.
+    raises, whatever the events hold. Each event is looked at once (``Seen.add``): this is the
+    client's per-token cost.
     """
 
     record: RequestRecord
@@ -267,58 +321,75 @@ class Tally:
     done: bool = False
     last_time: float | None = None
     problem: str = "no choice holds text, delta or message"  # the last event's, for messages
+    seen: Seen = field(default_factory=Seen)
+    bound: int = 0
+
+    def __post_init__(self) -> None:
+        self.bound = token_bound(self.max_tokens)
 
     def event(self, data: str, now: float) -> None:
         """One SSE event's data."""
         if data.strip() == "[DONE]":
             self.done = True
             return
-        chunk = self.parse(data)
-        if chunk is not None:
-            self.count(chunk, now)
+        scanned = self.parse(data)
+        if scanned is not None:
+            self.count(now, *scanned)
 
     def body(self, data: bytes, now: float) -> None:
         """A whole non-streamed body."""
         record = self.record
         record.ttft = now - record.start
         record.chunk_times.append(now)
-        chunk = self.parse(data)
-        if chunk is not None:
-            self.count(chunk, None)
+        scanned = self.parse(data)
+        if scanned is not None:
+            self.count(None, *scanned)
 
-    def parse(self, data: str | bytes) -> dict[str, Any] | None:
-        """The event as a chunk object, kept raw on the record; None if it is unparsable."""
+    def parse(
+        self, data: str | bytes
+    ) -> tuple[dict[str, Any], bool, bool, dict[str, Any] | None] | None:
+        """The event kept raw on the record and scanned: (chunk, content, text, usage), or None
+        if it is unparsable."""
         self.events += 1
         record = self.record
         try:
             chunk = orjson.loads(data)
         except orjson.JSONDecodeError:
             text = data if isinstance(data, str) else data[:1000].decode("utf-8", "replace")
-            record.responses.append({"unparsed": text[:1000]})
+            unparsed = {"unparsed": text[:1000]}
+            record.responses.append(unparsed)
+            self.seen.add(unparsed)
             record.unparsable_events += 1
             self.problem = "not JSON"
             return None
         record.responses.append(chunk)
-        problem = chunk_problem(chunk)
+        problem, content, text, usage = self.seen.add(chunk)
         if problem is not None:
             record.unparsable_events += 1
             self.problem = problem
             return None
-        return chunk  # type: ignore[no-any-return]
+        return chunk, content, text, usage
 
-    def count(self, chunk: dict[str, Any], now: float | None) -> None:
+    def count(
+        self,
+        now: float | None,
+        chunk: dict[str, Any],
+        content: bool,
+        text: bool,
+        usage: dict[str, Any] | None,
+    ) -> None:
         """Count the chunk's tokens and, streaming (``now`` given), its gaps."""
         record = self.record
         if chunk.get("error") is not None and record.error is None:
             record.error = f"the server sent an error: {chunk['error']!r:.300}"
-        content = is_content_chunk(chunk)
         self.content_chunks += content
         if now is None:  # a whole body: finish_record reads its usage
             return
-        usage = _usage(chunk)
         reported = None if usage is None else usage.get("completion_tokens")
-        if reported is not None:
-            problem = count_problem(reported, token_bound(self.max_tokens))
+        if type(reported) is int and self.usage_peak <= reported <= self.bound:
+            pass  # the common case, believed without building a message
+        elif reported is not None:
+            problem = count_problem(reported, self.bound)
             if problem is None and reported < self.usage_peak:
                 problem = f"fell from {self.usage_peak} to {reported}"
             if problem is not None:
@@ -327,7 +398,7 @@ class Tally:
         if reported is not None:
             tokens = reported - self.tokens
             self.tokens = self.usage_peak = reported
-        elif content and _content(chunk):
+        elif content and text:
             tokens = 1
             self.tokens += 1
         else:
@@ -345,7 +416,13 @@ class Tally:
 def finish_record(record: RequestRecord, tally: Tally | None = None) -> None:
     """Fill the request-level fields from its responses, each type-checked, and judge it: a
     response without a content chunk fails the request. Never raises."""
-    usage = next((u for r in reversed(record.responses) if (u := _usage(r))), None)
+    if tally is not None:
+        seen = tally.seen
+    else:
+        seen = Seen()
+        for r in record.responses:
+            seen.add(r)
+    usage = seen.usage
     if usage:
         bound = token_bound(tally.max_tokens if tally else None)
         record.prompt_tokens = _checked(record, usage, "prompt_tokens", MAX_TOKENS)
@@ -354,9 +431,7 @@ def finish_record(record: RequestRecord, tally: Tally | None = None) -> None:
             record.note(f"usage.completion_tokens: fell from {tally.usage_peak} to {tokens}")
             tokens = None
         record.completion_tokens = tokens
-    reason = next(
-        (f for r in record.responses if isinstance(r, dict) and (f := _finish_reason(r))), None
-    )
+    reason = seen.finish_reason
     if reason is not None and not isinstance(reason, str):
         record.note(f"finish_reason: not a string: {reason!r:.40}")
         reason = None
@@ -368,7 +443,7 @@ def finish_record(record: RequestRecord, tally: Tally | None = None) -> None:
             if tally.stream
             else f"no parseable content chunk in the response body ({tally.problem})"
         )
-    detection = detect(carriers(record.responses))
+    detection = detect(seen.carriers())
     record.spec_status = detection.status
     record.spec_adapter = detection.adapter
     record.spec_message = detection.message
@@ -406,9 +481,10 @@ class LoadGenerator:
         self.prompts = prompts
         self.stop = asyncio.Event()
         self.on_done: Callable[[RequestRecord], None] | None = None
-        base = config.url.rstrip("/")
         path = "/v1/chat/completions" if config.endpoint == "chat" else "/v1/completions"
-        self.endpoint_url = base + path
+        self.replicas = config.replicas
+        self.endpoint_urls = [base.rstrip("/") + path for base in self.replicas]
+        self.outstanding = [0] * len(self.replicas)  # requests in flight per replica
         self.headers = {"Content-Type": "application/json"}
         if config.api_key:
             self.headers["Authorization"] = f"Bearer {config.api_key}"
@@ -417,11 +493,15 @@ class LoadGenerator:
         self, session: aiohttp.ClientSession, record: RequestRecord, prompt: Prompt, t0: float
     ) -> None:
         config = self.config
+        replica = self._route(record.index)
+        record.replica = self.replicas[replica]
+        self.outstanding[replica] += 1
         record.start = time.perf_counter() - t0
         body = orjson.dumps(_payload(config, prompt))
         tally = Tally(record, prompt.max_tokens or config.max_tokens, config.stream)
         try:
-            async with session.post(self.endpoint_url, data=body, headers=self.headers) as resp:
+            url = self.endpoint_urls[replica]
+            async with session.post(url, data=body, headers=self.headers) as resp:
                 record.status = resp.status
                 if resp.status != 200:
                     raw, _ = await _read_at_most(resp, MAX_ERROR_BYTES)
@@ -453,7 +533,19 @@ class LoadGenerator:
             logger.debug("request %d failed", record.index, exc_info=True)
             record.error = f"{type(exc).__name__}: {exc}"
         finally:
+            self.outstanding[replica] -= 1
             self._finish(record, tally)
+
+    def _route(self, index: int) -> int:
+        """The replica for request ``index``: round robin by index (the same spread whatever
+        the parts), or the one with the fewest requests in flight from this generator (ties go
+        round robin)."""
+        n = len(self.replicas)
+        if n == 1:
+            return 0
+        if self.config.routing == "round-robin":
+            return index % n
+        return min(range(n), key=lambda j: (self.outstanding[j], (j - index) % n))
 
     def _finish(self, record: RequestRecord, tally: Tally | None = None) -> None:
         try:
@@ -464,6 +556,25 @@ class LoadGenerator:
         if self.on_done is not None:
             self.on_done(record)
 
+    def _arrivals(
+        self, count: int | None, random_order: bool, warmup: bool, first_index: int
+    ) -> Iterator[tuple[int, Prompt, float]]:
+        """Every arrival of a phase, as a single generator draws them: (index within the phase,
+        prompt, when it is due in seconds from the phase's start; 0 in a closed loop). A part
+        takes every P-th, so the parts of a run together send exactly what one would."""
+        config = self.config
+        rng = np.random.default_rng(config.seed + (1 if warmup else 0))
+        order = random.Random(config.seed)
+        rate, shape = config.request_rate, config.burstiness
+        prompts = self.prompts
+        due, i = 0.0, 0
+        while count is None or i < count:
+            n = len(prompts)
+            yield i, prompts[order.randrange(n) if random_order else (first_index + i) % n], due
+            if rate:
+                due += float(rng.gamma(shape, 1.0 / (rate * shape)))
+            i += 1
+
     async def _phase(
         self,
         session: aiohttp.ClientSession,
@@ -471,20 +582,23 @@ class LoadGenerator:
         duration: float | None,
         warmup: bool,
         first_index: int,
+        t0: float | None = None,
     ) -> tuple[list[RequestRecord], float, float, int]:
-        """Send one phase (warm-up or measured); returns its records, its duration, when it
-        stopped sending and how many requests were in flight then.
+        """Send this part of one phase (warm-up or measured); returns its records, its
+        duration, when it stopped sending and how many requests were in flight then.
 
-        Open-loop arrivals are scheduled at absolute times (``t0`` plus the summed gaps), so the
-        loop's own work between sends does not lengthen every gap; a send is never started at or
-        after ``duration``, and no wait runs past it."""
+        Times count from ``t0`` (a ``time.perf_counter`` value, shared by the parts of a run on
+        one machine; default now). Open-loop arrivals are scheduled at absolute times (``t0``
+        plus the summed gaps), so the loop's own work between sends does not lengthen every gap;
+        a send is never started at or after ``duration``, and no wait runs past it."""
         config = self.config
+        part, parts = config.part
         records: list[RequestRecord] = []
         tasks: set[asyncio.Task[None]] = set()
-        rng = np.random.default_rng(config.seed + (1 if warmup else 0))
-        order = random.Random(config.seed)
-        limit = asyncio.Semaphore(config.concurrency) if config.concurrency else None
-        t0 = time.perf_counter()
+        concurrency = config.share(config.concurrency) if config.concurrency else None
+        limit = asyncio.Semaphore(concurrency) if concurrency else None
+        t0 = time.perf_counter() if t0 is None else t0
+        open_loop = bool(config.request_rate)
 
         async def one(record: RequestRecord, prompt: Prompt) -> None:
             if limit is None:
@@ -497,38 +611,32 @@ class LoadGenerator:
                     return
                 await self._send(session, record, prompt, t0)
 
-        index = 0
-        due = 0.0  # open loop: when the next request is due, seconds from t0
+        arrivals = self._arrivals(count, bool(duration), warmup, first_index)
         while not self.stop.is_set():
-            if count is not None and index >= count:
+            arrival = next(arrivals, None)
+            while arrival is not None and arrival[0] % parts != part:
+                arrival = next(arrivals, None)
+            if arrival is None:
                 break
-            if limit is not None and config.request_rate is None:
+            index, prompt, due = arrival
+            if limit is not None and not open_loop:
                 await limit.acquire()  # closed loop: wait for a free slot before creating work
                 limit.release()
+            wait = (due if duration is None else min(due, duration)) - (time.perf_counter() - t0)
+            if wait > 0:  # open loop (or a start time ahead): sleep until due, never past the end
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), timeout=wait)
+                if self.stop.is_set():
+                    break
             if duration is not None and time.perf_counter() - t0 >= duration:
                 break  # checked after the wait for a slot, which may end past the duration
-            prompt = (
-                self.prompts[order.randrange(len(self.prompts))]
-                if duration
-                else self.prompts[(first_index + index) % len(self.prompts)]
-            )
             record = RequestRecord(first_index + index, prompt.category, warmup)
-            if config.request_rate:
+            if open_loop:
                 record.scheduled = due
             records.append(record)
             task = asyncio.create_task(one(record, prompt))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-            index += 1
-            if config.request_rate:
-                shape = config.burstiness
-                due += float(rng.gamma(shape, 1.0 / (config.request_rate * shape)))
-                wait = due if duration is None else min(due, duration)
-                wait -= time.perf_counter() - t0
-                if wait > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.stop.wait(), timeout=wait)
-                    continue
             await asyncio.sleep(0)  # let the new task start its send
         sending = time.perf_counter() - t0
         in_flight = sum(1 for r in records if r.end is None and r.error is None)
@@ -544,7 +652,10 @@ class LoadGenerator:
         return records, (max(ends) if ends else time.perf_counter() - t0), sending, in_flight
 
     async def run(self, before_measure: Callable[[], Any] | None = None) -> RunResult:
-        """Warm up, call ``before_measure`` (e.g. scrape server counters), then measure."""
+        """Warm up, call ``before_measure`` (e.g. scrape server counters), then measure.
+
+        ``before_measure`` may return (or its coroutine resolve to) a ``time.perf_counter``
+        value: the measured phase then starts at that time, shared with other parts."""
         config = self.config
         timeout = aiohttp.ClientTimeout(total=config.timeout)
         connector = aiohttp.TCPConnector(limit=max(config.concurrency or 0, 256), force_close=False)
@@ -552,13 +663,15 @@ class LoadGenerator:
             warm: list[RequestRecord] = []
             if config.warmup:
                 warm, *_ = await self._phase(session, config.warmup, None, True, 0)
+            t0 = None
             if before_measure is not None:
                 result = before_measure()
                 if asyncio.iscoroutine(result):
-                    await result
-            started = time.time()
+                    result = await result
+                t0 = result if isinstance(result, float) else None
+            started = time.time() + (0.0 if t0 is None else t0 - time.perf_counter())
             count = None if config.duration else config.num_requests
             records, duration, sending, in_flight = await self._phase(
-                session, count, config.duration, False, config.warmup
+                session, count, config.duration, False, config.warmup, t0
             )
         return RunResult(warm + records, started, duration, self.stop.is_set(), sending, in_flight)

@@ -9,23 +9,26 @@ from __future__ import annotations
 
 import functools
 import math
-from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from speclens.acceptance import AcceptanceHistogram
-from speclens.engine import Engine, EngineConfig, SamplingParams, SpeculativeConfig, StepCost
-from speclens.engine.kv_cache import blocks_for
-from speclens.engine.model import LlamaModel
-from speclens.engine.tokenizer import Tokenizer
-from speclens.engine.weights import load_model
+from speclens.sim import fast as fast_path
 from speclens.sim import limits
-from speclens.sim.coverage import Coverage, cover
 from speclens.sim.scenario import Lengths, Pool, Scenario, Workload, pool_cost
+from speclens.sim.sketch import Tally, Totals
+
+if TYPE_CHECKING:  # torch loads only for the step-exact loop
+    from speclens.engine import Engine
+    from speclens.engine.model import LlamaModel
+    from speclens.engine.tokenizer import Tokenizer
+
+#: Keys the fast path's draws apart from the arrival and coverage streams of the same seed.
+FAST_STREAM = 0xFA57
 
 #: Keys the coverage stream apart from the arrival stream drawn from the same seed.
 COVERAGE_STREAM = 0xC0FE
@@ -72,47 +75,13 @@ def arrivals(workload: Workload, seed: int, slot: int = 0, every: int = 1) -> It
             yield SimRequest(first + i, float(times[i]), int(inputs[i]), int(outputs[i]))
 
 
-def _distribution(values: array[float], scale: float = 1000.0) -> dict[str, float] | None:
-    data = np.frombuffer(values, dtype=np.float64) if len(values) else np.zeros(0)
-    data = data[np.isfinite(data)] * scale
-    if data.size == 0:
-        return None
-    return {
-        "mean": float(data.mean()),
-        "p50": float(np.percentile(data, 50)),
-        "p90": float(np.percentile(data, 90)),
-        "p99": float(np.percentile(data, 99)),
-        "min": float(data.min()),
-        "max": float(data.max()),
-    }
-
-
-@dataclass
-class _Tally:
-    """What finished requests leave behind: latency samples (seconds) and totals."""
-
-    ttft: array[float] = field(default_factory=lambda: array("d"))
-    tpot: array[float] = field(default_factory=lambda: array("d"))
-    itl: array[float] = field(default_factory=lambda: array("d"))
-    e2e: array[float] = field(default_factory=lambda: array("d"))
-    requests: int = 0
-    output_tokens: int = 0
-    start: float = math.inf
-    end: float = 0.0
-
-    def add(self, r: SimRequest) -> None:
-        self.requests += 1
-        self.output_tokens += r.output_tokens
-        self.start = min(self.start, r.arrival)
-        self.end = max(self.end, r.finish or 0.0)
-        if r.first_token is not None:
-            self.ttft.append(r.first_token - r.arrival)
-        if r.finish is not None:
-            self.e2e.append(r.finish - r.arrival)
-            if r.first_token is not None and r.output_tokens > 1:
-                self.tpot.append((r.finish - r.first_token) / (r.output_tokens - 1))
-        for (t0, _), (t1, n) in zip(r.token_times, r.token_times[1:], strict=False):
-            self.itl.extend([(t1 - t0) / n] * n)
+def _record_exact(tally: Tally, r: SimRequest) -> None:
+    """A request the step-exact loop finished: its latencies, and an ITL sample per token."""
+    first = r.first_token if r.first_token is not None else math.nan
+    tally.add(r.arrival, first, r.finish if r.finish is not None else math.nan, r.output_tokens)
+    if len(r.token_times) > 1:
+        times = np.array(r.token_times, dtype=np.float64)
+        tally.itl.add(np.diff(times[:, 0]) / times[1:, 1], times[1:, 1])
 
 
 def _engine(
@@ -121,6 +90,9 @@ def _engine(
     """One replica's engine with the pool's stated limits. The KV pool is allocated only up to
     what this replica can ever hold (``share`` requests, or ``max_num_seqs`` of them, of at most
     ``longest`` tokens plus verify slots): a bound that cannot bind, so results are as stated."""
+    from speclens.engine import Engine, EngineConfig, SpeculativeConfig, StepCost
+    from speclens.engine.kv_cache import blocks_for
+
     spec = pool.engine.speculative
     speculative = (
         SpeculativeConfig(
@@ -158,6 +130,8 @@ def _engine(
 @functools.cache
 def _dummy() -> tuple[LlamaModel, Tokenizer]:
     """The embedded dummy model, loaded once: the sim executor reads only its vocabulary."""
+    from speclens.engine.weights import load_model
+
     return load_model("dummy")
 
 
@@ -171,6 +145,8 @@ def _run_replica(
     """Drive ``engine`` over ``requests`` (in arrival order, consumed as they arrive); each
     finished request goes to ``finished`` and is forgotten. ``keep_steps=False`` drops the
     engine's per-step records as it goes (a long run would otherwise keep one per step)."""
+    from speclens.engine import SamplingParams
+
     stream = iter(requests)
     upcoming = next(stream, None)
     live: dict[str, SimRequest] = {}
@@ -208,6 +184,55 @@ def _run_replica(
                     finished(r)
 
 
+def _with_k(pool: Pool, num_spec_tokens: int | None) -> Pool:
+    """The pool with a sweep's K in place of its own (when it speculates)."""
+    spec = pool.engine.speculative
+    if num_spec_tokens is None or spec is None:
+        return pool
+    engine = pool.engine.model_copy(
+        update={"speculative": spec.model_copy(update={"num_spec_tokens": num_spec_tokens})}
+    )
+    return pool.model_copy(update={"engine": engine})
+
+
+def _replicas(scenario: Scenario, num_spec_tokens: int | None) -> list[tuple[int, Pool]]:
+    return [
+        (index, _with_k(pool, num_spec_tokens))
+        for index, pool in limits.simulated_pools(scenario)
+        for _ in range(pool.replicas)
+    ]
+
+
+def _k(pool: Pool) -> int:
+    spec = pool.engine.speculative
+    return spec.num_spec_tokens if spec is not None else 0
+
+
+def _batched_tokens(pool: Pool) -> int:
+    """The engine's token budget of a step (``EngineConfig.max_num_batched_tokens``)."""
+    return max(pool.engine.max_model_len, 8192)
+
+
+def fast_fallback(
+    scenario: Scenario, rates: list[float] | None, num_spec_tokens: int | None = None
+) -> str | None:
+    """Why the fast path cannot run this scenario as the step-exact loop would (naming the
+    pool), or None when it can."""
+    workload = scenario.workload
+    longest = limits.longest(workload.input_tokens) + limits.longest(workload.output_tokens)
+    replicas = _replicas(scenario, num_spec_tokens)
+    for slot, (index, pool) in enumerate(replicas):
+        share = workload.requests // len(replicas) + (slot < workload.requests % len(replicas))
+        engine = pool.engine
+        reason = fast_path.unsupported(
+            _k(pool), rates, engine.max_num_seqs, engine.kv_cache_tokens,
+            _batched_tokens(pool), longest, share,
+        )  # fmt: skip
+        if reason is not None:
+            return f"deployment.pools[{index}]: {reason}"
+    return None
+
+
 def simulate(
     scenario: Scenario,
     base: Path,
@@ -218,74 +243,81 @@ def simulate(
     max_request_steps: int = limits.MAX_REQUEST_STEPS,
     source: str = "scenario",
     draft_coverage: float = 1.0,
+    fast: bool = False,
 ) -> dict[str, Any]:
     """Run the scenario; returns throughput, latency percentiles, realized AL, draft coverage
     and tokens per decode step, per pool too. A speculating request-step drafts with
-    probability ``draft_coverage`` (``speclens.sim.coverage``). Raises ``ValidationError``
-    (naming ``source``) for what ``limits`` refuses, before any work."""
+    probability ``draft_coverage`` (``speclens.sim.coverage``). ``fast`` takes the event-level
+    path (``speclens.sim.fast``) where it applies, the step-exact loop otherwise; ``loop`` and
+    ``fallback`` in the result say which ran and why. Raises ``ValidationError`` (naming
+    ``source``) for what ``limits`` refuses, before any work."""
     limits.check(scenario, source, [num_spec_tokens], max_request_steps)
     workload = scenario.workload
     count = workload.requests
     longest = limits.longest(workload.input_tokens) + limits.longest(workload.output_tokens)
-    replicas = [
-        (index, pool)
-        for index, pool in limits.simulated_pools(scenario)
-        for _ in range(pool.replicas)
-    ]
+    replicas = _replicas(scenario, num_spec_tokens)
+    fallback = fast_fallback(scenario, rates, num_spec_tokens) if fast else None
+    use_fast = fast and fallback is None
     closed = concurrency or workload.concurrency
     per_replica = None if closed is None else max(1, math.ceil(closed / len(replicas)))
     histogram = AcceptanceHistogram()
-    coverage = Coverage()
-    accepted = 0
-    tally = _Tally()
-    per_pool: dict[int, _Tally] = {}
+    request_steps = drafting_steps = accepted = 0
+    tally = Tally()
+    per_pool: dict[int, Totals] = {}
     for slot, (pool_index, pool) in enumerate(replicas):
-        pooled = per_pool.setdefault(pool_index, _Tally())
+        pooled = per_pool.setdefault(pool_index, Totals())
         share = count // len(replicas) + (slot < count % len(replicas))
         if not share:
             continue  # more replicas than requests: this one stays idle
-        if num_spec_tokens is not None and pool.engine.speculative is not None:
-            pool = pool.model_copy(update={"engine": pool.engine.model_copy(update={
-                "speculative": pool.engine.speculative.model_copy(update={"num_spec_tokens": num_spec_tokens})})})  # fmt: skip
-        engine = _engine(pool, base, rates, seed + slot, longest, share)
-        rng = np.random.default_rng([COVERAGE_STREAM, seed, slot])
-        drafted = cover(engine, draft_coverage, rng)
-
-        def done(r: SimRequest, pooled: _Tally = pooled) -> None:
-            tally.add(r)
-            pooled.requests += 1
-            pooled.output_tokens += r.output_tokens
-            pooled.start = min(pooled.start, r.arrival)
-            pooled.end = max(pooled.end, r.finish or 0.0)
-
         requests = arrivals(workload, seed, slot, len(replicas))
+        k = _k(pool)
+        if use_fast:
+            counts = fast_path.run_replica(
+                ((r.index, r.arrival, r.input_tokens, r.output_tokens) for r in requests),
+                k, rates, draft_coverage, pool_cost(pool, base), pool.engine.max_num_seqs,
+                _batched_tokens(pool), limits.longest(workload.output_tokens), per_replica,
+                np.random.default_rng([FAST_STREAM, seed, slot]), tally, pooled,
+            )  # fmt: skip
+            if k:
+                histogram.update(AcceptanceHistogram.from_dense(counts.histogram.tolist()))
+                request_steps += counts.request_steps
+                drafting_steps += counts.drafting_steps
+                accepted += int(counts.histogram @ np.arange(k + 1))
+            continue
+        from speclens.sim.coverage import cover
+
+        engine = _engine(pool, base, rates, seed + slot, longest, share)
+        drafted = cover(
+            engine, draft_coverage, np.random.default_rng([COVERAGE_STREAM, seed, slot])
+        )
+
+        def done(r: SimRequest, pooled: Totals = pooled) -> None:
+            _record_exact(tally, r)
+            pooled.record(r.arrival, r.finish or 0.0, r.output_tokens)
+
         _run_replica(engine, requests, per_replica, done, keep_steps=False)
         histogram.update(engine.stats.histogram)
         if drafted is not None:
-            coverage.add(drafted)
+            request_steps += drafted.request_steps
+            drafting_steps += drafted.drafting_steps
             accepted += engine.stats.num_accepted_tokens
     makespan = max(tally.end - tally.start, 1e-12)
     return {
         "requests": count,
+        "loop": "fast" if use_fast else "exact",
+        "fallback": fallback,
         "makespan_s": makespan,
         "throughput": {
             "requests_per_s": count / makespan,
             "output_tokens_per_s": tally.output_tokens / makespan,
         },
-        "latency_ms": {
-            "ttft": _distribution(tally.ttft),
-            "tpot": _distribution(tally.tpot),
-            "itl": _distribution(tally.itl),
-            "e2e": _distribution(tally.e2e),
-        },
+        "latency_ms": tally.latency_ms(),
         "realized_acceptance_length": histogram.acceptance_length if histogram else None,
-        "histogram": {str(j): n for j, n in histogram.counts.items()},
+        "histogram": {str(j): n for j, n in sorted(histogram.counts.items())},
         # Speculating replicas only: the share of decode request-steps that drafted, and the
         # tokens each gained (AL counts only the steps that drafted; this counts them all).
-        "draft_coverage": coverage.realized,
-        "tokens_per_step": 1 + accepted / coverage.request_steps
-        if coverage.request_steps
-        else None,
+        "draft_coverage": drafting_steps / request_steps if request_steps else None,
+        "tokens_per_step": 1 + accepted / request_steps if request_steps else None,
         "pools": {
             str(index): {
                 "requests": s.requests,

@@ -1,0 +1,319 @@
+"""The event-level fast path: the step-exact loop's schedule and prices, advanced a stretch of
+decode steps at a time.
+
+Under forced acceptance a request's draws do not depend on who shares its batch: each decode
+request-step drafts with probability ``coverage`` and then accepts j drafts with probability
+r_j - r_(j+1). So a request's whole trajectory (tokens per step, drafts, context) is drawn when it
+is admitted, and its share of every future decode step's price is added to a window indexed by
+decode step. With no preemption and every running request in every decode step (``unsupported``
+says when that holds), the batch changes only when a request finishes or is admitted: between
+those events the engine's clock is a cumulative sum over the window. Prefill steps, admission
+(``max_num_seqs``, the token budget), closed and open loops and idle gaps follow the engine's
+scheduler and ``simulate._run_replica`` step for step.
+
+The draws are numpy's, not the engine's torch stream, so results match the exact loop in
+distribution (tests/sim/test_fast.py), not draw for draw. No torch is imported here.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from speclens.sim.scenario import StepCostSpec
+from speclens.sim.sketch import Tally, Totals
+
+#: Block size of the engine's KV cache (``EngineConfig.block_size``), for the preemption check.
+BLOCK_SIZE = 16
+#: Most request-step draws held at a time (a group of admitted requests is drawn together).
+DRAW_STEPS = 1 << 20
+
+
+def unsupported(
+    k: int,
+    rates: list[float] | None,
+    max_num_seqs: int,
+    kv_cache_tokens: int,
+    max_num_batched_tokens: int,
+    longest: int,
+    share: int,
+) -> str | None:
+    """Why the fast path cannot run this replica exactly as the engine would, or None."""
+    if k and rates is None:
+        return "speculation without a forced acceptance schedule"
+    seqs = max(1, min(max_num_seqs, share))
+    held = -(-(longest + k + 1) // BLOCK_SIZE) * BLOCK_SIZE * seqs
+    if kv_cache_tokens < held:
+        return (
+            f"kv_cache_tokens {kv_cache_tokens:,} below {held:,} "
+            "(the KV cache may preempt requests)"
+        )
+    if max_num_batched_tokens // (k + 1) < seqs:
+        return "a decode step's token budget below max_num_seqs (requests would wait a step)"
+    return None
+
+
+#: A request (index, arrival, input tokens, output tokens) with its trajectory.
+Item = tuple[int, float, int, int, np.ndarray, np.ndarray, np.ndarray]
+
+
+@dataclass
+class Counts:
+    """A replica's speculation: the accepted-count histogram (dense over 0..K) of the steps
+    that drafted, decode request-steps, and those that drafted."""
+
+    histogram: np.ndarray
+    request_steps: int
+    drafting_steps: int
+
+
+class _Draws:
+    """Trajectories for admitted requests: per decode step the tokens gained (uncapped), whether
+    it drafted, and the price terms it adds to its steps."""
+
+    def __init__(
+        self,
+        k: int,
+        rates: list[float] | None,
+        coverage: float,
+        cost: StepCostSpec,
+        rng: np.random.Generator,
+    ) -> None:
+        self.k = k
+        reach = [1.0, *(rates or [])[:k], 0.0] if k else [1.0, 0.0]
+        self.cdf = np.cumsum([reach[j] - reach[j + 1] for j in range(len(reach) - 1)])
+        self.coverage = coverage if k else 0.0
+        self.cost = cost
+        self.rng = rng
+        mean_tokens = 1.0 + self.coverage * float(sum(rates or [])) if k else 1.0
+        self.mean_tokens = mean_tokens
+        self.histogram = np.zeros(k + 1, dtype=np.int64)
+        self.request_steps = 0
+        self.drafting_steps = 0
+
+    def _draw(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """``count`` request-steps: accepted drafts (0 when not drafting) and drafting flags."""
+        if not self.k:
+            return np.zeros(count, dtype=np.int64), np.zeros(count, dtype=bool)
+        drafting = (
+            self.rng.random(count) < self.coverage
+            if self.coverage < 1.0
+            else np.ones(count, dtype=bool)
+        )
+        drawn = np.searchsorted(self.cdf, self.rng.random(count), side="right")
+        return np.where(drafting, np.minimum(drawn, self.k), 0), drafting
+
+    def trajectories(
+        self, inputs: np.ndarray, outputs: np.ndarray
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Each request's decode steps, drawn together: tokens emitted (the last step's capped
+        at the request's length), the linear price terms of each step, and whether it drafted.
+        The draws are counted in the statistics."""
+        need = np.maximum(outputs - 1, 0)  # the prefill emits the first token
+        lengths = np.minimum(need, (need / self.mean_tokens + 6 * np.sqrt(need) + 8).astype(int))
+        accepted, drafting = self._draw(int(lengths.sum()))
+        while True:
+            total = np.concatenate([[0], np.cumsum(1 + accepted)])
+            ends = np.cumsum(lengths)
+            starts = ends - lengths
+            before = total[starts]
+            short = total[ends] - before < need
+            if not short.any():
+                break
+            # Extend a request that drew too few (never redraw: its steps stay i.i.d.).
+            extra = need[short] - (total[ends] - before)[short]
+            more_a, more_d = self._draw(int(extra.sum()))
+            at = np.repeat(ends[short], extra)
+            accepted, drafting = np.insert(accepted, at, more_a), np.insert(drafting, at, more_d)
+            lengths[short] += extra
+        steps = np.where(need > 0, np.searchsorted(total[1:], before + need) - starts + 1, 0)
+        request = np.repeat(np.arange(lengths.size), lengths)
+        taken = np.arange(accepted.size) - starts[request] < steps[request]
+        emitted = 1 + accepted
+        done = steps > 0
+        last = (starts + steps - 1)[done]
+        emitted[last] -= (total[last + 1] - before[done]) - need[done]
+        context = inputs[request] + 1 + total[:-1] - before[request]
+        drafts = drafting * self.k
+        c = self.cost
+        linear = (
+            c.per_token * (drafts + 1)
+            + c.per_seq
+            + c.per_context_token * (context + drafts)
+            + self.k * c.draft_per_token * drafting
+        )
+        if self.k:
+            counted = taken & drafting
+            self.histogram += np.bincount(accepted[counted], minlength=self.k + 1)
+            self.request_steps += int(steps.sum())
+            self.drafting_steps += int(counted.sum())
+        for first, n in zip(starts.tolist(), steps.tolist(), strict=True):
+            yield emitted[first : first + n], linear[first : first + n], drafting[first : first + n]
+
+
+def _prepared(
+    requests: Iterable[tuple[int, float, int, int]], draws: _Draws, longest_output: int
+) -> Iterator[Item]:
+    """``requests`` in order, each with its trajectory, drawn a group at a time (at most about
+    ``DRAW_STEPS`` request-steps held)."""
+    stream = iter(requests)
+    group = max(1, min(4096, DRAW_STEPS // max(1, longest_output)))
+    while chunk := list(itertools.islice(stream, group)):
+        table = np.array([r[2:] for r in chunk], dtype=np.int64)
+        for r, drawn in zip(chunk, draws.trajectories(table[:, 0], table[:, 1]), strict=True):
+            yield (*r, *drawn)
+
+
+@dataclass
+class _Live:
+    arrival: float
+    output_tokens: int
+    first: float
+    first_tokens: int  # emitted at its first decode step
+    first_decode_time: float = 0.0
+
+
+class _Gaps:
+    """ITL samples of requests past their first decode step, a buffer of steps at a time: each
+    step's gap, and how many of its requests emitted 1..K + 1 tokens (a token's ITL is the gap
+    over the tokens its request emitted)."""
+
+    def __init__(self, tally: Tally, k: int) -> None:
+        self.tally = tally
+        self.per = np.arange(1, k + 2)
+        self.gaps: list[np.ndarray] = []
+        self.counts: list[np.ndarray] = []
+        self.held = 0
+
+    def add(self, gaps: np.ndarray, counts: np.ndarray) -> None:
+        self.gaps.append(gaps)
+        self.counts.append(counts.copy())  # the window is reused
+        self.held += gaps.size
+        if self.held >= 1 << 16:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.held:
+            gaps, counts = np.concatenate(self.gaps), np.concatenate(self.counts)
+            self.tally.itl.add((gaps[:, None] / self.per).ravel(), (counts * self.per).ravel())
+            self.gaps, self.counts, self.held = [], [], 0
+
+
+def run_replica(
+    requests: Iterable[tuple[int, float, int, int]],
+    k: int,
+    rates: list[float] | None,
+    coverage: float,
+    cost: StepCostSpec,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    longest_output: int,
+    concurrency: int | None,
+    rng: np.random.Generator,
+    tally: Tally,
+    pooled: Totals,
+) -> Counts:
+    """Run one replica over ``requests`` (index, arrival, input tokens, output tokens) in
+    arrival order, as ``simulate._run_replica`` drives the engine; finished requests go to
+    ``tally`` (and ``pooled``)."""
+    draws = _Draws(k, rates, coverage, cost, rng)
+    span = longest_output + 2
+    width = 4 * span
+    linear = np.zeros(width)  # per decode step, the sum of its requests' linear price terms
+    drafting = np.zeros(width, dtype=np.int64)  # per decode step, its requests that draft
+    tokens = np.zeros((width, k + 2), dtype=np.int64)  # its later-step requests by tokens
+    base = 0  # the decode step at index 0 of the window
+    decoded = 0  # decode steps run so far
+    # The drafter's fixed price is paid on a step where any request drafts: every step at
+    # coverage 1, only some below.
+    partial = bool(k) and coverage < 1.0
+    fixed = cost.base + (k * cost.draft_base if k and not partial else 0.0)
+    clock = 0.0
+    last_decode = 0.0  # when the latest decode step ended
+    stream: Iterator[Item] = _prepared(requests, draws, longest_output)
+    upcoming = next(stream, None)
+    waiting: deque[Item] = deque()
+    running: list[tuple[int, int]] = []  # heap of (last decode step, request index)
+    live: dict[int, _Live] = {}
+    fresh: list[_Live] = []  # admitted since the last decode step
+    gaps = _Gaps(tally, k)
+    while upcoming is not None or waiting or running:
+        while upcoming is not None and (
+            (concurrency is None and upcoming[1] <= clock)
+            or (concurrency is not None and len(waiting) + len(running) < concurrency)
+        ):
+            if concurrency is not None:  # closed loop: it arrives as another leaves
+                upcoming = (upcoming[0], clock, *upcoming[2:])
+            waiting.append(upcoming)
+            upcoming = next(stream, None)
+        if not waiting and not running:
+            assert upcoming is not None
+            clock = max(clock, upcoming[1])
+            continue
+        if waiting and len(running) < max_num_seqs:  # a prefill step
+            budget = max_num_batched_tokens
+            batch: list[Item] = []
+            while waiting and len(running) + len(batch) < max_num_seqs:
+                if waiting[0][2] > budget:
+                    break
+                budget -= waiting[0][2]
+                batch.append(waiting.popleft())
+            assert batch, "a prompt never exceeds the token budget (max_model_len at most)"
+            prompt = sum(r[2] for r in batch)
+            if cost.prefill_base is not None and cost.prefill_per_token is not None:
+                clock += cost.prefill_base + cost.prefill_per_token * prompt
+            else:
+                clock += (
+                    cost.base + cost.per_token * prompt + cost.per_seq * len(batch)
+                    + cost.per_context_token * prompt
+                )  # fmt: skip
+            if decoded - base >= 2 * span:  # slide the window: no live request reaches back
+                shift = decoded - base
+                for array in (linear, drafting, tokens):
+                    array[: width - shift] = array[shift:]
+                    array[width - shift :] = 0
+                base = decoded
+            for index, arrival, _, outputs, emitted, lin, drafted in batch:
+                n = emitted.size
+                if not n:  # one output token: done at its prefill
+                    tally.add(arrival, clock, clock, outputs)
+                    pooled.record(arrival, clock, outputs)
+                    continue
+                at = decoded - base
+                linear[at : at + n] += lin
+                drafting[at : at + n] += drafted
+                tokens[np.arange(at + 1, at + n), emitted[1:]] += 1
+                r = _Live(arrival, outputs, clock, int(emitted[0]))
+                live[index] = r
+                fresh.append(r)
+                heapq.heappush(running, (decoded + n - 1, index))
+            continue
+        # A stretch of decode steps with the same requests: to the next finish, or to the
+        # next arrival when it could be admitted at once (open loop, a sequence free).
+        at = decoded - base
+        m = running[0][0] - decoded + 1
+        prices = linear[at : at + m] + fixed
+        if partial:
+            prices += k * cost.draft_base * (drafting[at : at + m] > 0)
+        prices[0] += clock
+        times = prices.cumsum()  # the clock after each step, added step by step
+        if concurrency is None and upcoming is not None and len(running) < max_num_seqs:
+            m = min(m, int(np.searchsorted(times, upcoming[1], side="left")) + 1)
+        gaps.add(np.diff(times[:m], prepend=last_decode), tokens[at : at + m, 1:])
+        for r in fresh:
+            r.first_decode_time = float(times[0])
+        fresh = []
+        clock = last_decode = float(times[m - 1])
+        decoded += m
+        while running and running[0][0] < decoded:
+            r = live.pop(heapq.heappop(running)[1])
+            tally.itl.add_one((r.first_decode_time - r.first) / r.first_tokens, r.first_tokens)
+            tally.add(r.arrival, r.first, clock, r.output_tokens)
+            pooled.record(r.arrival, clock, r.output_tokens)
+    gaps.flush()
+    return Counts(draws.histogram, draws.request_steps, draws.drafting_steps)

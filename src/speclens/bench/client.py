@@ -271,7 +271,9 @@ class Seen:
                     piece = delta.get("content")
                 else:
                     piece = c.get("text")
-                    content = content or isinstance(piece, str) or isinstance(c.get("message"), dict)
+                    content = (
+                        content or isinstance(piece, str) or isinstance(c.get("message"), dict)
+                    )
                 text = text or (isinstance(piece, str) and piece != "")
         else:
             flagged = True
@@ -355,8 +357,8 @@ class Tally:
         try:
             chunk = orjson.loads(data)
         except orjson.JSONDecodeError:
-            text = data if isinstance(data, str) else data[:1000].decode("utf-8", "replace")
-            unparsed = {"unparsed": text[:1000]}
+            raw = data if isinstance(data, str) else data[:1000].decode("utf-8", "replace")
+            unparsed = {"unparsed": raw[:1000]}
             record.responses.append(unparsed)
             self.seen.add(unparsed)
             record.unparsable_events += 1
@@ -368,7 +370,7 @@ class Tally:
             record.unparsable_events += 1
             self.problem = problem
             return None
-        return chunk, content, text, usage
+        return chunk, content, text, usage  # Seen.add found it an object
 
     def count(
         self,

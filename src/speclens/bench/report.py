@@ -143,9 +143,11 @@ def record_row(record: RequestRecord) -> dict[str, Any]:
         "index": record.index,
         "category": record.category,
         "warmup": record.warmup,
+        "replica": record.replica,
         "success": record.success,
         "status": record.status,
         "error": record.error,
+        "scheduled_s": record.scheduled,
         "start_s": record.start,
         "ttft_s": record.ttft,
         "latency_s": record.latency,
@@ -162,6 +164,27 @@ def record_row(record: RequestRecord) -> dict[str, Any]:
         "spec_decode_message": record.spec_message,
         "raw": record.responses,
     }
+
+
+def record_from_row(row: dict[str, Any]) -> RequestRecord:
+    """The record a ``record_row`` line was written from, as far as every figure needs it
+    (``chunk_times`` is not kept); a row that could not be serialized is a failed record.
+    Raises KeyError or TypeError on a line that is not a row."""
+    if "row_error" in row:
+        return RequestRecord(int(row["index"]), "", error=str(row["row_error"]))
+    start, latency = float(row["start_s"]), row["latency_s"]
+    return RequestRecord(
+        index=int(row["index"]), category=str(row["category"]), warmup=bool(row["warmup"]),
+        replica=row.get("replica"), scheduled=row.get("scheduled_s"), start=start,
+        end=None if latency is None else start + float(latency), ttft=row["ttft_s"],
+        itl_runs=[(float(g), int(n)) for g, n in row["itl_runs_s"]],
+        prompt_tokens=row["prompt_tokens"], completion_tokens=row["completion_tokens"],
+        finish_reason=row["finish_reason"], status=row["status"], error=row["error"],
+        responses=list(row["raw"]), spec=row["spec_decode_acceptance"],
+        spec_status=str(row["spec_decode_status"]), spec_adapter=row["spec_decode_adapter"],
+        spec_message=row["spec_decode_message"], unparsable_events=int(row["unparsable_events"]),
+        anomalies=list(row["anomalies"]),
+    )  # fmt: skip
 
 
 class RecordStream:

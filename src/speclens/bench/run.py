@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from speclens.acceptance import ValidationError
@@ -19,6 +19,7 @@ from speclens.bench.datasets import Prompt
 from speclens.bench.figures import summarize
 from speclens.bench.server import cross_check, read_counters, server_info
 from speclens.bench.verify import DEFAULT_Z, verify
+from speclens.bench.workers import WorkerPool
 
 
 @dataclass
@@ -86,29 +87,38 @@ async def run_bench(
     on_done: Any = None,
     settings: dict[str, Any] | None = None,
     max_failure_rate: float = 0.0,
+    workers: int = 1,
 ) -> BenchOutcome:
-    generator = LoadGenerator(config, prompts)
-    generator.on_done = on_done
+    """One run; with ``workers`` > 1 the load comes from that many processes (``WorkerPool``),
+    while the scrapes, the figures and the verdict stay here, once."""
+    runner: LoadGenerator | WorkerPool
+    if workers > 1:
+        runner = WorkerPool(config, prompts, workers)
+        stop = runner.stop
+    else:
+        runner = LoadGenerator(config, prompts)
+        stop = runner.stop.set
+    runner.on_done = on_done
     loop = asyncio.get_running_loop()
     try:  # Ctrl-C stops sending; in-flight requests get a grace period; nothing is lost
-        loop.add_signal_handler(signal.SIGINT, generator.stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop)
         handler = True
     except (NotImplementedError, RuntimeError):
         handler = False
-    info = await server_info(config.url, config.api_key)
-    before: dict[str, Any] | None = None
-    why_before: str | None = "the scrape before the run did not happen"
+    replicas = config.replicas
+    infos = [await server_info(url, config.api_key) for url in replicas]
+    missing = (None, "the scrape before the run did not happen")
+    before: list[tuple[dict[str, Any] | None, str | None]] = [missing] * len(replicas)
 
     async def snapshot() -> None:
-        nonlocal before, why_before
-        before, why_before = await read_counters(config.url, config.api_key, config.model)
+        before[:] = [await read_counters(url, config.api_key, config.model) for url in replicas]
 
     try:
-        result = await generator.run(before_measure=snapshot)
+        result = await runner.run(before_measure=snapshot)
     finally:
         if handler:
             loop.remove_signal_handler(signal.SIGINT)
-    after, why_after = await read_counters(config.url, config.api_key, config.model)
+    after = [await read_counters(url, config.api_key, config.model) for url in replicas]
     figures = _summarize(result, slo)
     acceptance = figures["acceptance"]
     warnings = []
@@ -130,16 +140,22 @@ async def run_bench(
         )
     summary: dict[str, Any] = {
         "settings": settings or {},
-        "server": info,
+        "server": infos[0],
         "figures": figures,
-        "server_check": cross_check(before, after, acceptance, why_before, why_after),
+        "server_check": cross_check(
+            before[0][0], after[0][0], acceptance, before[0][1], after[0][1]
+        ),
         "failures": failures(result.records, max_failure_rate),
         "load": {  # a duration-bound run awaits what was in flight when it stopped sending
+            "started": result.started,
             "sending_s": result.sending_s,
             "in_flight_at_stop": result.in_flight_at_stop,
         },
         "warnings": warnings,
     }
+    if len(replicas) > 1:
+        summary["replicas"] = per_replica(result, slo, replicas, infos, before, after)
+        summary["server_check"] = combined_check(summary["replicas"])
     if summary["server_check"].get("flags"):
         warnings.extend(summary["server_check"]["flags"])
     if expectation is not None:
@@ -166,6 +182,49 @@ async def run_bench(
         summary["verdict"]["expectation_source"] = expectation.source
         _veto(summary)
     return BenchOutcome(summary, result.records)
+
+
+def per_replica(
+    result: RunResult,
+    slo: dict[str, float] | None,
+    replicas: tuple[str, ...],
+    infos: list[dict[str, Any] | None],
+    before: list[tuple[dict[str, Any] | None, str | None]],
+    after: list[tuple[dict[str, Any] | None, str | None]],
+) -> dict[str, Any]:
+    """Each replica's figures (its own records over the run's duration) and its own server check
+    (its counters against the requests it served)."""
+    out = {}
+    for url, info, (b, why_b), (a, why_a) in zip(replicas, infos, before, after, strict=True):
+        mine = [r for r in result.records if r.replica == url]
+        figures = _summarize(replace(result, records=mine), slo)
+        out[url] = {
+            "server": info,
+            "figures": figures,
+            "server_check": cross_check(b, a, figures["acceptance"], why_b, why_a),
+        }
+    return out
+
+
+def combined_check(replicas: dict[str, Any]) -> dict[str, Any]:
+    """The run's server check over several replicas: available when every replica's is, each
+    flag and note prefixed with its replica's URL."""
+    checks = {url: row["server_check"] for url, row in replicas.items()}
+    flags = [f"{url}: {flag}" for url, c in checks.items() for flag in c.get("flags", [])]
+    notes = [f"{url}: {c['note']}" for url, c in checks.items() if not c["available"]]
+    out: dict[str, Any] = {
+        "available": not notes,
+        "unreadable_after": any(c["unreadable_after"] for c in checks.values()),
+        "consistent": not notes and all(c.get("consistent") for c in checks.values()),
+        "flags": flags,
+        "source": ", ".join(
+            sorted({str(c.get("source")) for c in checks.values() if c["available"]})
+        ),
+        "per_replica": "see replicas[URL].server_check",
+    }
+    if notes:
+        out["note"] = "; ".join(notes)
+    return out
 
 
 _REPORT_ERRORS = (TypeError, KeyError, ValueError, AttributeError, ArithmeticError)

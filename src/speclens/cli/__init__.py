@@ -29,7 +29,7 @@ app = typer.Typer(
 app.add_typer(profiles.app, name="profiles")
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
-app.command("bench")(bench.bench)
+app.add_typer(bench.app, name="bench")
 app.command("measure")(measure.measure)
 app.command("sim")(sim.sim)
 app.command("export")(export.export)

@@ -97,10 +97,58 @@ class EndpointChoice(StrEnum):
     chat = "chat"
 
 
+class RoutingChoice(StrEnum):
+    round_robin = "round-robin"
+    least_outstanding = "least-outstanding"
+
+
+#: The most worker processes ``--workers`` starts.
+MAX_WORKERS = 256
+
+app = typer.Typer(
+    help="Benchmark an OpenAI-compatible server and its speculative decoding.",
+    invoke_without_command=True,
+    add_completion=False,
+)
+
+
+def shard_problem(text: str | None) -> tuple[str | None, tuple[int, int]]:
+    """``--shard i/n`` as (i, n), or one line saying why it is not 0 <= i < n."""
+    if text is None:
+        return None, (0, 1)
+    i, sep, n = text.partition("/")
+    if sep and i.strip().isdigit() and n.strip().isdigit() and int(i) < int(n):
+        return None, (int(i), int(n))
+    return f"command line: --shard: expected I/N with 0 <= I < N, got {text!r}", (0, 1)
+
+
+@app.callback()
 def bench(
-    url: str = typer.Option("http://127.0.0.1:8000", "--url", help="The server's base URL."),
+    ctx: typer.Context,
+    url: list[str] = typer.Option(
+        ["http://127.0.0.1:8000"],
+        "--url",
+        help="The server's base URL; repeat it for several replicas (see --routing).",
+    ),
+    routing: RoutingChoice = typer.Option(
+        RoutingChoice.round_robin,
+        "--routing",
+        help="Over several --url: round-robin (by request index) or least-outstanding (fewest "
+        "in flight from this process).",
+    ),
+    workers: int = typer.Option(
+        1,
+        "--workers",
+        help="Load-generating processes, each with its share of the concurrency or arrivals.",
+    ),
+    shard: str | None = typer.Option(
+        None,
+        "--shard",
+        help="I/N: send this shard's share of the run (arrivals I, I+N, ...); join the shards' "
+        "output directories with `speclens bench merge`.",
+    ),
     api_key: str | None = typer.Option(None, "--api-key"),
-    model: str = typer.Option(..., "--model", help="The served model name."),
+    model: str | None = typer.Option(None, "--model", help="The served model name (required)."),
     endpoint: EndpointChoice = typer.Option(EndpointChoice.completions, "--endpoint"),
     dataset: str = typer.Option(
         "random", "--dataset", help="random, or jsonl (with --dataset-path)."
@@ -165,6 +213,8 @@ def bench(
     max_failure_rate: float = MAX_FAILURE_RATE_OPTION,
 ) -> None:
     """Benchmark an OpenAI-compatible server and its speculative decoding."""
+    if ctx.invoked_subcommand is not None:
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from speclens.bench.client import LoadConfig, RequestRecord
@@ -173,10 +223,14 @@ def bench(
     from speclens.bench.report import print_summary, write_files
     from speclens.bench.run import Expectation, run_bench
     from speclens.bench.server import served_speculation, server_info
+    from speclens.bench.workers import WorkerFailed
 
     number = "a number"
+    why_shard, part = shard_problem(shard)
     check([
-        url_problem(url),
+        *(url_problem(u) for u in url),
+        why_shard,
+        range_problem("--workers", workers, 1, high=MAX_WORKERS),
         range_problem("--input-len", input_len, 1),
         range_problem("--num-requests", num_requests, 1),
         range_problem("--duration", duration, 0, above=True, kind=number),
@@ -195,6 +249,17 @@ def bench(
             high=None if num_spec_tokens is None else num_spec_tokens + 1, kind=number,
         ),
     ])  # fmt: skip
+    if model is None:
+        fail("command line: --model: required (the served model name)", code=2)
+    if len(set(url)) < len(url):
+        fail("command line: --url: a replica is given twice", code=2)
+    parts = part[1] * workers
+    if request_rate is None and (concurrency or 8) < parts:
+        fail(
+            f"command line: --concurrency: expected at least one request per worker and shard "
+            f"({parts}), got {concurrency}",
+            code=2,
+        )
     if num_requests is not None and duration is not None:
         fail("give --num-requests or --duration, not both", code=2)
     if concurrency is not None and request_rate is not None:
@@ -221,7 +286,7 @@ def bench(
             expect_acceptance_length, num_spec_tokens, {"cli": "--expect-acceptance-length"}
         )
     elif expect_profile:
-        served = served_speculation(asyncio.run(server_info(url, api_key)))
+        served = served_speculation(asyncio.run(server_info(url[0], api_key)))
         spec_method = method or served.get("method")
         k = num_spec_tokens or served.get("num_speculative_tokens")
         if not spec_method or not k:
@@ -238,7 +303,8 @@ def bench(
             )  # fmt: skip
         expectation = Expectation(res.acceptance_length, res.num_spec_tokens, res.model_dump())
     config = LoadConfig(
-        url=url, model=model, endpoint=endpoint.value, api_key=api_key,
+        url=url[0], urls=tuple(url), routing=routing.value, part=part,
+        model=model, endpoint=endpoint.value, api_key=api_key,
         num_requests=count, duration=duration,
         concurrency=None if request_rate else (concurrency or 8), request_rate=request_rate,
         burstiness=burstiness, warmup=warmup, max_tokens=max_tokens, ignore_eos=ignore_eos,
@@ -256,7 +322,10 @@ def bench(
         if k != "api_key"
     }
     settings["max_failure_rate"] = max_failure_rate
-    total = (count or 0) + warmup if count else None
+    settings["workers"] = workers
+    settings["shard"] = list(part) if shard is not None else None
+    share = len(range(part[0], warmup, part[1])) + len(range(part[0], count or 0, part[1]))
+    total = share if count else None
     records_out = open_records(output_dir) if output_dir is not None else None
     try:
         with Progress(
@@ -274,8 +343,11 @@ def bench(
                 run_bench(
                     config, prompts, expectation, slos, expect_spec=expectation is not None,
                     on_done=done, settings=settings, max_failure_rate=max_failure_rate,
+                    workers=workers,
                 )
             )  # fmt: skip
+    except WorkerFailed as exc:
+        fail(str(exc).splitlines()[0])
     except KeyboardInterrupt:  # a second Ctrl-C, or one outside the load phase
         fail("bench: interrupted" + (f"; finished requests are in {records_out.path}" if records_out else ""), code=130)  # fmt: skip
     finally:
@@ -292,5 +364,39 @@ def bench(
             out_console.print(f"wrote {path}")
         if records_out.error:
             fail(f"{records_out.error}: records.jsonl is incomplete")
+    if outcome.exit_code:
+        raise typer.Exit(outcome.exit_code)
+
+
+@app.command("merge")
+def merge(
+    directories: list[Path] = typer.Argument(
+        ..., help="Output directories of the shards of one run (--shard I/N), one each."
+    ),
+    output_dir: Path = typer.Option(
+        ..., "--output-dir", help="Write the merged summary.json, records.jsonl, CSV and plots."
+    ),
+) -> None:
+    """Merge runs sharded across machines into one report, every figure recomputed from the
+    merged records. Exit 1 when the runs are not the shards of one run; 3 when more requests
+    failed than the run's --max-failure-rate allows; 130 when a shard was interrupted."""
+    from speclens.bench.merge import merge as merge_runs
+    from speclens.bench.report import print_summary, write_files
+
+    with reported():
+        outcome = merge_runs(directories)
+    records_out = open_records(output_dir)
+    with records_out:
+        for record in outcome.records:
+            records_out.write(record)
+    print_summary(out_console, outcome.summary)
+    try:
+        paths = [records_out.path, *write_files(output_dir, outcome.summary, outcome.records)]
+    except OSError as exc:
+        fail(f"{exc.filename or output_dir}: cannot write: {exc.strerror or exc}")
+    for path in paths:
+        out_console.print(f"wrote {path}")
+    if records_out.error:
+        fail(f"{records_out.error}: records.jsonl is incomplete")
     if outcome.exit_code:
         raise typer.Exit(outcome.exit_code)

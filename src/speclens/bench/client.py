@@ -64,9 +64,8 @@ class LoadConfig:
     #: Every replica's base URL (empty: ``url`` alone), and how requests are spread over them.
     urls: tuple[str, ...] = ()
     routing: Routing = "round-robin"
-    #: This generator's part of the run, (p, P): it sends the arrivals whose index within a
-    #: phase is p modulo P, at the times a single generator would, with its share of the
-    #: concurrency. Shards (``--shard``) and worker processes (``--workers``) are parts.
+    #: This generator's part of the run, (p, P): it sends the requests whose index is p modulo
+    #: P, at the times a single generator would, with its share of the concurrency. Shards (``--shard``) and worker processes (``--workers``) are parts.
     part: tuple[int, int] = (0, 1)
 
     @property
@@ -616,7 +615,7 @@ class LoadGenerator:
         arrivals = self._arrivals(count, bool(duration), warmup, first_index)
         while not self.stop.is_set():
             arrival = next(arrivals, None)
-            while arrival is not None and arrival[0] % parts != part:
+            while arrival is not None and (first_index + arrival[0]) % parts != part:
                 arrival = next(arrivals, None)
             if arrival is None:
                 break

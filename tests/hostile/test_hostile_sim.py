@@ -97,7 +97,7 @@ def test_a_billion_requests_is_refused_at_once_in_bounded_memory(tmp_path: Path)
     assert err == [
         f"{path}: workload.requests: 1,000,000,000 requests x up to 32 output tokens "
         "(workload.output_tokens) = 32,000,000,000 request-steps, over the budget of "
-        "10,000,000: lower workload.requests or workload.output_tokens, or raise "
+        "1,000,000,000: lower workload.requests or workload.output_tokens, or raise "
         "--max-request-steps",
         f"{path}: workload.input_tokens: 1,000,000,000 requests (workload.requests) x up to 32 "
         "input tokens = 32,000,000,000 prompt tokens, over the limit of 200,000,000: lower "
@@ -121,7 +121,7 @@ def test_a_million_replicas_is_refused(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_a_hundred_million_output_tokens_is_refused(tmp_path: Path) -> None:
     path = _scenario(tmp_path, workload__output_tokens=10**8, workload__requests=1)
-    code, err, _, seconds = _sim(path, timeout=30)
+    code, err, _, seconds = _sim(path, "--exact", timeout=30)  # the step-exact loop's budget
     assert (code, err) == (1, [
         f"{path}: deployment.pools[0].engine.max_model_len: is 32768, but a request may need "
         "100000032 tokens (workload.input_tokens up to 32 + workload.output_tokens up to "

@@ -24,7 +24,13 @@ from speclens.cli._common import (
     out_console,
     reported,
 )
-from speclens.sim.limits import MAX_NUM_SPEC_TOKENS, MAX_REQUEST_STEPS, MAX_SWEEP_POINTS, check
+from speclens.sim.limits import (
+    MAX_FAST_REQUEST_STEPS,
+    MAX_NUM_SPEC_TOKENS,
+    MAX_REQUEST_STEPS,
+    MAX_SWEEP_POINTS,
+    check,
+)
 
 
 def _sweep(text: str) -> tuple[str, list[int]]:
@@ -93,39 +99,52 @@ def sim(
     plot: Path | None = typer.Option(
         None, "--plot", help="With --sweep: write a PNG of throughput against latency."
     ),
-    max_request_steps: int = typer.Option(
-        MAX_REQUEST_STEPS,
+    max_request_steps: int | None = typer.Option(
+        None,
         "--max-request-steps",
-        help="Refuse a run whose requests x longest output exceeds this (bounds time, memory).",
+        help=f"Refuse a run whose requests x longest output exceeds this (bounds time, memory); "
+        f"default {MAX_FAST_REQUEST_STEPS:,} on the fast path, {MAX_REQUEST_STEPS:,} on the "
+        "step-exact loop.",
+    ),
+    exact: bool = typer.Option(
+        False,
+        "--exact",
+        help="Run the step-exact loop (the engine's own scheduler, step by step) instead of "
+        "the event-level fast path.",
+    ),
+    jobs: int | None = typer.Option(
+        None, "--jobs", help="Sweep points run in this many processes (default: the cores)."
     ),
 ) -> None:
     """Simulate a scenario with the resolved acceptance."""
     from speclens.acceptance import WorkloadAcceptance, resolve
     from speclens.sim.scenario import load_scenario
+    from speclens.sim.simulate import fast_fallback
 
     if not 0 <= seed <= MAX_SEED:
         fail(f"--seed: expected an integer in 0..{MAX_SEED}, got {seed}", code=2)
-    if max_request_steps < 1:
+    if max_request_steps is not None and max_request_steps < 1:
         fail(f"--max-request-steps: expected an integer >= 1, got {max_request_steps}", code=2)
+    if jobs is not None and jobs < 1:
+        fail(f"--jobs: expected an integer >= 1, got {jobs}", code=2)
     name, points = _sweep(sweep) if sweep else ("", [0])
     if plot is not None:
         _check_plot(plot, sweep)
+    ks: list[int | None] = list(points) if name == "num_spec_tokens" else [None]
     with reported():
         scenario = load_scenario(scenario_path)
-        check(
-            scenario,
-            str(scenario_path),
-            points if name == "num_spec_tokens" else [None],
-            max_request_steps,
-            runs=len(points),
-        )
+        # The fast path runs where it can represent every point (a speculating pool always
+        # runs a resolved, forced schedule here); the budget follows the path.
+        fallbacks = [] if exact else [fast_fallback(scenario, [], k) for k in ks]
+        fast = not exact and not any(fallbacks)
+        budget = max_request_steps or (MAX_FAST_REQUEST_STEPS if fast else MAX_REQUEST_STEPS)
+        check(scenario, str(scenario_path), ks, budget, runs=len(points))
         reg = load_registry(registry)
-    with interrupt_deferred():  # torch: only once the scenario is accepted
-        from speclens.sim.simulate import simulate
 
     pools = scenario.speculating
     spec = pools[0].engine.speculative if pools else None
-    rows: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    resolutions: list[Any] = []
     for point in points:
         k = point if name == "num_spec_tokens" else (spec.num_spec_tokens if spec else None)
         resolution = None
@@ -141,18 +160,20 @@ def sim(
                     cli=cli_value(k, acceptance_length, acceptance_rate, per_position_rates),
                 )  # fmt: skip
             rates = resolution.per_position_rates
-        with reported():
-            result = simulate(
-                scenario, scenario_path.parent, rates, seed,
-                concurrency=point if name == "concurrency" else None,
-                num_spec_tokens=k if name == "num_spec_tokens" else None,
-                max_request_steps=max_request_steps, source=str(scenario_path),
-                draft_coverage=resolution.draft_coverage if resolution else 1.0,
-            )  # fmt: skip
+        resolutions.append(resolution)
+        calls.append(dict(
+            scenario=scenario, base=scenario_path.parent, rates=rates, seed=seed,
+            concurrency=point if name == "concurrency" else None,
+            num_spec_tokens=k if name == "num_spec_tokens" else None,
+            max_request_steps=budget, source=str(scenario_path),
+            draft_coverage=resolution.draft_coverage if resolution else 1.0, fast=not exact,
+        ))  # fmt: skip
+    with reported():
+        rows = _run(calls, jobs or _cores(), torch=not fast)
+    for result, resolution, point in zip(rows, resolutions, points, strict=True):
         result["resolution"] = resolution.model_dump() if resolution else None
         if name:
             result["sweep"] = {name: point}
-        rows.append(result)
     if as_json:
         typer.echo(json.dumps(rows if name else rows[0], indent=2))
     else:
@@ -160,6 +181,37 @@ def sim(
     if plot is not None:
         _plot(rows, name, plot)
         (err_console if as_json else out_console).print(f"wrote {plot}")
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity where the system reports one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def _simulate(call: dict[str, Any]) -> dict[str, Any]:
+    from speclens.sim.simulate import simulate
+
+    return simulate(**call)
+
+
+def _run(calls: list[dict[str, Any]], jobs: int, torch: bool) -> list[dict[str, Any]]:
+    """Every sweep point, in order: in this process, or in ``jobs`` fresh processes (spawned:
+    each point is a pure function of its arguments, so the results are the same). ``torch``:
+    the step-exact loop runs, so torch loads first (with Ctrl-C held)."""
+    workers = min(jobs, len(calls))
+    if workers <= 1:
+        if torch:
+            with interrupt_deferred():
+                import speclens.sim.coverage  # noqa: F401
+        return [_simulate(call) for call in calls]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        return list(pool.map(_simulate, calls))
 
 
 def _print(rows: list[dict[str, Any]], name: str) -> None:
@@ -191,6 +243,13 @@ def _print(rows: list[dict[str, Any]], name: str) -> None:
         ]
         table.add_row(*([str(r["sweep"][name])] if name else []), *cells)
     out_console.print(table)
+    fallback = rows[0].get("fallback")
+    out_console.print(
+        f"step-exact loop: the fast path cannot represent {fallback}"
+        if fallback
+        else f"{rows[0]['loop']} path"
+        + (" (--exact for the step-exact loop)" if rows[0]["loop"] == "fast" else "")
+    )
     res = rows[0]["resolution"]
     if res:
         out_console.print(

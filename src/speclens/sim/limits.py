@@ -18,6 +18,10 @@ from speclens.sim.scenario import Lengths, Pool, Scenario
 #: second and keeps 8 bytes a token for the latency percentiles, so this default is minutes
 #: and well under a GiB. ``speclens sim --max-request-steps`` raises it.
 MAX_REQUEST_STEPS = 10_000_000
+#: The same budget for the event-level fast path (``speclens.sim.fast``), which prices a few
+#: million request-steps a second and keeps constant memory (latency sketches, a window of
+#: decode steps, at most about a million drawn request-steps), so this default is minutes too.
+MAX_FAST_REQUEST_STEPS = 1_000_000_000
 #: Most prompt tokens a run may hold: requests x the longest input. A queued request holds its
 #: prompt (8 bytes a token), and an open-loop workload over capacity can queue every request.
 MAX_PROMPT_TOKENS = 200_000_000

@@ -6,7 +6,11 @@ tokens at concurrency ``--concurrency``) with:
 - a bare aiohttp loop that only reads the lines (the ceiling any Python client can reach here);
 - ``speclens bench``'s load generator: full SSE parsing, per-chunk timestamps, usage-based token
   counts, adapter detection, every record and raw payload kept;
+- the same generator split over ``--workers`` processes (``speclens bench --workers N``);
 - AIPerf, when the ``aiperf`` command is installed (same server, same load).
+
+The three in-process clients run in interleaved rounds (``--rounds``) and the medians are
+printed, so a shared machine's load drifts into all of them alike.
 
 It prints the sustained request rate of each, as a ratio against the bare loop, and the client's
 CPU time per streamed token. Servers:
@@ -16,6 +20,7 @@ CPU time per streamed token. Servers:
 - ``serve``: ``speclens serve --executor sim`` with a zero step cost.
 
     python benchmarks/client.py [--server standin|serve] [--requests 2000] [--concurrency 64]
+                                [--workers 2] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,8 +41,9 @@ from pathlib import Path
 
 import aiohttp
 
-from speclens.bench.client import LoadConfig, LoadGenerator
+from speclens.bench.client import LoadConfig, LoadGenerator, RunResult
 from speclens.bench.datasets import random_prompts
+from speclens.bench.workers import WorkerPool
 
 STANDIN = r"""
 import sys, orjson
@@ -130,20 +137,23 @@ async def bare_loop(url: str, requests: int, concurrency: int, tokens: int) -> f
         return requests / (time.perf_counter() - start)
 
 
-async def ours(url: str, requests: int, concurrency: int, tokens: int) -> tuple[float, float, int]:
-    """(requests/s, client CPU seconds per token, requests with stats) for speclens's client."""
+async def ours(
+    url: str, requests: int, concurrency: int, tokens: int, workers: int = 1
+) -> tuple[float, float, int]:
+    """(requests/s, client CPU seconds per token, requests with stats) for speclens's client,
+    over the measured part (first send to last finish; worker start-up excluded). CPU is this
+    process's alone (with workers, the parent's)."""
     config = LoadConfig(url=url, model="dummy", num_requests=requests, concurrency=concurrency,
                         max_tokens=tokens, ignore_eos=True)  # fmt: skip
-    generator = LoadGenerator(config, random_prompts(64, 8, tokens, seed=0))
+    prompts = random_prompts(64, 8, tokens, seed=0)
+    runner = WorkerPool(config, prompts, workers) if workers > 1 else LoadGenerator(config, prompts)
     cpu = time.process_time()
-    start = time.perf_counter()
-    result = await generator.run()
-    wall = time.perf_counter() - start
+    result: RunResult = await runner.run()
     cpu = time.process_time() - cpu
     done = [r for r in result.records if r.success]
     streamed = sum(r.completion_tokens or 0 for r in done)
     assert len(done) == requests, [r.error for r in result.records if not r.success][:3]
-    return requests / wall, cpu / max(streamed, 1), sum(1 for r in done if r.spec)
+    return requests / result.duration, cpu / max(streamed, 1), sum(1 for r in done if r.spec)
 
 
 def aiperf(url: str, requests: int, concurrency: int, tokens: int, exe: str | None) -> float | None:
@@ -186,35 +196,47 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=2, help="processes for the scaled-out run")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
     parser.add_argument("--aiperf", default=None, help="the aiperf command (default: on PATH)")
     args = parser.parse_args()
     port = free_port()
     server = start_server(args.server, port, args.tokens)
     url = f"http://127.0.0.1:{port}"
+    n, c, t = args.requests, args.concurrency, args.tokens
+    bases, rates, cpus, scaled = [], [], [], []
     try:
-        asyncio.run(bare_loop(url, 200, args.concurrency, args.tokens))  # warm up
-        base = asyncio.run(bare_loop(url, args.requests, args.concurrency, args.tokens))
-        rate, cpu_per_token, with_stats = asyncio.run(
-            ours(url, args.requests, args.concurrency, args.tokens)
-        )
-        peer = aiperf(url, args.requests, args.concurrency, args.tokens, args.aiperf)
+        asyncio.run(bare_loop(url, 200, c, t))  # warm up
+        for _ in range(args.rounds):
+            bases.append(asyncio.run(bare_loop(url, n, c, t)))
+            rate, cpu_per_token, with_stats = asyncio.run(ours(url, n, c, t))
+            rates.append(rate)
+            cpus.append(cpu_per_token)
+            scaled.append(asyncio.run(ours(url, n, c, t, args.workers))[0])
+        peer = aiperf(url, n, c, t, args.aiperf)
     finally:
         server.terminate()
         server.wait(timeout=15)
-    print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-          f"server {args.server}, {args.requests} streamed {args.tokens}-token requests at concurrency {args.concurrency}")  # fmt: skip
+    base, rate, many = (statistics.median(v) for v in (bases, rates, scaled))
+    print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.2f}; server {args.server}, {n} streamed {t}-token "
+          f"requests at concurrency {c}; medians of {args.rounds} interleaved rounds")  # fmt: skip
     print("| client | requests/s | ratio to bare loop |")
     print("|---|---:|---:|")
     print(f"| bare aiohttp loop (reads lines only) | {base:,.0f} | 1.00 |")
     print(
-        f"| speclens bench (full parsing, records kept; {with_stats} with stats) | {rate:,.0f} | {rate / base:.2f} |"
+        f"| speclens bench, 1 process (full parsing, records kept; {with_stats} with stats) | {rate:,.0f} | {rate / base:.2f} |"
     )
+    print(f"| speclens bench --workers {args.workers} | {many:,.0f} | {many / base:.2f} |")
     if peer is None:
         print("| AIPerf | not installed | - |")
     else:
         print(f"| AIPerf | {peer:,.0f} | {peer / base:.2f} |")
         print(f"\nspeclens / AIPerf: {rate / peer:.2f}")
-    print(f"\nclient CPU per streamed token: {cpu_per_token * 1e6:.1f} µs")
+    print(f"\n--workers {args.workers} / 1 process: {many / rate:.2f}")
+    print("rounds (bare, 1 process, workers): " + "; ".join(
+        f"{b:,.0f} {r:,.0f} {w:,.0f}" for b, r, w in zip(bases, rates, scaled, strict=True)))  # fmt: skip
+    print(f"client CPU per streamed token (1 process): {statistics.median(cpus) * 1e6:.1f} µs")
 
 
 if __name__ == "__main__":

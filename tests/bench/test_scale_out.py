@@ -245,7 +245,7 @@ def test_duration_with_workers_stops_sending_at_the_deadline(canned: str) -> Non
     )
     outcome = asyncio.run(run_bench(config, random_prompts(16, 2, 1, seed=0), workers=2))
     records = outcome.records
-    assert records and all(r.start < 1.0 for r in records)
+    assert records and max(r.start for r in records) < 1.0 + 0.01, max(r.start for r in records)
     assert sorted(r.index for r in records) == sorted({r.index for r in records})
     load = outcome.summary["load"]
     assert 0.9 <= load["sending_s"] < 1.5 and load["in_flight_at_stop"] <= 4

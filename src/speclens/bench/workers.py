@@ -9,7 +9,7 @@ their records share one time axis.
 
 The parent does everything that must happen once: it waits for every worker's warm-up, calls
 ``before_measure`` (the server scrape), hands out the common start time, receives each record as
-it finishes (``on_done``: progress, records.jsonl) and merges the results. Workers ignore SIGINT;
+it finishes (``on_done``: progress, records.jsonl; sent in batches every ``FLUSH_S``) and merges the results. Workers ignore SIGINT;
 ``stop()`` (the parent's Ctrl-C) sends each one SIGTERM, which stops its sending the way Ctrl-C
 stops a single process (in-flight requests get the grace period, every record is kept).
 """
@@ -34,6 +34,10 @@ from speclens.bench.datasets import Prompt
 #: Seconds between the start signal and the measured phase's origin: every worker is waiting
 #: on its pipe by then, so none starts late.
 START_AHEAD_S = 0.05
+
+#: Seconds between a worker's batches of finished records (progress and records.jsonl lag by
+#: at most this much).
+FLUSH_S = 0.05
 
 #: Seconds a worker is given to exit after its results, before it is killed.
 JOIN_TIMEOUT_S = 10.0
@@ -68,9 +72,23 @@ async def _work(config: LoadConfig, prompts: list[Prompt], out: Any, start: Any)
     out.put(
         ("ready", os.getpid(), None)
     )  # from here SIGTERM stops sending instead of killing the process
-    generator.on_done = lambda record: out.put(("record", os.getpid(), record))
+    batch: list[RequestRecord] = []
+    generator.on_done = batch.append
+
+    def flush() -> None:
+        if batch:
+            out.put(("records", os.getpid(), batch[:]))
+            batch.clear()
+
+    async def flusher() -> None:  # records go up in batches: one pickle and one get per batch
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            flush()
+
+    flushing = asyncio.create_task(flusher())
 
     async def barrier() -> float | None:
+        flush()
         out.put(("warm", os.getpid(), None))
         t0 = await loop.run_in_executor(None, start.recv)
         if t0 is None:
@@ -78,7 +96,9 @@ async def _work(config: LoadConfig, prompts: list[Prompt], out: Any, start: Any)
         return t0  # type: ignore[no-any-return]
 
     result = await generator.run(before_measure=barrier)
-    result.records = []  # already sent one by one
+    flushing.cancel()
+    flush()
+    result.records = []  # already sent in batches
     out.put(("done", os.getpid(), result))
 
 
@@ -159,10 +179,11 @@ class WorkerPool:
             self._ready.add(pid)
             if self._stopped:
                 self._terminate(pid)
-        elif kind == "record":
-            records.append(payload)
+        elif kind == "records":
+            records.extend(payload)
             if self.on_done is not None:
-                self.on_done(payload)
+                for record in payload:
+                    self.on_done(record)
         elif kind == "done":
             results.append(payload)
         elif kind == "error":

@@ -1,41 +1,56 @@
-"""How many simulated requests ``speclens sim`` gets through per second of wall time, one core.
+"""How fast ``speclens sim`` runs the example scenario (``examples/kimi-k3-dspark.yaml``, AL 3.78
+at K 7), on the event-level fast path against the step-exact loop, in one run on one core.
 
-    python benchmarks/sim.py [--requests 100000] [--output-tokens 64] [--concurrency 256]
+    taskset -c 0 python benchmarks/sim.py [--requests 100000] [--exact-requests 10000] [--rounds 3]
 
-Goal: at least 100,000 simulated requests in under a minute on one core. The baseline printed
-beside it is the same loop with speculation off (one token per step), measured in the same run.
+Goals: ``--requests`` (100,000) in under 10 s on the fast path, with the same results as the
+step-exact loop within 1%. The step-exact loop takes minutes at 100,000, so both paths run
+``--exact-requests`` of the same scenario (same seed: the same arrivals and lengths), alternating
+over ``--rounds`` (medians); their results are compared there, and request-steps per second of
+wall time (decode request-steps, each a request's share of a decode step) are the speed ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import statistics
 import time
 from pathlib import Path
-
-import torch
+from typing import Any
 
 from speclens.acceptance import minimum_variance_rates
-from speclens.sim.scenario import Scenario
+from speclens.sim.scenario import load_scenario
 from speclens.sim.simulate import simulate
 
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "kimi-k3-dspark.yaml"
+FIGURES = [("makespan_s",), ("realized_acceptance_length",)] + [
+    ("latency_ms", m, q) for m in ("ttft", "tpot", "itl", "e2e") for q in ("mean", "p50", "p99")
+]
 
-def scenario(requests: int, output_tokens: int, concurrency: int, speculate: bool) -> Scenario:
-    engine = {"max_num_seqs": concurrency}
-    if speculate:
-        engine["speculative"] = {"method": "dspark", "num_spec_tokens": 7}  # type: ignore[assignment]
-    return Scenario.model_validate(
-        {
-            "model": "kimi-k3",
-            "deployment": {"pools": [{"engine": engine}]},
-            "workload": {
-                "input_tokens": 128,
-                "output_tokens": output_tokens,
-                "concurrency": concurrency,
-                "requests": requests,
-            },
-        }
-    )
+
+def run(requests: int, fast: bool) -> tuple[float, dict[str, Any]]:
+    scenario = load_scenario(EXAMPLE)
+    workload = scenario.workload.model_copy(update={"requests": requests})
+    scenario = scenario.model_copy(update={"workload": workload})
+    start = time.perf_counter()
+    result = simulate(
+        scenario, EXAMPLE.parent, minimum_variance_rates(3.78, 7), seed=0,
+        max_request_steps=10**12, fast=fast,
+    )  # fmt: skip
+    return time.perf_counter() - start, result
+
+
+def request_steps(result: dict[str, Any]) -> float:
+    return sum(result["histogram"].values()) / result["draft_coverage"]
+
+
+def figure(result: dict[str, Any], path: tuple[str, ...]) -> float:
+    value: Any = result
+    for key in path:
+        value = value[key]
+    return float(value)
 
 
 def main() -> None:
@@ -43,29 +58,39 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--requests", type=int, default=100_000)
-    parser.add_argument("--output-tokens", type=int, default=64)
-    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--exact-requests", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    rows = []
-    for label, speculate in (("no speculation (baseline)", False), ("forced AL 3.78, K 7", True)):
-        sc = scenario(args.requests, args.output_tokens, args.concurrency, speculate)
-        start = time.perf_counter()
-        result = simulate(sc, Path("."), minimum_variance_rates(3.78, 7) if speculate else None)
-        wall = time.perf_counter() - start
-        rows.append((label, wall, result))
-    print(f"# {platform.machine()}, 1 torch thread, Python {platform.python_version()}; "
-          f"{args.requests:,} requests of {args.output_tokens} output tokens at concurrency {args.concurrency}")  # fmt: skip
-    print(
-        "| run | wall s | simulated requests / s of wall time | realized AL | ratio to baseline |"
-    )
+    walls: dict[str, list[float]] = {"exact": [], "fast": [], "full": []}
+    results: dict[str, dict[str, Any]] = {}
+    for _ in range(args.rounds):  # alternate, so load drift reaches both paths
+        for label, n, fast in (
+            ("exact", args.exact_requests, False),
+            ("fast", args.exact_requests, True),
+            ("full", args.requests, True),
+        ):
+            wall, results[label] = run(n, fast)
+            walls[label].append(wall)
+    load = os.getloadavg()[0]
+    print(f"# {platform.machine()}, Python {platform.python_version()}, load average {load:.1f}; "
+          f"{EXAMPLE.name}, median of {args.rounds} alternating rounds")  # fmt: skip
+    print("| run | requests | wall s | request-steps / s | ratio to step-exact |")
     print("|---|---:|---:|---:|---:|")
-    base = rows[0][1]
-    for label, wall, result in rows:
-        al = result["realized_acceptance_length"]
-        print(
-            f"| {label} | {wall:.1f} | {args.requests / wall:,.0f} | {al if al is None else round(al, 4)} | {base / wall:.2f} |"
-        )
+    base = request_steps(results["exact"]) / statistics.median(walls["exact"])
+    for label, name, n in (
+        ("exact", "step-exact loop (baseline)", args.exact_requests),
+        ("fast", "fast path", args.exact_requests),
+        ("full", "fast path", args.requests),
+    ):
+        wall = statistics.median(walls[label])
+        rate = request_steps(results[label]) / wall
+        print(f"| {name} | {n:,} | {wall:.2f} | {rate:,.0f} | {rate / base:.1f} |")
+    print()
+    print(f"| figure ({args.exact_requests:,} requests) | step-exact | fast | fast / exact - 1 |")
+    print("|---|---:|---:|---:|")
+    for path in FIGURES:
+        want, got = figure(results["exact"], path), figure(results["fast"], path)
+        print(f"| {'.'.join(path)} | {want:.4g} | {got:.4g} | {got / want - 1:+.2%} |")
 
 
 if __name__ == "__main__":

@@ -289,3 +289,19 @@ def test_ctrl_c_with_workers_exits_130_and_keeps_every_finished_record(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["figures"]["interrupted"]
     assert summary["figures"]["requests"]["sent"] == len(rows)
+
+
+def test_the_cli_reports_each_replica(canned: str, tmp_path: Path, run_cli: Any) -> None:
+    with running_canned(free_port()) as other:
+        code, out, err = run_cli(
+            "bench", "--url", canned, "--url", other, "--model", "canned", "--num-requests", "6",
+            "--max-tokens", "1", "--concurrency", "2", "--output-dir", tmp_path,
+        )  # fmt: skip
+    assert code == 0, err
+    assert "Replicas" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {u: r["figures"]["requests"]["completed"] for u, r in summary["replicas"].items()} == {
+        canned: 3,
+        other: 3,
+    }
+    assert {r["replica"] for r in _rows(tmp_path / "records.jsonl")} == {canned, other}

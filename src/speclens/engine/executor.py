@@ -37,6 +37,8 @@ class TorchExecutor:
         self.blocks = blocks
         self.device = next(model.parameters()).device
         self.vocab_size = model.config.vocab_size
+        #: Query tokens per request of the latest verify forward (the widest request's).
+        self.last_query_width = 0
 
     @torch.inference_mode()
     def _run(
@@ -60,12 +62,34 @@ class TorchExecutor:
         last = torch.tensor([len(t) - 1 for t in tokens], device=self.device)
         return Forward(logits=self.model.logits(hidden[torch.arange(len(requests)), last]))
 
-    def verify(self, requests: Sequence[Request], draft_ids: torch.Tensor) -> Forward:
-        """Target logits [B, K + 1, V] for [last token, d_1..d_K] of every request."""
-        starts = [r.num_tokens - 1 for r in requests]
+    def verify(
+        self,
+        requests: Sequence[Request],
+        draft_ids: torch.Tensor,
+        num_drafts: Sequence[int] | None = None,
+    ) -> Forward:
+        """Target logits [B, K + 1, V] for [last token, d_1..d_K] of every request.
+
+        With ``num_drafts`` given, request b feeds only its 1 + ``num_drafts[b]`` real tokens:
+        the forward is as wide as the longest of them (a step where nothing drafted costs a
+        plain decode step) and the LM head runs only at real positions. Logits past a request's
+        real positions are 0 (never read: the sampler looks at positions 0..num_drafts[b]).
+        """
+        batch, k = draft_ids.shape
         drafts = draft_ids.tolist()
-        tokens = [[r.last_token, *d] for r, d in zip(requests, drafts, strict=True)]
-        return Forward(logits=self.model.logits(self._run(requests, starts, tokens)))
+        counts = [k] * batch if num_drafts is None else list(num_drafts)
+        starts = [r.num_tokens - 1 for r in requests]
+        tokens = [[r.last_token, *d[:n]] for r, d, n in zip(requests, drafts, counts, strict=True)]
+        hidden = self._run(requests, starts, tokens)
+        self.last_query_width = hidden.shape[1]
+        if all(n == k for n in counts):
+            return Forward(logits=self.model.logits(hidden))
+        rows = torch.tensor([b for b, n in enumerate(counts) for _ in range(n + 1)])
+        cols = torch.tensor([i for n in counts for i in range(n + 1)])
+        rows, cols = rows.to(self.device), cols.to(self.device)
+        logits = torch.zeros((batch, k + 1, self.vocab_size), device=self.device)
+        logits[rows, cols] = self.model.logits(hidden[rows, cols])
+        return Forward(logits=logits)
 
 
 class SimExecutor:

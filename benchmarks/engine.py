@@ -220,7 +220,8 @@ def peer_table(max_tokens: int) -> None:
 SPEC_BENCH = Path("..") / "shared" / "data" / "spec-bench" / "question.jsonl"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: One timed run of a row: (tok/s, the tokens of every prompt).
-Runner = Callable[[], tuple[float, list[list[int]]]]
+Result = tuple[float, list[list[int]]]
+Runner = Callable[[], Result]
 NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=4, ngram_min=2, ngram_max=4)
 
 
@@ -260,7 +261,7 @@ def smollm2_table(max_tokens: int, rounds: int, num_prompts: int, peer: bool) ->
         for label, spec in (("no speculation", SpeculativeConfig()), ("n-gram K 4", NGRAM))
     }
 
-    def run_ours(key: tuple[str, int]) -> tuple[float, list[list[int]]]:
+    def run_ours(key: tuple[str, int]) -> Result:
         built, batch = ours[key], key[1]
         built.stats = type(built.stats)(built.k, enabled=built.stats.enabled)
         out: list[list[int]] = []
@@ -327,16 +328,16 @@ def transformers_runners(
         hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None  # like ignore_eos: always max_tokens tokens
 
-    def run(lookup: int | None) -> tuple[float, list[list[int]]]:
+    def run(lookup: int | None, some: int = len(prompts), tokens: int = max_tokens) -> Result:
         kwargs = {"prompt_lookup_num_tokens": lookup} if lookup else {}
         out = []
         start = time.perf_counter()
-        for ids in prompts:
+        for ids in prompts[:some]:
             input_ids = torch.tensor([ids])
             generated = hf.generate(
                 input_ids,
                 attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=max_tokens,
+                max_new_tokens=tokens,
                 do_sample=False,
                 pad_token_id=0,
                 **kwargs,
@@ -344,7 +345,7 @@ def transformers_runners(
             out.append(generated[0, len(ids) :].tolist())
         return sum(map(len, out)) / (time.perf_counter() - start), out
 
-    run(None)  # warm up
+    run(None, 1, 4)  # warm up
     return {
         "transformers greedy, bs 1": lambda: run(None),
         "transformers prompt lookup K 4, bs 1": lambda: run(4),

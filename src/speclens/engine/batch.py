@@ -41,7 +41,10 @@ def build_batch(
     mask &= key_pos.view(1, 1, ctx_len) < context.view(batch, 1, 1)
     # A padded query attends to position 0 only, so its softmax row is never empty.
     mask |= (~query_valid).unsqueeze(2) & (key_pos == 0).view(1, 1, ctx_len)
+    first = read[0][0]
+    consecutive = batch == 1 and read[0] == list(range(first, first + ctx_len))
     return ForwardBatch(
+        read_range=(first, first + ctx_len) if consecutive else None,
         input_ids=torch.tensor(ids, dtype=torch.int64).to(device),
         positions=positions.to(device),
         write_slots=torch.tensor(write, dtype=torch.int64).to(device),

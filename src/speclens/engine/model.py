@@ -125,6 +125,8 @@ class ForwardBatch:
     ``input_ids``/``positions``/``write_slots`` are [B, Q] (pads: position 0, scratch slot);
     ``read_slots`` is [B, L], the cache slots of positions 0..L-1 of each request's context;
     ``mask`` is [B, 1, Q, L], True where query i may attend to context position j.
+    ``read_range`` (start, stop): when B is 1 and ``read_slots`` are consecutive, attention reads
+    the pool's slice in place instead of gathering a copy of the context every layer.
     """
 
     input_ids: torch.Tensor
@@ -132,6 +134,7 @@ class ForwardBatch:
     write_slots: torch.Tensor
     read_slots: torch.Tensor
     mask: torch.Tensor
+    read_range: tuple[int, int] | None = None
 
 
 Angles = tuple[torch.Tensor, torch.Tensor]
@@ -235,8 +238,13 @@ class Attention(nn.Module):
         slots = batch.write_slots.reshape(-1)
         kv.k[self.layer].index_copy_(0, slots, k.reshape(-1, self.num_kv_heads, self.head_dim))
         kv.v[self.layer].index_copy_(0, slots, v.reshape(-1, self.num_kv_heads, self.head_dim))
-        keys = kv.k[self.layer][batch.read_slots]  # [B, L, Hkv, D]
-        values = kv.v[self.layer][batch.read_slots]
+        if batch.read_range is not None:
+            start, stop = batch.read_range
+            keys = kv.k[self.layer][start:stop].unsqueeze(0)  # [1, L, Hkv, D], no copy
+            values = kv.v[self.layer][start:stop].unsqueeze(0)
+        else:
+            keys = kv.k[self.layer][batch.read_slots]  # [B, L, Hkv, D]
+            values = kv.v[self.layer][batch.read_slots]
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             keys.transpose(1, 2),

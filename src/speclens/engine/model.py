@@ -200,6 +200,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     weights once for every row at once (measured on SmolLM2's shapes, 2 threads: 19 ms for the
     30 layers and LM head at 2 rows against 47 ms for one row through ``F.linear``; see
     benchmarks/README.md). One row is fed as two (a zero row beside it) to take that path. The
+    result is made contiguous: later ops on the transposed view cost more than the copy. The
     values agree with ``F.linear`` to float32 rounding, not bit for bit; more rows, and every
     device but the CPU, use ``F.linear``.
     """
@@ -209,7 +210,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     flat = x.reshape(rows, x.shape[-1])
     if rows == 1:
         flat = torch.cat([flat, torch.zeros_like(flat)])
-    out = torch.mm(weight, flat.t())[:, :rows].t()
+    out = torch.mm(weight, flat.t())[:, :rows].t().contiguous()
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 

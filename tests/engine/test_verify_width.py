@@ -90,3 +90,29 @@ def test_step_records_state_the_width_computed() -> None:
     for record, width, context in zip(decodes, widths, contexts, strict=True):
         assert record.query_tokens == record.num_requests * width
         assert record.context_tokens == context + record.num_requests * (width - 1)
+
+
+def test_unequal_prompts_prefill_one_forward_each() -> None:
+    """Prompts whose padding would exceed MAX_PREFILL_PADDING x their real tokens get a forward
+    each: one forward per request, and the same tokens as each prompt run alone."""
+    from speclens.engine.executor import MAX_PREFILL_PADDING
+
+    prompts = [[65, 66, 67], list(range(40, 120))]
+    assert MAX_PREFILL_PADDING * (3 + 80) < 2 * 80
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    engine = Engine(config())
+    calls: list[int] = []
+    executor = engine.executor
+    assert isinstance(executor, TorchExecutor)
+    original = executor._run
+
+    def counting(requests, starts, tokens):  # type: ignore[no-untyped-def]
+        calls.append(len(requests))
+        return original(requests, starts, tokens)
+
+    executor._run = counting  # type: ignore[method-assign]
+    together = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+    assert calls[:2] == [1, 1]  # the prefill: one forward per request
+    assert engine.steps[0].kind == "prefill" and engine.steps[0].query_tokens == 83
+    alone = [Engine(config()).generate([p], params)[0].outputs[0].token_ids for p in prompts]
+    assert together == alone

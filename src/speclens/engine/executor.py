@@ -18,6 +18,9 @@ from speclens.engine.kv_cache import BlockManager
 from speclens.engine.model import KVPool, LlamaModel
 from speclens.engine.request import Request
 
+#: A batched prefill may compute at most this many times its real tokens (the rest is padding).
+MAX_PREFILL_PADDING = 1.5
+
 
 @dataclass
 class Forward:
@@ -55,12 +58,29 @@ class TorchExecutor:
         return self.model(batch, self.kv)
 
     def prefill(self, requests: Sequence[Request]) -> Forward:
-        """Compute every uncached token; logits [B, V] at each request's last token."""
+        """Compute every uncached token; logits [B, V] at each request's last token.
+
+        Prompts of unequal length are padded to the longest in one forward; when that would
+        compute more than ``MAX_PREFILL_PADDING`` times the real tokens, each request gets its
+        own forward instead (8 Spec-Bench prompts of 40 to 779 tokens: 11.5 s padded).
+        """
         starts = [r.num_computed for r in requests]
         tokens = [[r.token(p) for p in range(r.num_computed, r.num_tokens)] for r in requests]
+        real = sum(map(len, tokens))
+        if len(requests) > 1 and len(requests) * max(map(len, tokens)) > MAX_PREFILL_PADDING * real:
+            logits = [
+                self._prefill_logits([r], [s], [t])
+                for r, s, t in zip(requests, starts, tokens, strict=True)
+            ]
+            return Forward(logits=torch.cat(logits))
+        return Forward(logits=self._prefill_logits(requests, starts, tokens))
+
+    def _prefill_logits(
+        self, requests: Sequence[Request], starts: Sequence[int], tokens: Sequence[Sequence[int]]
+    ) -> torch.Tensor:
         hidden = self._run(requests, starts, tokens)
         last = torch.tensor([len(t) - 1 for t in tokens], device=self.device)
-        return Forward(logits=self.model.logits(hidden[torch.arange(len(requests)), last]))
+        return self.model.logits(hidden[torch.arange(len(requests)), last])
 
     def verify(
         self,

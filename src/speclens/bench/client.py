@@ -113,6 +113,8 @@ class RequestRecord:
     error: str | None = None
     responses: list[Any] = field(default_factory=list)
     spec: dict[str, Any] | None = None
+    #: n > 1 with per-choice stats (TensorRT-LLM): each choice's record, keyed by choice index.
+    spec_choices: dict[int, dict[str, Any]] | None = None
     spec_status: str = "absent"
     spec_adapter: str | None = None
     spec_message: str | None = None
@@ -449,6 +451,8 @@ def finish_record(record: RequestRecord, tally: Tally | None = None) -> None:
     record.spec_adapter = detection.adapter
     record.spec_message = detection.message
     record.spec = detection.record.model_dump() if detection.record else None
+    if detection.choices:
+        record.spec_choices = {i: r.model_dump() for i, r in sorted(detection.choices.items())}
 
 
 def _checked(record: RequestRecord, usage: dict[str, Any], key: str, bound: int) -> int | None:

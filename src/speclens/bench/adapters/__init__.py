@@ -164,6 +164,8 @@ class Detection:
     status: DetectionStatus
     message: str | None = None
     claimed_by: list[str] = field(default_factory=list)
+    #: n > 1 with per-choice stats (TensorRT-LLM): each choice's record, keyed by choice index.
+    choices: dict[int, SpecDecodeAcceptanceRecord] | None = None
 
 
 @dataclass(frozen=True)

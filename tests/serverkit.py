@@ -188,13 +188,15 @@ def mtp_stats(base: str) -> dict[str, Any]:
 
 
 def scrape(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """``/metrics`` parsed with prometheus_client: {(sample name, sorted labels): value}."""
+    """``/metrics`` parsed with prometheus_client: {(sample name, sorted labels): value}, without
+    the labels every sample of a one-model, one-engine server shares (``model_name``, ``engine``)."""
     r = httpx.get(base + "/metrics", timeout=10.0)
     assert r.status_code == 200, r.text
     out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     for family in text_string_to_metric_families(r.text):
         for sample in family.samples:
-            labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "model_name"))
+            shared = ("model_name", "engine")
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k not in shared))
             out[(sample.name, labels)] = sample.value
     return out
 

@@ -224,6 +224,12 @@ def serve(
         "--per-request-spec-decode-metrics",
         help="Per-request acceptance on responses.",
     ),
+    force_include_usage: bool = typer.Option(
+        False,
+        "--enable-force-include-usage",
+        help="vLLM's flag: end every stream with the usage chunk (and the root metrics), "
+        "whatever the request's stream_options.",
+    ),
     executor: ExecutorChoice = typer.Option(
         ExecutorChoice.torch,
         "--executor",
@@ -360,7 +366,10 @@ def serve(
         )  # fmt: skip
     _warn_if_exposed(host, api_key)
     try:
-        run_server(config, name, host, port, api_key, stats_level.value, max_queue, resolution)
+        run_server(
+            config, name, host, port, api_key, stats_level.value, max_queue, resolution,
+            force_include_usage=force_include_usage,
+        )  # fmt: skip
     except ModelLoadError as exc:  # what the headers could not show (a tensor, the tokenizer)
         fail(_model_refusal(exc, model))
 
@@ -375,6 +384,7 @@ def run_server(
     max_queue: int,
     resolution: Any = None,
     idle_timeout_s: float = 30.0,
+    force_include_usage: bool = False,
 ) -> None:
     """Bind, build the engine and app, then serve until SIGINT/SIGTERM (exit 0) or until the
     engine fails (exit 1, after its traceback is logged once)."""
@@ -406,6 +416,7 @@ def run_server(
         acceptance=acceptance,
         max_n=max(1, min(16, config.max_num_seqs)),
         idle_timeout_s=idle_timeout_s,
+        force_include_usage=force_include_usage,
     )
     runner = EngineRunner(engine, max_queue=max_queue)
     app = create_app(runner, settings)

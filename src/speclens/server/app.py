@@ -45,6 +45,9 @@ class ServerSettings:
     idle_timeout_s: float = 30.0
     #: What /version reports about acceptance (settings, and a resolution's provenance).
     acceptance: dict[str, Any] = field(default_factory=dict)
+    #: vLLM's ``--enable-force-include-usage``: every stream ends with the usage chunk (and root
+    #: ``metrics``) and every chunk carries usage, whatever the request's ``stream_options``.
+    force_include_usage: bool = False
 
 
 class _Guard:
@@ -342,7 +345,7 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
         if body.stream:
             kind = "chat.completion.chunk" if chat else "text_completion"
             return StreamingResponse(
-                _stream(request, q, request_id, body, created, kind),
+                _stream(request, q, request_id, body, created, kind, len(prompt)),
                 media_type="text/event-stream",
             )
         out = await _final(request, q, request_id)
@@ -384,6 +387,7 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
         body: CompletionRequest | ChatCompletionRequest,
         created: int,
         kind: str,
+        prompt_tokens: int,
     ) -> AsyncIterator[bytes]:
         chat = kind == "chat.completion.chunk"
         base = {
@@ -393,12 +397,20 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
             "model": settings.served_model_name,
         }
         finished = False
+        # vLLM's rule (``should_include_usage``): continuous usage only with include_usage; the
+        # server flag forces both. Root ``metrics`` ride only the final usage chunk, as in vLLM.
+        include_usage = settings.force_include_usage or body.include_usage
+        continuous = settings.force_include_usage or (include_usage and body.continuous_usage)
         try:
             if chat:
-                yield _sse({**base, "choices": [
+                first: dict[str, Any] = {**base, "choices": [
                     {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                     for i in range(body.n)
-                ]})  # fmt: skip
+                ]}  # fmt: skip
+                if continuous:  # as vLLM: the role chunk counts the prompt, nothing generated
+                    first["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": 0,
+                                      "total_tokens": prompt_tokens}  # fmt: skip
+                yield _sse(first)
             last: RequestOutput | None = None
             while True:
                 out = await q.get()
@@ -420,15 +432,13 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
                     if out.finished:
                         entry.update(_stats_fields(out, choice.index))
                     chunk: dict[str, Any] = {**base, "choices": [entry]}
-                    if body.continuous_usage:
+                    if continuous:
                         chunk["usage"] = out.usage
-                    if out.finished and not body.include_usage:
-                        chunk.update(_root(out))
                     yield _sse(chunk)
                 if out.finished:
                     finished = True
                     break
-            if finished and last is not None and body.include_usage:
+            if finished and last is not None and include_usage:
                 yield _sse({**base, "choices": [], "usage": last.usage, **_root(last)})
             yield b"data: [DONE]\n\n"
         finally:

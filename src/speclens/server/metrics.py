@@ -3,6 +3,10 @@
 Counters of acceptance are read from the engine's statistics at scrape time (one source of
 truth, so ``/metrics`` always agrees with ``/debug/mtp_stats``); serving figures (tokens, TTFT,
 inter-token latency, end-to-end latency) are observed as outputs stream.
+
+Every ``vllm:`` family is labelled as vLLM 0.32 labels it (``vllm/v1/metrics/loggers.py``,
+``PrometheusStatLogger``: ``labelnames = ["model_name", "engine"]``, the engine index as a string;
+one engine here, so ``engine="0"``). ``atom:`` and ``speclens:`` families carry ``model_name``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ from prometheus_client.registry import Collector
 
 from speclens.engine import RequestOutput
 from speclens.server.runner import EngineRunner
+
+#: vLLM's label names for its families, in its order, and this server's one engine index.
+VLLM_LABELS = ["model_name", "engine"]
+ENGINE_INDEX = "0"
 
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -30,15 +38,20 @@ class _SpecDecodeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snap = self.runner.snapshot()
         stats = snap.stats
-        labels = ["model_name"]
-        value = [self.model_name]
+        own = (["model_name"], [self.model_name])
+        vllm = (VLLM_LABELS, [self.model_name, ENGINE_INDEX])
+
+        def labelled(name: str) -> tuple[list[str], list[str]]:
+            return vllm if name.startswith("vllm:") else own
 
         def counter(name: str, doc: str, amount: float) -> CounterMetricFamily:
+            labels, value = labelled(name)
             family = CounterMetricFamily(name, doc, labels=labels)
             family.add_metric(value, amount)
             return family
 
         def gauge(name: str, doc: str, amount: float) -> GaugeMetricFamily:
+            labels, value = labelled(name)
             family = GaugeMetricFamily(name, doc, labels=labels)
             family.add_metric(value, amount)
             return family
@@ -73,10 +86,10 @@ class _SpecDecodeCollector(Collector):
         per_pos = CounterMetricFamily(
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Accepted draft tokens by position (0-based).",
-            labels=[*labels, "position"],
+            labels=[*vllm[0], "position"],
         )
         for position, count in enumerate(stats.accepted_per_position):
-            per_pos.add_metric([*value, str(position)], count)
+            per_pos.add_metric([*vllm[1], str(position)], count)
         yield per_pos
         # ATOM's names, the same numbers /debug/mtp_stats reports.
         mtp = stats.mtp_stats()
@@ -95,12 +108,12 @@ class _SpecDecodeCollector(Collector):
         steps = CounterMetricFamily(
             "atom:mtp_decode_steps",
             "Verify steps by accepted draft tokens.",
-            labels=[*labels, "accepted_tokens"],
+            labels=[*own[0], "accepted_tokens"],
         )
         # Dense over 0..K, zeros included, as ATOM's exporter (a series exists from the start).
         counts = stats.histogram.counts
         for accepted in sorted(set(range(stats.num_spec_tokens + 1)) | set(counts)):
-            steps.add_metric([*value, str(accepted)], counts.get(accepted, 0))
+            steps.add_metric([*own[1], str(accepted)], counts.get(accepted, 0))
         yield steps
 
 
@@ -110,8 +123,9 @@ class ServerMetrics:
     def __init__(self, runner: EngineRunner, model_name: str) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_SpecDecodeCollector(runner, model_name))
-        labels = ["model_name"]
+        labels = VLLM_LABELS
         self.model_name = model_name
+        self.values = (model_name, ENGINE_INDEX)
         self.prompt_tokens = Counter(
             "vllm:prompt_tokens", "Prefilled prompt tokens.", labels, registry=self.registry
         )
@@ -141,21 +155,21 @@ class ServerMetrics:
 
     def observe(self, out: RequestOutput, now: float) -> None:
         """Called on the engine thread for every output."""
-        name = self.model_name
+        values = self.values
         new = sum(len(ids) for ids in out.new_token_ids)
         last = self._last.get(out.request_id)
         if last is None:
-            self.prompt_tokens.labels(name).inc(out.prompt_tokens)
+            self.prompt_tokens.labels(*values).inc(out.prompt_tokens)
             if out.first_token_time is not None:
-                self.ttft.labels(name).observe(out.first_token_time - out.arrival_time)
+                self.ttft.labels(*values).observe(out.first_token_time - out.arrival_time)
         elif new:
             gap = (now - last) / new
             for _ in range(new):
-                self.itl.labels(name).observe(gap)
-        self.generation_tokens.labels(name).inc(new)
+                self.itl.labels(*values).observe(gap)
+        self.generation_tokens.labels(*values).inc(new)
         self._last[out.request_id] = now
         if out.finished:
             self._last.pop(out.request_id, None)
-            self.e2e.labels(name).observe(now - out.arrival_time)
+            self.e2e.labels(*values).observe(now - out.arrival_time)
             for choice in out.outputs:
-                self.request_success.labels(name, choice.finish_reason or "abort").inc()
+                self.request_success.labels(*values, choice.finish_reason or "abort").inc()

@@ -14,6 +14,12 @@ A request succeeds only if its response holds at least one content chunk: a JSON
 ``choices`` is a list holding a choice object with a string ``text`` or a ``delta`` or
 ``message`` object. Events that are not JSON, not an object, or whose ``choices`` is not a list of
 objects are unparsable: counted on the record (``unparsable_events``), otherwise skipped.
+
+A backend's native route (``--endpoint native``) has its own shape (``Wire``), held to the same
+rule: SGLang's ``/generate`` chunk is an object with a string ``text`` (cumulative by default)
+and a ``meta_info`` object whose ``completion_tokens`` is the running count; llama.cpp's
+``/completion`` chunk is an object with a string ``content`` whose ``tokens_predicted`` is the
+running count, and its stream ends with ``"stop": true`` and no ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -35,8 +41,13 @@ from speclens.bench.adapters import detect
 from speclens.bench.datasets import Prompt
 from speclens.bench.sse import SSEError, SSEParser
 
-Endpoint = Literal["completions", "chat"]
+Endpoint = Literal["completions", "chat", "native"]
+Backend = Literal["openai", "sglang", "llamacpp"]
 Routing = Literal["round-robin", "least-outstanding"]
+
+#: The OpenAI routes, and each backend's own route (``--endpoint native``).
+ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+NATIVE_ROUTES = {"sglang": "/generate", "llamacpp": "/completion"}
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +57,9 @@ class LoadConfig:
     url: str
     model: str
     endpoint: Endpoint = "completions"
+    #: The engine behind the URL (``--backend``; auto-detection resolves to one of these): it
+    #: decides the native route and the extra request fields that switch the stats on.
+    backend: Backend = "openai"
     api_key: str | None = None
     num_requests: int | None = 100
     duration: float | None = None
@@ -156,7 +170,44 @@ class RunResult:
     in_flight_at_stop: int = 0
 
 
+def route(endpoint: Endpoint, backend: Backend) -> str:
+    """The request path; ``native`` exists only for SGLang and llama.cpp (the CLI refuses the
+    rest before any request)."""
+    if endpoint == "native":
+        if backend not in NATIVE_ROUTES:
+            raise ValueError(
+                f"--endpoint native needs an SGLang or llama.cpp backend, not {backend}"
+            )
+        return NATIVE_ROUTES[backend]
+    return ROUTES[endpoint]
+
+
+def _native_payload(config: LoadConfig, prompt: Prompt) -> dict[str, Any]:
+    """SGLang ``/generate`` (``GenerateReqInput``: ``text`` and ``sampling_params``) or llama.cpp
+    ``/completion`` (``prompt``, ``n_predict``; tools/server/server-schema.cpp)."""
+    max_tokens = prompt.max_tokens or config.max_tokens
+    if config.backend == "sglang":
+        sampling: dict[str, Any] = {"temperature": config.temperature}
+        if max_tokens:
+            sampling["max_new_tokens"] = max_tokens
+        if config.ignore_eos:
+            sampling["ignore_eos"] = True
+        return {"text": prompt.text, "sampling_params": sampling, "stream": config.stream}
+    body: dict[str, Any] = {
+        "prompt": prompt.text,
+        "temperature": config.temperature,
+        "stream": config.stream,
+    }
+    if max_tokens:
+        body["n_predict"] = max_tokens
+    if config.ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
 def _payload(config: LoadConfig, prompt: Prompt) -> dict[str, Any]:
+    if config.endpoint == "native":
+        return _native_payload(config, prompt)
     body: dict[str, Any] = {"model": config.model, "temperature": config.temperature}
     max_tokens = prompt.max_tokens or config.max_tokens
     if max_tokens:
@@ -172,6 +223,14 @@ def _payload(config: LoadConfig, prompt: Prompt) -> dict[str, Any]:
         body["stream_options"] = {"include_usage": True}
         if config.continuous_usage:
             body["stream_options"]["continuous_usage_stats"] = True
+    if config.backend == "sglang":
+        # Current SGLang returns the request's spec stats in ``sglext.spec_tokens_details``, also
+        # when streaming; older releases only in ``choices[].meta_info``, which needs
+        # ``return_meta_info`` and is refused (400) when streaming
+        # (python/sglang/srt/entrypoints/openai/serving_chat.py, serving_completions.py).
+        body["return_spec_tokens_details"] = True
+        if not config.stream:
+            body["return_meta_info"] = True
     return body
 
 
@@ -223,27 +282,71 @@ _PLAIN_ROOT = frozenset(
 _PLAIN_CHOICE = frozenset({"index", "text", "delta", "logprobs", "finish_reason", "stop_reason"})
 
 
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """A response shape: where its token counts live (``counts``: the object holding them,
+    empty for the root) and what they are called there."""
+
+    name: Literal["openai", "sglang", "llamacpp"]
+    counts: str
+    completion: str
+    prompt: str
+
+    def label(self, key: str) -> str:
+        """A count's path on this wire, for notes (``key``: completion_tokens or prompt_tokens)."""
+        name = self.completion if key == "completion_tokens" else self.prompt
+        return f"{self.counts}.{name}" if self.counts else name
+
+
+OPENAI = Wire("openai", "usage", "completion_tokens", "prompt_tokens")
+#: SGLang ``/generate``: ``{"text", "output_ids", "meta_info": {"prompt_tokens",
+#: "completion_tokens", "finish_reason": {"type", ...} | null, ...}}`` per chunk
+#: (python/sglang/srt/managers/tokenizer_manager.py, ``_handle_batch_output``).
+SGLANG_NATIVE = Wire("sglang", "meta_info", "completion_tokens", "prompt_tokens")
+#: llama.cpp ``/completion``: ``{"content", "tokens", "stop", "tokens_predicted",
+#: "tokens_evaluated", ...}``; the final one has ``"stop": true``, ``stop_type`` and ``timings``
+#: (tools/server/server-task.cpp, ``to_json_non_oaicompat``).
+LLAMACPP_NATIVE = Wire("llamacpp", "", "tokens_predicted", "tokens_evaluated")
+
+#: llama.cpp's stop types as its own OpenAI routes name them (server-task.cpp).
+_LLAMACPP_FINISH = {"limit": "length", "eos": "stop", "word": "stop"}
+
+
+def wire_for(endpoint: Endpoint, backend: Backend) -> Wire:
+    if endpoint != "native":
+        return OPENAI
+    return SGLANG_NATIVE if backend == "sglang" else LLAMACPP_NATIVE
+
+
 class Seen:
     """What a request's responses hold, gathered in one pass as each arrives, so finishing the
     record never walks the stream again: the last usage object, the first finish reason, and
     the responses that can carry speculative-decoding stats (``carriers``)."""
 
-    __slots__ = ("count", "finish_reason", "flagged", "usage", "usage_at")
+    __slots__ = (
+        "count", "finish_reason", "flagged", "last_text", "stopped", "usage", "usage_at", "wire",
+    )  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, wire: Wire = OPENAI) -> None:
+        self.wire = wire
         self.count = 0
         self.flagged: list[tuple[int, dict[str, Any]]] = []
         self.usage: dict[str, Any] | None = None
         self.usage_at: tuple[int, dict[str, Any]] | None = None
         self.finish_reason: object = None
+        self.last_text = ""  # SGLang native: the text so far (cumulative by default)
+        self.stopped = False  # llama.cpp native: the final chunk ("stop": true) arrived
 
     def add(self, response: object) -> tuple[str | None, bool, bool, dict[str, Any] | None]:
         """Note one response; returns (why it is not a completion chunk, whether it is a content
-        chunk, whether its content text is non-empty, its usage object)."""
+        chunk, whether its content text is non-empty, its usage object: for a native wire, its
+        counts under the OpenAI names, values unchecked)."""
         index = self.count
         self.count += 1
         if not isinstance(response, dict):
             return "not a JSON object", False, False, None
+        if self.wire is not OPENAI:
+            return self._add_native(index, response)
         usage = response.get("usage")
         if not isinstance(usage, dict):
             usage = None
@@ -285,6 +388,65 @@ class Seen:
         if flagged:
             self.flagged.append((index, response))
         return problem, content, text, usage
+
+    def _add_native(
+        self, index: int, response: dict[str, Any]
+    ) -> tuple[str | None, bool, bool, dict[str, Any] | None]:
+        """One chunk of a native wire, held to the content-chunk rule of the OpenAI shape."""
+        problem = None
+        finish: object = None
+        final = False
+        if self.wire.name == "sglang":
+            counts = response.get("meta_info")
+            piece = response.get("text")
+            if counts is not None and not isinstance(counts, dict):
+                problem, counts = "meta_info is not an object", None
+            if piece is not None and not isinstance(piece, str):
+                problem = "text is not a string"
+            content = isinstance(piece, str) and problem is None
+            text = content and self._new_text(str(piece))
+            reason = counts.get("finish_reason") if counts else None
+            if reason is not None:
+                final = True
+                finish = reason.get("type") if isinstance(reason, dict) else reason
+        else:
+            counts = response
+            piece = response.get("content")
+            if piece is not None and not isinstance(piece, str):
+                problem = "content is not a string"
+            content = isinstance(piece, str)
+            tokens = response.get("tokens")
+            text = content and (piece != "" or (isinstance(tokens, list) and bool(tokens)))
+            if response.get("stop") is True:
+                final = self.stopped = True
+                stop_type = response.get("stop_type")
+                finish = (
+                    _LLAMACPP_FINISH.get(stop_type, stop_type)
+                    if isinstance(stop_type, str)
+                    else stop_type
+                )
+        usage = None
+        wire = self.wire
+        if counts is not None and (wire.completion in counts or wire.prompt in counts):
+            usage = {
+                "completion_tokens": counts.get(wire.completion),
+                "prompt_tokens": counts.get(wire.prompt),
+            }
+            self.usage, self.usage_at = usage, (index, response)
+        if finish is not None and self.finish_reason is None:
+            self.finish_reason = finish
+        if problem is not None or not content or final or "error" in response:
+            self.flagged.append((index, response))
+        return problem, content and problem is None, text, usage
+
+    def _new_text(self, piece: str) -> bool:
+        """Whether SGLang's ``text`` brought new text: by default each chunk re-sends the whole
+        text so far (new = what lies past the previous one); with
+        ``--incremental-streaming-output`` each chunk is only the new piece."""
+        last, self.last_text = self.last_text, piece
+        if piece.startswith(last):
+            return len(piece) > len(last)
+        return piece != ""
 
     def carriers(self) -> list[dict[str, Any]]:
         """The flagged responses and the last one with usage, in arrival order."""
@@ -329,6 +491,11 @@ class Tally:
 
     def __post_init__(self) -> None:
         self.bound = token_bound(self.max_tokens)
+
+    @property
+    def ended(self) -> bool:
+        """The stream ended as its wire ends: ``[DONE]``, or llama.cpp's native final chunk."""
+        return self.done or self.seen.stopped
 
     def event(self, data: str, now: float) -> None:
         """One SSE event's data."""
@@ -396,7 +563,7 @@ class Tally:
             if problem is None and reported < self.usage_peak:
                 problem = f"fell from {self.usage_peak} to {reported}"
             if problem is not None:
-                record.note(f"usage.completion_tokens: {problem}")
+                record.note(f"{self.seen.wire.label('completion_tokens')}: {problem}")
                 reported = None
         if reported is not None:
             tokens = reported - self.tokens
@@ -425,13 +592,14 @@ def finish_record(record: RequestRecord, tally: Tally | None = None) -> None:
         seen = Seen()
         for r in record.responses:
             seen.add(r)
-    usage = seen.usage
+    usage, wire = seen.usage, seen.wire
     if usage:
         bound = token_bound(tally.max_tokens if tally else None)
-        record.prompt_tokens = _checked(record, usage, "prompt_tokens", MAX_TOKENS)
-        tokens = _checked(record, usage, "completion_tokens", bound)
+        record.prompt_tokens = _checked(record, usage, "prompt_tokens", MAX_TOKENS, wire)
+        tokens = _checked(record, usage, "completion_tokens", bound, wire)
         if tokens is not None and tally is not None and tokens < tally.usage_peak:
-            record.note(f"usage.completion_tokens: fell from {tally.usage_peak} to {tokens}")
+            label = wire.label("completion_tokens")
+            record.note(f"{label}: fell from {tally.usage_peak} to {tokens}")
             tokens = None
         record.completion_tokens = tokens
     reason = seen.finish_reason
@@ -455,13 +623,15 @@ def finish_record(record: RequestRecord, tally: Tally | None = None) -> None:
         record.spec_choices = {i: r.model_dump() for i, r in sorted(detection.choices.items())}
 
 
-def _checked(record: RequestRecord, usage: dict[str, Any], key: str, bound: int) -> int | None:
+def _checked(
+    record: RequestRecord, usage: dict[str, Any], key: str, bound: int, wire: Wire = OPENAI
+) -> int | None:
     value = usage.get(key)
     if value is None:
         return None
     problem = count_problem(value, bound)
     if problem is not None:
-        record.note(f"usage.{key}: {problem}")
+        record.note(f"{wire.label(key)}: {problem}")
         return None
     return int(value)
 
@@ -486,7 +656,8 @@ class LoadGenerator:
         self.prompts = prompts
         self.stop = asyncio.Event()
         self.on_done: Callable[[RequestRecord], None] | None = None
-        path = "/v1/chat/completions" if config.endpoint == "chat" else "/v1/completions"
+        path = route(config.endpoint, config.backend)
+        self.wire = wire_for(config.endpoint, config.backend)
         self.replicas = config.replicas
         self.endpoint_urls = [base.rstrip("/") + path for base in self.replicas]
         self.outstanding = [0] * len(self.replicas)  # requests in flight per replica
@@ -503,7 +674,9 @@ class LoadGenerator:
         self.outstanding[replica] += 1
         record.start = time.perf_counter() - t0
         body = orjson.dumps(_payload(config, prompt))
-        tally = Tally(record, prompt.max_tokens or config.max_tokens, config.stream)
+        tally = Tally(
+            record, prompt.max_tokens or config.max_tokens, config.stream, seen=Seen(self.wire)
+        )
         try:
             url = self.endpoint_urls[replica]
             async with session.post(url, data=body, headers=self.headers) as resp:
@@ -525,8 +698,12 @@ class LoadGenerator:
                         now = time.perf_counter() - t0
                         for event in parser.feed(chunk):
                             tally.event(event.data, now)
-                    if not tally.done:
-                        record.error = "the stream ended without [DONE]"
+                    if not tally.ended:
+                        record.error = (
+                            'the stream ended without its final chunk ("stop": true)'
+                            if self.wire is LLAMACPP_NATIVE
+                            else "the stream ended without [DONE]"
+                        )
                         return
                 record.end = time.perf_counter() - t0
         except asyncio.CancelledError:
@@ -680,3 +857,76 @@ class LoadGenerator:
                 session, count, config.duration, False, config.warmup, t0
             )
         return RunResult(warm + records, started, duration, self.stop.is_set(), sending, in_flight)
+
+
+#: Auto-detection's bounds: all probes of one server together, and each probe's body.
+PROBE_TIMEOUT_S = 10.0
+PROBE_BODY_BYTES = 1 * 2**20
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What ``--backend auto`` found at a URL and why (``evidence``, for the run's settings)."""
+
+    backend: Backend
+    evidence: str
+
+
+def _sglang_info(body: object) -> bool:
+    """SGLang's ``GET /get_model_info`` (``model_path``, ``is_generation``, ...) or ``GET
+    /get_server_info`` (its server arguments plus ``version``); entrypoints/http_server.py."""
+    return (
+        isinstance(body, dict)
+        and "model_path" in body
+        and ("is_generation" in body or "version" in body)
+    )
+
+
+def _llamacpp_props(body: object) -> bool:
+    """llama.cpp's ``GET /props`` carries ``build_info`` and ``default_generation_settings``
+    (tools/server/server-context.cpp, ``get_res_props``)."""
+    return isinstance(body, dict) and "build_info" in body and "default_generation_settings" in body
+
+
+PROBES: tuple[tuple[str, Backend, Callable[[object], bool]], ...] = (
+    ("/get_model_info", "sglang", _sglang_info),
+    ("/get_server_info", "sglang", _sglang_info),
+    ("/props", "llamacpp", _llamacpp_props),
+)
+
+
+async def probe_backend(url: str, api_key: str | None = None) -> Probe:
+    """Which engine serves ``url``: SGLang or llama.cpp by their own info routes, else openai.
+    Bounded (``PROBE_TIMEOUT_S`` in all, ``PROBE_BODY_BYTES`` a body) and never raises: a
+    server that answers none of the probes is an OpenAI-compatible server."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    misses: list[str] = []
+    try:
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+            for path, backend, matches in PROBES:
+                try:
+                    async with session.get(url.rstrip("/") + path) as resp:
+                        raw, longer = await _read_at_most(resp, PROBE_BODY_BYTES)
+                        status = resp.status
+                except aiohttp.ClientError as exc:
+                    misses.append(f"{path}: {type(exc).__name__}")
+                    continue
+                if status != 200 or longer:
+                    misses.append(
+                        f"{path}: HTTP {status}" if status != 200 else f"{path}: too long"
+                    )
+                    continue
+                try:
+                    body = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    misses.append(f"{path}: not JSON")
+                    continue
+                if matches(body):
+                    return Probe(backend, f"GET {path} answered as {backend} does")
+                misses.append(f"{path}: not {backend}'s shape")
+    except TimeoutError:
+        misses.append(f"the probes took over {PROBE_TIMEOUT_S:g} s")
+    except Exception as exc:  # detection never takes the run down
+        misses.append(f"{type(exc).__name__}: {exc}")
+    return Probe("openai", "no SGLang or llama.cpp info route answered (" + "; ".join(misses) + ")")

@@ -28,6 +28,7 @@ from speclens.cli._common import (
 )
 
 if TYPE_CHECKING:
+    from speclens.bench.client import Backend
     from speclens.bench.report import RecordStream
 
 
@@ -95,6 +96,14 @@ MAX_FAILURE_RATE_OPTION = typer.Option(
 class EndpointChoice(StrEnum):
     completions = "completions"
     chat = "chat"
+    native = "native"
+
+
+class BackendChoice(StrEnum):
+    auto = "auto"
+    openai = "openai"
+    sglang = "sglang"
+    llamacpp = "llamacpp"
 
 
 class RoutingChoice(StrEnum):
@@ -120,6 +129,32 @@ def shard_problem(text: str | None) -> tuple[str | None, tuple[int, int]]:
     if sep and i.strip().isdigit() and n.strip().isdigit() and int(i) < int(n):
         return None, (int(i), int(n))
     return f"command line: --shard: expected I/N with 0 <= I < N, got {text!r}", (0, 1)
+
+
+def resolve_backend(
+    backend: BackendChoice, endpoint: EndpointChoice, urls: list[str], api_key: str | None
+) -> tuple[Backend, str | None]:
+    """The backend the run uses and, for ``auto``, what the probes found (before the run, out
+    of its measured time). Exit 2 when replicas differ or native has no engine to go to."""
+    if backend is not BackendChoice.auto:
+        return backend.value, None  # type: ignore[return-value]
+    from speclens.bench.client import probe_backend
+
+    found = [asyncio.run(probe_backend(u, api_key)) for u in urls]
+    if len({p.backend for p in found}) > 1:
+        seen = ", ".join(f"{u}: {p.backend}" for u, p in zip(urls, found, strict=True))
+        fail(
+            f"command line: --backend: auto found different engines ({seen}); pass --backend",
+            code=2,
+        )
+    probe = found[0]
+    if endpoint is EndpointChoice.native and probe.backend == "openai":
+        fail(
+            f"command line: --endpoint: native needs an SGLang or llama.cpp server; {urls[0]}: "
+            f"{probe.evidence}",
+            code=2,
+        )
+    return probe.backend, probe.evidence
 
 
 @app.callback()
@@ -149,7 +184,19 @@ def bench(
     ),
     api_key: str | None = typer.Option(None, "--api-key"),
     model: str | None = typer.Option(None, "--model", help="The served model name (required)."),
-    endpoint: EndpointChoice = typer.Option(EndpointChoice.completions, "--endpoint"),
+    endpoint: EndpointChoice = typer.Option(
+        EndpointChoice.completions,
+        "--endpoint",
+        help="completions, chat, or native: the backend's own route (SGLang POST /generate, "
+        "llama.cpp POST /completion).",
+    ),
+    backend: BackendChoice = typer.Option(
+        BackendChoice.auto,
+        "--backend",
+        help="The engine: auto (probe SGLang's /get_model_info and /get_server_info and "
+        "llama.cpp's /props before the run), openai, sglang (asks for its per-request stats) or "
+        "llamacpp.",
+    ),
     dataset: str = typer.Option(
         "random", "--dataset", help="random, or jsonl (with --dataset-path)."
     ),
@@ -266,6 +313,12 @@ def bench(
         fail("give --concurrency or --request-rate, not both", code=2)
     if expect_profile and expect_acceptance_length is not None:
         fail("give --expect-acceptance-length or --expect-profile, not both", code=2)
+    if endpoint is EndpointChoice.native and backend is BackendChoice.openai:
+        fail(
+            "command line: --endpoint: native needs --backend sglang, llamacpp or auto, "
+            "got --backend openai",
+            code=2,
+        )
     try:
         slos = parse_slo(slo)
     except ValueError as exc:
@@ -302,9 +355,10 @@ def bench(
                 workload=WorkloadAcceptance.model_validate({"thinking": thinking, "category": category[0] if category else None}),
             )  # fmt: skip
         expectation = Expectation(res.acceptance_length, res.num_spec_tokens, res.model_dump())
+    chosen, evidence = resolve_backend(backend, endpoint, url, api_key)
     config = LoadConfig(
         url=url[0], urls=tuple(url), routing=routing.value, part=part,
-        model=model, endpoint=endpoint.value, api_key=api_key,
+        model=model, endpoint=endpoint.value, backend=chosen, api_key=api_key,
         num_requests=count, duration=duration,
         concurrency=None if request_rate else (concurrency or 8), request_rate=request_rate,
         burstiness=burstiness, warmup=warmup, max_tokens=max_tokens, ignore_eos=ignore_eos,
@@ -321,6 +375,8 @@ def bench(
         }.items()
         if k != "api_key"
     }
+    settings["backend_requested"] = backend.value
+    settings["backend_evidence"] = evidence
     settings["max_failure_rate"] = max_failure_rate
     settings["workers"] = workers
     settings["shard"] = list(part) if shard is not None else None

@@ -1,18 +1,24 @@
-"""SGLang's ``meta_info`` spec-decode fields, at the choice level (OpenAI routes) or the response
-level (native ``/generate``).
+"""SGLang's per-request spec-decode fields, wherever SGLang puts them: ``meta_info`` at the
+response root (native ``/generate``), ``choices[].meta_info`` (OpenAI routes with
+``return_meta_info``, non-streaming only) or ``sglext.spec_tokens_details`` (OpenAI routes with
+``return_spec_tokens_details``, streaming too: a ``choices: []`` chunk after the finishing one).
 
-``spec_verify_ct`` is the verify steps; the accepted and proposed draft counts have had several
-spellings across releases (``spec_accept_token_num`` / ``spec_draft_token_num``,
-``spec_num_accepted_tokens`` / ``spec_num_draft_tokens``, and since v0.5.15
-``spec_num_correct_drafts`` / ``spec_num_proposed_drafts`` with the aliases
-``spec_accepted_drafts`` / ``spec_proposed_drafts``); every spelling present must agree. The
-histogram (``spec_accept_histogram``, later ``spec_correct_drafts_histogram``) is indexed by
-accepted drafts, dense list or map.
+SGLang sets them once the request finishes, and only when it ran verify steps
+(python/sglang/srt/managers/tokenizer_manager.py, ``_calculate_spec_decoding_metrics``):
+``spec_verify_ct``; ``spec_num_correct_drafts`` and ``spec_num_proposed_drafts`` (= verify steps
+x (``speculative_num_draft_tokens`` - 1), tree nodes for a tree), aliased ``spec_accepted_drafts``
+/ ``spec_proposed_drafts`` (older: ``spec_accept_token_num`` / ``spec_draft_token_num``,
+``spec_num_accepted_tokens`` / ``spec_num_draft_tokens``); ``spec_correct_drafts_histogram``,
+aliased ``spec_accept_histogram``, dense and as long as the largest accepted count seen + 1, so
+its length says nothing about K; ``spec_accept_rate``; ``spec_accept_length``. Every spelling
+present must agree. With no verify step SGLang sends none of them: such a request has no record
+(``absent``), which is what SGLang said, not a malformed payload.
 
-SGLang's ``spec_accept_length`` is completion_tokens / verify steps, a different formula from
-1 + accepted / steps (it counts prefill and capped tokens), so it is never copied: the record's
-mean AL comes from the histogram, and its rate from the counts. SGLang reports no fixed K, so ``num_spec_tokens``
-stays None. Without a histogram there is no record, unless no step ran (then it is empty).
+``spec_accept_length`` is completion_tokens / verify steps, a different formula from 1 +
+accepted / steps (it counts the prefill token and capped tokens), so it is never copied: the
+record's AL comes from the histogram, its rate from the counts. SGLang reports no fixed K, so
+``num_spec_tokens`` stays None. ``completion_tokens`` is the usage's only (None on the native
+route, which has none); the client's request record reads the native counts itself.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from speclens.acceptance.histogram import AcceptanceHistogram
 from speclens.bench.adapters._common import (
     BuiltinAdapter,
     Malformed,
+    MultipleSequences,
     Responses,
     aliased_count,
     any_histogram,
@@ -35,6 +42,7 @@ from speclens.bench.adapters._common import (
 from speclens.bench.record import SpecDecodeAcceptanceRecord
 
 WHERE = "meta_info"
+DETAILS = "sglext.spec_tokens_details"
 STEPS = "spec_verify_ct"
 ACCEPTED = (
     "spec_accept_token_num",
@@ -57,28 +65,43 @@ def _is_spec(meta: object) -> bool:
     return isinstance(meta, dict) and any(meta.get(key) is not None for key in MARKERS)
 
 
-def _last(responses: Responses) -> tuple[bool, Any]:
-    """The last spec-carrying meta_info, choice or response level (a stream re-sends it
-    cumulatively, so the last one is the whole request)."""
-    found, value = False, None
+def _details(response: dict[str, Any]) -> object:
+    """``sglext.spec_tokens_details``: an object, or a list of them when n > 1."""
+    ext = response.get("sglext")
+    return ext.get("spec_tokens_details") if isinstance(ext, dict) else None
+
+
+def _last(responses: Responses) -> tuple[str | None, Any]:
+    """Where the last spec-carrying object sits (``meta_info`` or ``sglext``) and the object.
+    A stream re-sends meta_info cumulatively, so the last one is the whole request;
+    ``meta_info`` (SGLang's own dict) wins over ``sglext``, a copy with defaults filled in."""
+    meta: Any = None
+    details: Any = None
     for response in objects(responses):
         if _is_spec(response.get("meta_info")):
-            found, value = True, response["meta_info"]
+            meta = response["meta_info"]
         for _, choice in choices(response):
             if _is_spec(choice.get("meta_info")):
-                found, value = True, choice["meta_info"]
-    return found, value
+                meta = choice["meta_info"]
+        found = _details(response)
+        if isinstance(found, list) or _is_spec(found):
+            details = found
+    if meta is not None:
+        return WHERE, meta
+    if details is not None:
+        return DETAILS, details
+    return None, None
 
 
-def _histogram(meta: dict[str, Any]) -> dict[int, int] | None:
+def _histogram(meta: dict[str, Any], where: str) -> dict[int, int] | None:
     seen = {
-        key: AcceptanceHistogram(any_histogram(meta[key], f"{WHERE}.{key}")).counts
+        key: AcceptanceHistogram(any_histogram(meta[key], f"{where}.{key}")).counts
         for key in HISTOGRAMS
         if meta.get(key) is not None
     }
     values = list(seen.values())
     if any(v != values[0] for v in values[1:]):
-        raise Malformed(f"{WHERE}: {' and '.join(seen)} disagree")
+        raise Malformed(f"{where}: {' and '.join(seen)} disagree")
     return values[0] if values else None
 
 
@@ -91,25 +114,31 @@ class SGLangSpecDecodeAdapter(BuiltinAdapter):
 
     @classmethod
     def _present(cls, responses: Responses) -> bool:
-        return _last(responses)[0]
+        return _last(responses)[0] is not None
 
     @classmethod
     def _build(cls, responses: Responses) -> SpecDecodeAcceptanceRecord:
-        meta = as_object(_last(responses)[1], WHERE)
-        steps = count(meta, STEPS, WHERE)
-        accepted = aliased_count(meta, ACCEPTED, WHERE)
-        drafted = aliased_count(meta, DRAFTED, WHERE)
-        hist = _histogram(meta)
+        where, found = _last(responses)
+        where = where or WHERE
+        if isinstance(found, list):
+            if len(found) != 1:
+                raise MultipleSequences(f"{where} holds {len(found)} sequences (n > 1)")
+            found = found[0]
+        meta = as_object(found, where)
+        steps = count(meta, STEPS, where)
+        accepted = aliased_count(meta, ACCEPTED, where)
+        drafted = aliased_count(meta, DRAFTED, where)
+        hist = _histogram(meta, where)
         if steps == 0:
-            # Current releases omit the counts and send [] when no step ran.
+            # No verify step: nothing was drafted (sglext fills 0 and [] for what is missing).
             accepted = 0 if accepted is None else accepted
             drafted = 0 if drafted is None else drafted
             hist = {} if hist is None else hist
         if accepted is None or drafted is None:
             missing = ACCEPTED if accepted is None else DRAFTED
-            raise Malformed(f"{WHERE}: none of {', '.join(missing)} is present")
+            raise Malformed(f"{where}: none of {', '.join(missing)} is present")
         if hist is None:
-            raise Malformed(f"{WHERE}: no {' or '.join(HISTOGRAMS)} for {steps} verify steps")
+            raise Malformed(f"{where}: no {' or '.join(HISTOGRAMS)} for {steps} verify steps")
         return SpecDecodeAcceptanceRecord(
             engine=cls.engine,
             mean_acceptance_length=AcceptanceHistogram(hist).acceptance_length,

@@ -25,12 +25,14 @@ from speclens.acceptance import (
     resolve,
     validate,
 )
+from speclens.acceptance.emit import ENGINES, emit
 from speclens.cli._common import (
     ACCEPTANCE_LENGTH_OPTION,
     ACCEPTANCE_RATE_OPTION,
     PER_POSITION_RATES_OPTION,
     REGISTRY_OPTION,
     cli_value,
+    err_console,
     fail,
     load_registry,
     out_console,
@@ -198,8 +200,18 @@ def resolve_cmd(
     per_position_rates: str | None = PER_POSITION_RATES_OPTION,
     registry: list[Path] = REGISTRY_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the resolution as one JSON object."),
+    emit_engine: str | None = typer.Option(
+        None,
+        "--emit",
+        help="Print the one line that forces it in vllm, atom, sglang or trtllm (notes go to "
+        "stderr).",
+    ),
 ) -> None:
     """Resolve the acceptance a run uses and say where it came from."""
+    if emit_engine is not None and emit_engine not in ENGINES:
+        fail(f"command line: --emit: expected {', '.join(ENGINES)}, got {emit_engine!r}", code=2)
+    if emit_engine is not None and as_json:
+        fail("command line: --emit: prints one line; do not also give --json", code=2)
     with reported():
         if num_spec_tokens < 1:
             fail(f"command line: --num-spec-tokens: must be at least 1, got {num_spec_tokens}")
@@ -213,7 +225,12 @@ def resolve_cmd(
             scenario=_pin(scenario),
             cli=cli_value(num_spec_tokens, acceptance_length, acceptance_rate, per_position_rates),
         )
-    if as_json:
+        emission = emit(res, emit_engine, method) if emit_engine is not None else None
+    if emission is not None:
+        for note in emission.notes:
+            err_console.print(f"note: {note}", markup=False)
+        typer.echo(emission.line)
+    elif as_json:
         typer.echo(json.dumps(res.model_dump()))
     else:
         print_resolution(res)

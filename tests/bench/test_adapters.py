@@ -26,7 +26,7 @@ from speclens.bench.adapters import (
     available_adapters,
     detect,
 )
-from speclens.bench.record import SpecDecodeAcceptanceRecord
+from speclens.bench.record import DRAFT_UNITS, SpecDecodeAcceptanceRecord
 
 Responses = list[dict[str, Any]]
 BY_NAME = {a.name: a for a in BUILTIN_ADAPTERS}
@@ -35,7 +35,8 @@ STATUSES = {"ok", "absent", "malformed", "multiple_sequences", "conflict"}
 
 def expected(name: str) -> dict[str, Any]:
     _, _, engine, overrides = P.VALID[name]
-    return {"engine": engine, **P.EXPECTED_DEFAULTS, **overrides}
+    extra = {"draft_unit": DRAFT_UNITS[engine], "acceptance_histogram_by_draft_length": None}
+    return {"engine": engine, **P.EXPECTED_DEFAULTS, **extra, **overrides}
 
 
 # --- every adapter on its own payloads ----------------------------------------------------------
@@ -53,8 +54,10 @@ def test_valid_payloads(name: str) -> None:
         assert got.pop(key) == pytest.approx(want.pop(key), abs=1e-9)
     assert got == want
     found = detect(make())
+    if name.startswith("speclens-both"):  # the root shape is the primary one (issue 14, item 6)
+        adapter_name = "vllm-root-metrics"
     assert (found.status, found.adapter, found.message) == ("ok", adapter_name, None)
-    assert found.record == record
+    assert found.record is not None and found.record.same_measurement(record)
 
 
 @pytest.mark.parametrize("name", sorted(P.VALID))
@@ -80,10 +83,11 @@ def test_builtin_adapters_satisfy_the_protocol() -> None:
         assert isinstance(adapter, SpecDecodeAdapter)
         assert isinstance(adapter.name, str) and isinstance(adapter.priority, int)
     assert [a.name for a in available_adapters()] == [
-        "vllm-per-choice-stats",
         "vllm-root-metrics",
+        "vllm-per-choice-stats",
         "trtllm-per-choice",
         "sglang-meta-info",
+        "llamacpp-timings",
     ]
 
 
@@ -147,7 +151,7 @@ def test_trtllm_derives_mean_acceptance_length() -> None:
     ("make", "adapter", "histogram", "mean"),
     [
         (P.vllm_zero_step, "vllm-per-choice-stats", {}, 1.0),
-        (P.speclens_zero_step_both, "vllm-per-choice-stats", {}, 1.0),
+        (P.speclens_zero_step_both, "vllm-root-metrics", {}, 1.0),
         (P.sglang_zero_step, "sglang-meta-info", {}, 1.0),
         (P.vllm_fully_rejected, "vllm-per-choice-stats", {0: 4}, 1.0),
         (P.trtllm_fully_rejected, "trtllm-per-choice", {0: 4}, 1.0),
@@ -165,14 +169,55 @@ def test_zero_step_and_fully_rejected_are_reported_verbatim(
     assert found.record.num_accepted_draft_tokens == 0
 
 
-@pytest.mark.parametrize("make", [P.vllm_chat_n2, P.vllm_stream_n2, P.trtllm_n2, P.sglang_chat_n2])
+@pytest.mark.parametrize("make", [P.vllm_chat_n2, P.vllm_stream_n2, P.sglang_chat_n2])
 def test_n_greater_than_one_is_suppressed(make: Callable[[], Responses]) -> None:
+    """Root-level and whole-request shapes cannot say which sequence they count."""
     for adapter in BUILTIN_ADAPTERS:
         assert adapter.adapt(make()) is None
     found = detect(make())
     assert found.status == "multiple_sequences"
     assert found.record is None
     assert found.message is not None and "n > 1" in found.message
+
+
+def test_trtllm_n_two_gives_each_choice_its_own_record_and_the_request_their_sum() -> None:
+    """TensorRT-LLM's object is per sequence (``tensorrt_llm/serve/postprocess_handlers.py``
+    builds each choice's from that choice's output), so n > 1 is read, not suppressed."""
+    body = P.trtllm_n2()[0]
+    second = body["choices"][1]["speculative_decoding"]
+    second.update(
+        total_accepted_draft_tokens=2, total_draft_tokens=9, num_spec_steps=3,
+        acceptance_histogram=[1, 2, 0, 0], acceptance_rate=2 / 9,
+    )  # fmt: skip
+    alone = TRTLLMSpecDecodeAdapter.adapt(P.trtllm_chat())
+    found = detect([body])
+    assert found.status == "ok" and found.adapter == "trtllm-per-choice"
+    assert found.choices is not None and sorted(found.choices) == [0, 1]
+    first, other = found.choices[0], found.choices[1]
+    assert alone is not None and first.num_spec_steps == alone.num_spec_steps
+    assert first.acceptance_histogram == alone.acceptance_histogram
+    assert (other.num_spec_steps, other.num_accepted_draft_tokens) == (3, 2)
+    assert other.acceptance_histogram == {0: 1, 1: 2}
+    assert first.completion_tokens is None  # usage covers both choices
+    total = found.record
+    assert total is not None and total.completion_tokens == alone.completion_tokens
+    assert total.num_spec_steps == first.num_spec_steps + 3
+    assert total.num_draft_tokens == first.num_draft_tokens + 9
+    hist = dict(first.acceptance_histogram or {})
+    hist[0] = hist.get(0, 0) + 1
+    hist[1] = hist.get(1, 0) + 2
+    assert total.acceptance_histogram == {j: n for j, n in sorted(hist.items()) if n}
+    assert total.draft_unit == "paths" and other.draft_unit == "paths"
+
+
+def test_trtllm_only_tokens_per_iteration_makes_no_record_and_says_why() -> None:
+    body = P.trtllm_chat()[0]
+    del body["choices"][0]["speculative_decoding"]
+    body["choices"][0]["avg_decoded_tokens_per_iter"] = 2.5
+    found = detect([body])
+    assert found.status == "absent" and found.record is None
+    assert found.message is not None and "avg_decoded_tokens_per_iter (2.5)" in found.message
+    assert "not AL" in found.message
 
 
 def test_our_server_with_n_two_sends_nothing_so_it_is_absent() -> None:
@@ -408,9 +453,9 @@ def test_a_malformed_stream_chunk_is_reported() -> None:
 def test_both_shapes_agree() -> None:
     found = detect(P.speclens_both_chat())
     assert found.status == "ok"
-    assert found.adapter == "vllm-per-choice-stats"
-    assert found.claimed_by == ["vllm-per-choice-stats", "vllm-root-metrics"]
-    alone = VLLMMetricsAdapter.adapt(P.speclens_both_chat())
+    assert found.adapter == "vllm-root-metrics"
+    assert found.claimed_by == ["vllm-root-metrics", "vllm-per-choice-stats"]
+    alone = VLLMSpecDecodeAdapter.adapt(P.speclens_both_chat())
     assert alone is not None and found.record is not None
     assert found.record.same_measurement(alone)
 
@@ -428,10 +473,10 @@ def test_both_shapes_disagree_is_a_conflict() -> None:
     found = detect(responses)
     assert found.status == "conflict"
     assert found.record is None and found.adapter is None
-    assert found.claimed_by == ["vllm-per-choice-stats", "vllm-root-metrics"]
+    assert found.claimed_by == ["vllm-root-metrics", "vllm-per-choice-stats"]
     assert found.message is not None
-    assert "vllm-per-choice-stats and vllm-root-metrics disagree" in found.message
-    assert "num_accepted_draft_tokens (9 vs 8)" in found.message
+    assert "vllm-root-metrics and vllm-per-choice-stats disagree" in found.message
+    assert "num_accepted_draft_tokens (8 vs 9)" in found.message
     assert "reported, not guessed" in found.message
 
 
@@ -450,14 +495,14 @@ def test_both_shapes_malformed_is_malformed() -> None:
     _stats(responses)["num_spec_steps"] = 4
     found = detect(responses)
     assert found.status == "malformed"
-    assert found.adapter == "vllm-per-choice-stats"
-    assert found.claimed_by == ["vllm-per-choice-stats", "vllm-root-metrics"]
+    assert found.adapter == "vllm-root-metrics"
+    assert found.claimed_by == ["vllm-root-metrics", "vllm-per-choice-stats"]
 
 
 def test_both_shapes_agree_in_a_stream() -> None:
     found = detect(P.speclens_both_completions_stream())
     assert found.status == "ok"
-    assert found.claimed_by == ["vllm-per-choice-stats", "vllm-root-metrics"]
+    assert found.claimed_by == ["vllm-root-metrics", "vllm-per-choice-stats"]
 
 
 # --- custom adapters and priority ----------------------------------------------------------------
@@ -612,11 +657,12 @@ def test_a_plugin_is_picked_up_in_priority_order(
     names = [a.name for a in available_adapters(refresh=True)]
     assert names == [
         "x-engine",
-        "vllm-per-choice-stats",
-        "between",
         "vllm-root-metrics",
+        "between",
+        "vllm-per-choice-stats",
         "trtllm-per-choice",
         "sglang-meta-info",
+        "llamacpp-timings",
     ]
     found = detect([{"id": "r1", "x_spec": {"steps": 2}}])
     assert found.status == "ok" and found.adapter == "x-engine"
@@ -695,7 +741,7 @@ def test_speclens_server_payloads_agree() -> None:
         }
         found = detect([body])
         assert found.status == "ok", found.message
-        assert found.claimed_by == ["vllm-per-choice-stats", "vllm-root-metrics"]
+        assert found.claimed_by == ["vllm-root-metrics", "vllm-per-choice-stats"]
         assert found.record is not None
         assert found.record.acceptance_histogram == {0: 1, 1: 1, 2: 2, 4: 1}
         assert found.record.num_spec_steps == 5

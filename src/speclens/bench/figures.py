@@ -91,17 +91,19 @@ def consistency_problem(record: RequestRecord) -> str | None:
     """A request's stats claim more tokens than its response carried.
 
     Each verify step emits its accepted drafts plus one token and the first token comes from
-    prefill, so the stats account for steps + accepted + 1 tokens. Only the last step can be cut
-    short (max_tokens, a stop string, EOS), by at most K tokens, so completion_tokens must be at
-    least steps + accepted + 1 - K. (More tokens than that is normal: a step that proposed no
-    drafts, as n-gram lookup often does, is not a verify step but still emits a token.)
+    prefill, so the stats account for steps + accepted + 1 tokens per sequence. Only the last
+    step can be cut short (max_tokens, a stop string, EOS), by at most K tokens, so
+    completion_tokens must be at least steps + accepted + n (1 - K) over n sequences. (More
+    tokens than that is normal: a step that proposed no drafts, as n-gram lookup often does, is
+    not a verify step but still emits a token.) Counts-only records claim no steps: no check.
     """
     spec, tokens = record.spec, record.completion_tokens
-    if spec is None or tokens is None:
+    if spec is None or tokens is None or spec["num_spec_steps"] is None:
         return None
+    n = len(record.spec_choices) if record.spec_choices else 1
     k = spec.get("num_spec_tokens") or max(spec.get("per_step_drafted") or [0])
-    claimed = spec["num_spec_steps"] + spec["num_accepted_draft_tokens"] + 1
-    if tokens + k < claimed:
+    claimed = spec["num_spec_steps"] + spec["num_accepted_draft_tokens"] + n
+    if tokens + n * k < claimed:
         return (
             f"stats account for {claimed} tokens but completion_tokens is {tokens}: more than "
             f"the last step's K = {k} can explain"
@@ -114,7 +116,13 @@ def coverage(with_stats: Sequence[RequestRecord]) -> dict[str, Any]:
     their decode steps, and tokens per decode step 1 + accepted / decode steps (what a target
     forward after prefill yields, steps that drafted nothing included). None without such records.
     """
-    covered = [r.spec for r in with_stats if r.spec and r.spec.get("num_decode_steps") is not None]
+    covered = [
+        r.spec
+        for r in with_stats
+        if r.spec
+        and r.spec.get("num_decode_steps") is not None
+        and r.spec["num_spec_steps"] is not None
+    ]
     decode = sum(spec["num_decode_steps"] for spec in covered)
     spec_steps = sum(spec["num_spec_steps"] for spec in covered)
     accepted = sum(spec["num_accepted_draft_tokens"] for spec in covered)
@@ -132,20 +140,81 @@ def _category_coverage(records: Sequence[RequestRecord]) -> dict[str, Any]:
     return {"draft_coverage": pooled["draft_coverage"], "decode_steps": pooled["decode_steps"]}
 
 
+def draft_units(with_stats: Sequence[RequestRecord]) -> dict[str, dict[str, int]]:
+    """{unit: {engine: requests}}: what each request's num_draft_tokens counts ("unknown" when
+    its adapter did not say)."""
+    units: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in with_stats:
+        assert r.spec is not None
+        units[str(r.spec.get("draft_unit") or "unknown")][
+            str(r.spec.get("engine") or "unknown")
+        ] += 1
+    return {u: dict(engines) for u, engines in sorted(units.items())}
+
+
+def units_refusal(units: dict[str, dict[str, int]]) -> str | None:
+    """Why draft acceptance rates are not pooled: their units differ (AL stays comparable)."""
+    if len(units) < 2:
+        return None
+    parts = "; ".join(
+        f"{unit}: {', '.join(f'{e} x{n}' for e, n in sorted(engines.items()))}"
+        for unit, engines in units.items()
+    )
+    return (
+        f"draft acceptance rates not pooled or compared: num_draft_tokens counts different "
+        f"things ({parts}); AL stays comparable"
+    )
+
+
+def derivable(with_stats: Sequence[RequestRecord]) -> dict[str, dict[str, Any]]:
+    """Per engine, which figures its requests' records could give: "yes" (every request),
+    "some", or "no". AL from the server's counters is decided by the run (it needs a scrape)."""
+    by_engine: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in with_stats:
+        assert r.spec is not None
+        by_engine[str(r.spec.get("engine") or "unknown")].append(r.spec)
+
+    def share(specs: list[dict[str, Any]], key: str) -> str:
+        have = sum(1 for spec in specs if spec.get(key) is not None)
+        return "yes" if have == len(specs) else "some" if have else "no"
+
+    return {
+        engine: {
+            "requests": len(specs),
+            "draft_acceptance_rate": "yes",
+            "al_per_request": share(specs, "num_spec_steps"),
+            "histogram": share(specs, "acceptance_histogram"),
+            "per_step": share(specs, "per_step_accepted"),
+            "decode_steps": share(specs, "num_decode_steps"),
+        }
+        for engine, specs in sorted(by_engine.items())
+    }
+
+
 def acceptance(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Acceptance over the requests that carried stats. Counts-only records (llama.cpp) add to
+    the draft acceptance rate but not to the histogram, the verify steps or any AL; draft
+    acceptance rates are pooled only when every record counts drafts in the same unit."""
     with_stats = [r for r in records if r.spec is not None]
+    stepped = [r for r in with_stats if r.spec and r.spec["num_spec_steps"] is not None]
+    counts_only = [r for r in with_stats if r.spec and r.spec["num_spec_steps"] is None]
     pooled = AcceptanceHistogram()
-    drafted = accepted = steps = 0
+    drafted = accepted = steps = stepped_accepted = 0
     per_category: dict[str, AcceptanceHistogram] = defaultdict(AcceptanceHistogram)
     for r in with_stats:
         spec = r.spec
         assert spec is not None
-        hist = AcceptanceHistogram({int(j): n for j, n in spec["acceptance_histogram"].items()})
-        pooled.update(hist)
-        per_category[r.category].update(hist)
         drafted += spec["num_draft_tokens"]
         accepted += spec["num_accepted_draft_tokens"]
+    for r in stepped:
+        spec = r.spec
+        assert spec is not None
         steps += spec["num_spec_steps"]
+        stepped_accepted += spec["num_accepted_draft_tokens"]
+        if spec["acceptance_histogram"] is not None:
+            hist = AcceptanceHistogram({int(j): n for j, n in spec["acceptance_histogram"].items()})
+            pooled.update(hist)
+            per_category[r.category].update(hist)
     statuses: dict[str, int] = defaultdict(int)
     for r in records:
         statuses[r.spec_status] += 1
@@ -160,30 +229,39 @@ def acceptance(records: Sequence[RequestRecord]) -> dict[str, Any]:
     # K and j come from the wire, so the width is bounded.
     width = min(max(k or 0, *pooled.counts, 0), MAX_POSITIONS)
     per_position = [sum(n for j, n in pooled if j > p) for p in range(width)]
+    units = draft_units(with_stats)
+    refusal = units_refusal(units)
+    hist_steps = pooled.num_steps
     return {
         "requests_with_stats": len(with_stats),
         "detection": dict(statuses),
         "adapters": sorted({r.spec_adapter for r in with_stats if r.spec_adapter}),
         "num_spec_tokens": k,
-        "per_request_al": distribution(r.spec["mean_acceptance_length"] for r in with_stats if r.spec and r.spec["num_spec_steps"]),
-        "per_request_draft_acceptance_rate": distribution(
+        "per_request_al": distribution(r.spec["mean_acceptance_length"] for r in stepped if r.spec and r.spec["num_spec_steps"]),
+        "per_request_draft_acceptance_rate": None if refusal else distribution(
             r.spec["draft_acceptance_rate"] for r in with_stats if r.spec and r.spec["num_draft_tokens"]
         ),
-        "token_weighted_al": pooled.acceptance_length if steps else None,
-        "draft_acceptance_rate": accepted / drafted if drafted else None,
-        "accepted_per_step": accepted / steps if steps else None,
+        "token_weighted_al": 1.0 + stepped_accepted / steps if steps else None,
+        "draft_acceptance_rate": accepted / drafted if drafted and not refusal else None,
+        "draft_units": units,
+        "draft_rate_refused": refusal,
+        "accepted_per_step": stepped_accepted / steps if steps else None,
         "verify_steps": steps,
         "draft_tokens": drafted,
         "accepted_tokens": accepted,
+        "counts_only_requests": len(counts_only),
+        "counts_only_engines": sorted({str(r.spec.get("engine")) for r in counts_only if r.spec}),
         "histogram": {str(j): n for j, n in pooled.counts.items()},
+        "histogram_steps": hist_steps,
         "accepted_per_position": per_position,
-        "per_position_rates": [n / steps for n in per_position] if steps else None,
-        "zero_step_requests": sum(1 for r in with_stats if r.spec and r.spec["num_spec_steps"] == 0),
+        "per_position_rates": [n / hist_steps for n in per_position] if hist_steps else None,
+        "zero_step_requests": sum(1 for r in stepped if r.spec and r.spec["num_spec_steps"] == 0),
         "al_by_category": {
             c: {"al": h.acceptance_length, "verify_steps": h.num_steps,
-                **_category_coverage([r for r in with_stats if r.category == c])}
+                **_category_coverage([r for r in stepped if r.category == c])}
             for c, h in sorted(per_category.items())
         },
+        "derivable": derivable(with_stats),
         "inconsistent_requests": inconsistent,
         **coverage(with_stats),
     }  # fmt: skip

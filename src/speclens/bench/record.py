@@ -6,13 +6,18 @@ tree-agnostic (a histogram, not per-position arrays) and adaptive-safe (no fixed
 
 Every invariant is checked at construction: a record that exists is self-consistent, so an
 adapter can hand the raw numbers over and let a contradicting payload fail here.
+
+A record is full (histogram, verify steps, counts, AL) or **counts only** (llama.cpp: drafted and
+accepted tokens, nothing else): then ``num_spec_steps``, ``acceptance_histogram`` and
+``mean_acceptance_length`` are None, AL is not derivable from the request and the draft
+acceptance rate is. Nothing is ever estimated to fill the gaps.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
@@ -28,6 +33,22 @@ MAX_COUNT = 2**63 - 1
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 StepCounts = tuple[StrictInt, ...]
 
+#: What ``num_draft_tokens`` counts, which differs between engines, so draft acceptance rates
+#: of different units are never pooled or compared (AL is): ``tokens`` draft tokens sent to
+#: verification (vLLM after grammar invalidation, llama.cpp, speclens), ``tree-nodes`` SGLang's
+#: tree nodes x steps, ``paths`` TensorRT-LLM's draft paths, ``slots`` ATOM's mtp_k x steps
+#: whether or not drafts were proposed.
+DraftUnit = Literal["tokens", "tree-nodes", "paths", "slots"]
+
+#: Each engine's unit, for adapters that do not set one.
+DRAFT_UNITS: dict[str, DraftUnit] = {
+    "vllm": "tokens",
+    "llama.cpp": "tokens",
+    "sglang": "tree-nodes",
+    "trtllm": "paths",
+    "atom": "slots",
+}
+
 
 class SpecDecodeAcceptanceRecord(BaseModel):
     """One request's speculative-decoding acceptance, as its engine reported it.
@@ -40,18 +61,20 @@ class SpecDecodeAcceptanceRecord(BaseModel):
     model_config = ConfigDict(frozen=True, strict=True, extra="forbid", allow_inf_nan=False)
 
     engine: str = Field(min_length=1, description="Serving engine that produced the stats.")
-    mean_acceptance_length: float = Field(
-        description="Tokens per verify step including the bonus token: 1 + accepted / steps."
+    mean_acceptance_length: float | None = Field(
+        description="Tokens per verify step including the bonus token: 1 + accepted / steps; "
+        "None when steps are unknown (counts only)."
     )
     draft_acceptance_rate: float = Field(
         description="num_accepted_draft_tokens / num_draft_tokens (0.0 when nothing drafted)."
     )
-    acceptance_histogram: dict[int, int] = Field(
-        description="{accepted drafts: verify steps}, sparse, zero buckets omitted, bonus excluded."
+    acceptance_histogram: dict[int, int] | None = Field(
+        description="{accepted drafts: verify steps}, sparse, zero buckets omitted, bonus "
+        "excluded; None when the engine reports none."
     )
     num_accepted_draft_tokens: Count
     num_draft_tokens: Count
-    num_spec_steps: Count
+    num_spec_steps: Count | None = Field(description="Verify steps; None when not reported.")
     num_spec_tokens: Annotated[int, Field(ge=1, le=MAX_COUNT)] | None = Field(
         default=None, description="K, the per-step draft bound; None when the engine has none."
     )
@@ -64,20 +87,32 @@ class SpecDecodeAcceptanceRecord(BaseModel):
     )
     per_step_accepted: StepCounts | None = Field(default=None, strict=False)
     per_step_drafted: StepCounts | None = Field(default=None, strict=False)
+    draft_unit: DraftUnit | None = Field(
+        default=None, description="What num_draft_tokens counts; None when unknown."
+    )
+    acceptance_histogram_by_draft_length: dict[int, dict[int, int]] | None = Field(
+        default=None,
+        description="{draft length: {accepted drafts: verify steps}} (vLLM, variable-length "
+        "drafting); its buckets sum to acceptance_histogram.",
+    )
 
     @field_validator("acceptance_histogram")
     @classmethod
-    def _sparse(cls, value: dict[int, int]) -> dict[int, int]:
+    def _sparse(cls, value: dict[int, int] | None) -> dict[int, int] | None:
         """Keys and counts are non-negative; zero buckets are dropped and keys sorted so two
         records of the same histogram compare equal however the engine spelled it."""
-        bad = [
-            f"{j}: {n}"
-            for j, n in value.items()
-            if not (0 <= j <= MAX_COUNT and 0 <= n <= MAX_COUNT)
-        ]
-        if bad:
-            raise ValueError(f"keys and counts must be integers in [0, 2**63 - 1], got {bad}")
-        return {j: n for j, n in sorted(value.items()) if n}
+        return None if value is None else _sparse(value)
+
+    @field_validator("acceptance_histogram_by_draft_length")
+    @classmethod
+    def _sparse_by_length(
+        cls, value: dict[int, dict[int, int]] | None
+    ) -> dict[int, dict[int, int]] | None:
+        if value is None:
+            return None
+        if any(not 1 <= d <= MAX_COUNT for d in value):
+            raise ValueError("draft lengths must be integers in [1, 2**63 - 1]")
+        return {d: h for d, row in sorted(value.items()) if (h := _sparse(row))}
 
     @model_validator(mode="after")
     def _consistent(self) -> SpecDecodeAcceptanceRecord:
@@ -87,30 +122,51 @@ class SpecDecodeAcceptanceRecord(BaseModel):
         return self
 
     def _problems(self) -> list[str]:
-        hist = self.histogram
-        steps, accepted, drafted = (
-            self.num_spec_steps,
-            self.num_accepted_draft_tokens,
-            self.num_draft_tokens,
-        )
-        k = self.num_spec_tokens
+        accepted, drafted = self.num_accepted_draft_tokens, self.num_draft_tokens
         out: list[str] = []
-        if hist.num_steps != steps:
-            out.append(f"acceptance_histogram sums to {hist.num_steps} steps, not {steps}")
-        if hist.num_accepted != accepted:
-            out.append(
-                f"acceptance_histogram counts {hist.num_accepted} accepted drafts, not {accepted}"
-            )
         if accepted > drafted:
             out.append(f"{accepted} accepted draft tokens exceed {drafted} drafted")
+        expected_rate = accepted / drafted if drafted else 0.0
+        rate = self.draft_acceptance_rate
+        if not math.isclose(rate, expected_rate, rel_tol=0.0, abs_tol=TOLERANCE):
+            out.append(
+                f"draft_acceptance_rate {rate!r} is not accepted / drafted ({expected_rate!r})"
+            )
+        if self.num_spec_steps is None:
+            unknown = ("acceptance_histogram", "mean_acceptance_length", "per_step_accepted",
+                       "per_step_drafted", "num_decode_steps",
+                       "acceptance_histogram_by_draft_length")  # fmt: skip
+            given = [name for name in unknown if getattr(self, name) is not None]
+            if given:
+                out.append(f"{', '.join(given)} given without num_spec_steps (counts only)")
+            return out
+        return out + self._step_problems(self.num_spec_steps)
+
+    def _step_problems(self, steps: int) -> list[str]:
+        accepted, drafted = self.num_accepted_draft_tokens, self.num_draft_tokens
+        k = self.num_spec_tokens
+        out: list[str] = []
+        raw = self.acceptance_histogram
+        if raw is not None:
+            hist = AcceptanceHistogram(raw)
+            if hist.num_steps != steps:
+                out.append(f"acceptance_histogram sums to {hist.num_steps} steps, not {steps}")
+            if hist.num_accepted != accepted:
+                out.append(
+                    f"acceptance_histogram counts {hist.num_accepted} accepted drafts, "
+                    f"not {accepted}"
+                )
+            if k is not None and hist.max_accepted > k:
+                out.append(f"acceptance_histogram has a count at {hist.max_accepted} > K = {k}")
         if self.num_decode_steps is not None and self.num_decode_steps < steps:
             out.append(f"num_decode_steps {self.num_decode_steps} is below num_spec_steps {steps}")
-        if k is not None and hist.max_accepted > k:
-            out.append(f"acceptance_histogram has a count at {hist.max_accepted} > K = {k}")
         out += self._per_step_problems()
-        # AL is derived by the histogram alone; once its totals match, it is 1 + accepted / steps.
-        expected_al = hist.acceptance_length
+        out += self._by_length_problems(drafted)
+        expected_al = 1.0 + accepted / steps if steps else 1.0
         al = self.mean_acceptance_length
+        if al is None:
+            out.append("mean_acceptance_length is missing though num_spec_steps is given")
+            return out
         if not math.isclose(al, expected_al, rel_tol=0.0, abs_tol=TOLERANCE):
             out.append(
                 f"mean_acceptance_length {al!r} is not 1 + accepted / steps ({expected_al!r})"
@@ -118,11 +174,35 @@ class SpecDecodeAcceptanceRecord(BaseModel):
         if al < 1.0 or (k is not None and al > k + 1):
             bound = f"[1, {k + 1}]" if k is not None else "[1, inf)"
             out.append(f"mean_acceptance_length {al!r} lies outside {bound}")
-        expected_rate = accepted / drafted if drafted else 0.0
-        rate = self.draft_acceptance_rate
-        if not math.isclose(rate, expected_rate, rel_tol=0.0, abs_tol=TOLERANCE):
+        return out
+
+    def _by_length_problems(self, drafted: int) -> list[str]:
+        """Each draft length's steps accept at most that many; the rows add up to the
+        histogram, and length x steps to the drafted tokens."""
+        rows = self.acceptance_histogram_by_draft_length
+        if rows is None:
+            return []
+        if self.acceptance_histogram is None:
+            return ["acceptance_histogram_by_draft_length given without acceptance_histogram"]
+        out = []
+        total = AcceptanceHistogram()
+        for d, row in rows.items():
+            h = AcceptanceHistogram(row)
+            if h.max_accepted > d:
+                out.append(
+                    f"acceptance_histogram_by_draft_length[{d}] has a count at "
+                    f"{h.max_accepted} > {d}"
+                )
+            total.update(h)
+        if total.counts != self.acceptance_histogram:
             out.append(
-                f"draft_acceptance_rate {rate!r} is not accepted / drafted ({expected_rate!r})"
+                "acceptance_histogram_by_draft_length does not add up to acceptance_histogram"
+            )
+        drafted_by_length = sum(d * sum(row.values()) for d, row in rows.items())
+        if drafted_by_length != drafted:
+            out.append(
+                f"acceptance_histogram_by_draft_length drafts {drafted_by_length} tokens, "
+                f"not num_draft_tokens {drafted}"
             )
         return out
 
@@ -134,6 +214,8 @@ class SpecDecodeAcceptanceRecord(BaseModel):
             return ["per_step_accepted and per_step_drafted must be given together"]
         out: list[str] = []
         steps = self.num_spec_steps
+        if self.acceptance_histogram is None:
+            return ["per-step arrays given without acceptance_histogram"]
         if len(acc) != steps or len(dra) != steps:
             out.append(
                 f"per-step arrays have {len(acc)} and {len(dra)} entries, not num_spec_steps {steps}"
@@ -155,15 +237,22 @@ class SpecDecodeAcceptanceRecord(BaseModel):
         return out
 
     @property
-    def draft_coverage(self) -> float | None:
-        """Verify steps over decode steps; None when decode steps are not reported or zero."""
-        decode = self.num_decode_steps
-        return self.num_spec_steps / decode if decode else None
+    def counts_only(self) -> bool:
+        """Drafted and accepted tokens only: steps, histogram and AL unknown (llama.cpp)."""
+        return self.num_spec_steps is None
 
     @property
-    def histogram(self) -> AcceptanceHistogram:
-        """The histogram as the shared type, for AL, rates and pooling across requests (a copy)."""
-        return AcceptanceHistogram(self.acceptance_histogram)
+    def draft_coverage(self) -> float | None:
+        """Verify steps over decode steps; None when either is not reported or zero."""
+        decode, steps = self.num_decode_steps, self.num_spec_steps
+        return steps / decode if decode and steps is not None else None
+
+    @property
+    def histogram(self) -> AcceptanceHistogram | None:
+        """The histogram as the shared type, for AL, rates and pooling across requests (a copy);
+        None when the engine reports none."""
+        raw = self.acceptance_histogram
+        return None if raw is None else AcceptanceHistogram(raw)
 
     def same_measurement(self, other: SpecDecodeAcceptanceRecord) -> bool:
         """True when ``other`` reports the same acceptance, whatever engine label it carries.
@@ -173,7 +262,9 @@ class SpecDecodeAcceptanceRecord(BaseModel):
         """
         mine, theirs = self._comparable(), other._comparable()
         for name, value in mine.items():
-            if isinstance(value, float):
+            if name == _BY_LENGTH and (value is None or theirs[name] is None):
+                continue
+            if isinstance(value, float) and isinstance(theirs[name], float):
                 if not math.isclose(value, theirs[name], rel_tol=0.0, abs_tol=2 * TOLERANCE):
                     return False
             elif value != theirs[name]:
@@ -185,7 +276,9 @@ class SpecDecodeAcceptanceRecord(BaseModel):
         mine, theirs = self._comparable(), other._comparable()
         out = []
         for name, value in mine.items():
-            if isinstance(value, float):
+            if name == _BY_LENGTH and (value is None or theirs[name] is None):
+                continue
+            if isinstance(value, float) and isinstance(theirs[name], float):
                 same = math.isclose(value, theirs[name], rel_tol=0.0, abs_tol=2 * TOLERANCE)
             else:
                 same = value == theirs[name]
@@ -194,4 +287,18 @@ class SpecDecodeAcceptanceRecord(BaseModel):
         return out
 
     def _comparable(self) -> dict[str, Any]:
+        """Every field but the engine; the by-draft-length rows only when both shapes carry them
+        (vLLM's per-choice object has none)."""
         return {name: getattr(self, name) for name in type(self).model_fields if name != "engine"}
+
+
+_BY_LENGTH = "acceptance_histogram_by_draft_length"
+
+
+def _sparse(value: dict[int, int]) -> dict[int, int]:
+    bad = [
+        f"{j}: {n}" for j, n in value.items() if not (0 <= j <= MAX_COUNT and 0 <= n <= MAX_COUNT)
+    ]
+    if bad:
+        raise ValueError(f"keys and counts must be integers in [0, 2**63 - 1], got {bad}")
+    return {j: n for j, n in sorted(value.items()) if n}

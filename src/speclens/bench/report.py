@@ -68,13 +68,19 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         f"{acc['requests_with_stats']} ({', '.join(acc['adapters']) or 'none'})",
     )
     table.add_row("token-weighted AL", _fmt(acc["token_weighted_al"], 4))
+    if acc.get("counts_only_al"):
+        table.add_row("counts only", escape(acc["counts_only_al"]))
     per_req = acc["per_request_al"]
     if per_req:
         table.add_row(
             "per-request AL",
             f"mean {per_req['mean']:.4f}, p50 {per_req['p50']:.4f}, p90 {per_req['p90']:.4f}, p99 {per_req['p99']:.4f}",
         )
-    table.add_row("draft acceptance rate", _fmt(acc["draft_acceptance_rate"], 4))
+    refused = acc.get("draft_rate_refused")
+    table.add_row(
+        "draft acceptance rate",
+        escape(refused) if refused else _fmt(acc["draft_acceptance_rate"], 4),
+    )
     table.add_row("accepted per verify step", _fmt(acc["accepted_per_step"], 4))
     table.add_row("verify steps", str(acc["verify_steps"]))
     if acc.get("draft_coverage_requests"):
@@ -105,6 +111,8 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     elif server:
         table.add_row("server counters", escape(server["note"]))
     console.print(table)
+    if acc.get("derivable"):
+        console.print(derivation_table(acc["derivable"]))
     if summary.get("replicas"):
         console.print(replica_table(summary["replicas"]))
     for warning in summary.get("warnings", []):
@@ -125,6 +133,31 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
             f"(expected AL {verdict['expected_acceptance_length']:g})",
             soft_wrap=True,
         )
+
+
+#: The per-engine figures, as the report's columns.
+DERIVED = (
+    ("draft_acceptance_rate", "draft rate"),
+    ("al_per_request", "AL per request"),
+    ("al_from_server_counters", "AL from counters"),
+    ("histogram", "histogram"),
+    ("per_step", "per-step"),
+    ("decode_steps", "decode steps"),
+)
+
+
+def derivation_table(derivable: dict[str, Any]) -> Table:
+    """Per engine: which figures its responses (and the server's counters) could give."""
+    table = Table(title="Derived per engine (yes / some requests / no)")
+    table.add_column("engine")
+    table.add_column("requests", justify="right")
+    for _, title in DERIVED:
+        table.add_column(title)
+    for engine, row in derivable.items():
+        table.add_row(
+            escape(engine), str(row["requests"]), *(str(row.get(key, "-")) for key, _ in DERIVED)
+        )
+    return table
 
 
 def replica_table(replicas: dict[str, Any]) -> Table:
@@ -181,6 +214,7 @@ def record_row(record: RequestRecord) -> dict[str, Any]:
         "unparsable_events": record.unparsable_events,
         "anomalies": record.anomalies,
         "spec_decode_acceptance": record.spec,
+        "spec_decode_choices": record.spec_choices,
         "spec_decode_status": record.spec_status,
         "spec_decode_adapter": record.spec_adapter,
         "spec_decode_message": record.spec_message,
@@ -203,10 +237,18 @@ def record_from_row(row: dict[str, Any]) -> RequestRecord:
         prompt_tokens=row["prompt_tokens"], completion_tokens=row["completion_tokens"],
         finish_reason=row["finish_reason"], status=row["status"], error=row["error"],
         responses=list(row["raw"]), spec=row["spec_decode_acceptance"],
+        spec_choices=_choices(row.get("spec_decode_choices")),
         spec_status=str(row["spec_decode_status"]), spec_adapter=row["spec_decode_adapter"],
         spec_message=row["spec_decode_message"], unparsable_events=int(row["unparsable_events"]),
         anomalies=list(row["anomalies"]),
     )  # fmt: skip
+
+
+def _choices(raw: Any) -> dict[int, dict[str, Any]] | None:
+    """Per-choice records as written (JSON object keys are strings), keyed by int again."""
+    if raw is None:
+        return None
+    return {int(i): dict(spec) for i, spec in raw.items()}
 
 
 class RecordStream:

@@ -158,6 +158,9 @@ async def run_bench(
         summary["server_check"] = combined_check(summary["replicas"])
     if summary["server_check"].get("flags"):
         warnings.extend(summary["server_check"]["flags"])
+    add_derivation(acceptance, summary["server_check"])
+    if acceptance["draft_rate_refused"]:
+        warnings.append(acceptance["draft_rate_refused"])
     if expectation is not None:
         k = expectation.num_spec_tokens or acceptance["num_spec_tokens"]
         if k is None:
@@ -165,6 +168,14 @@ async def run_bench(
                 "passed": False,
                 "expected_acceptance_length": expectation.acceptance_length,
                 "reason": "K is unknown: no request reported num_spec_tokens; pass --num-spec-tokens",
+                "expected_distribution": {},
+            }
+        elif acceptance["counts_only_requests"] and not acceptance["histogram_steps"]:
+            summary["verdict"] = {
+                "passed": False,
+                "expected_acceptance_length": expectation.acceptance_length,
+                "reason": f"{acceptance['counts_only_requests']} requests carried counts only "
+                f"({', '.join(acceptance['counts_only_engines'])}): no histogram to judge",
                 "expected_distribution": {},
             }
         else:
@@ -184,6 +195,26 @@ async def run_bench(
     return BenchOutcome(summary, result.records)
 
 
+def add_derivation(acceptance: dict[str, Any], check: dict[str, Any]) -> None:
+    """Complete the per-engine "what could be derived" with AL from the server's counters, and
+    say where the AL of counts-only requests comes from (``counts_only_al``)."""
+    server_al = check.get("server_al") if check.get("available") else None
+    for row in acceptance["derivable"].values():
+        row["al_from_server_counters"] = "yes" if server_al is not None else "no"
+    n = acceptance["counts_only_requests"]
+    if n:
+        engines = ", ".join(acceptance["counts_only_engines"])
+        source = (
+            f"AL from the server's counters: {server_al:.4f}"
+            if server_al is not None
+            else "AL not derivable (no server counters)"
+        )
+        acceptance["counts_only_al"] = (
+            f"{n} requests carried counts only ({engines}): {source}; they are left out of the "
+            "token-weighted AL and the histogram, and counted in the draft acceptance rate"
+        )
+
+
 def per_replica(
     result: RunResult,
     slo: dict[str, float] | None,
@@ -198,10 +229,12 @@ def per_replica(
     for url, info, (b, why_b), (a, why_a) in zip(replicas, infos, before, after, strict=True):
         mine = [r for r in result.records if r.replica == url]
         figures = _summarize(replace(result, records=mine), slo)
+        check = cross_check(b, a, figures["acceptance"], why_b, why_a)
+        add_derivation(figures["acceptance"], check)
         out[url] = {
             "server": info,
             "figures": figures,
-            "server_check": cross_check(b, a, figures["acceptance"], why_b, why_a),
+            "server_check": check,
         }
     return out
 
@@ -224,6 +257,10 @@ def combined_check(replicas: dict[str, Any]) -> dict[str, Any]:
     }
     if notes:
         out["note"] = "; ".join(notes)
+    else:  # every replica's counters read: the run's AL from their summed deltas
+        drafts = sum(c["server_delta"]["drafts"] for c in checks.values())
+        accepted = sum(c["server_delta"]["accepted_tokens"] for c in checks.values())
+        out["server_al"] = 1.0 + accepted / drafts if drafts else None
     return out
 
 

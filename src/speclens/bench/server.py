@@ -16,6 +16,21 @@ VLLM = {
 }
 #: vLLM's accepted drafts by draft position (label ``position``, 0-based).
 VLLM_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+#: llama-server ``--metrics`` (``tools/server/server-task.cpp``, ``server_task_result_metrics``):
+#: the same quantities under its prefix, added when a request's slot is released. ``drafts`` are
+#: verify steps that had drafts; the per-position series exists once a request drafted.
+LLAMACPP = {key: name.replace("vllm:", "llamacpp:") for key, name in VLLM.items()}
+LLAMACPP_PER_POSITION = VLLM_PER_POSITION.replace("vllm:", "llamacpp:")
+#: The Prometheus families read, each with its per-position counter and source label.
+FAMILIES = (
+    (VLLM, VLLM_PER_POSITION, "metrics:vllm"),
+    (LLAMACPP, LLAMACPP_PER_POSITION, "metrics:llama.cpp"),
+)
+#: ``trtllm-serve``'s ``/metrics`` is JSON: the iteration stats queued since the last read
+#: (``tensorrt_llm/serve/openai_server.py`` drains ``llm.get_stats_async``), each iteration's
+#: ``specDecodingStats`` with ``numDraftTokens``, ``numAcceptedTokens`` and
+#: ``numRequestsWithDraftTokens`` (one verify step per request that drafted that iteration).
+TRTLLM_SOURCE = "metrics:trtllm-iteration-stats"
 #: Positions read from ``VLLM_PER_POSITION``; a label outside 0..MAX_POSITIONS-1 is ignored.
 MAX_POSITIONS = 64
 
@@ -27,13 +42,15 @@ def parse_metrics(text: str, model: str | None = None) -> dict[str, Any] | None:
     becomes ``accepted_per_position`` {position: count}. With ``model``, and when some sample is
     labelled ``model_name="<model>"``, only the samples of that model (or with no ``model_name``)
     count: one server may serve several models, and the run loaded one of them."""
+    if text.lstrip().startswith("["):
+        return parse_iteration_stats(text)
     families = list(text_string_to_metric_families(text))
     named = {
         s.labels["model_name"] for f in families for s in f.samples if "model_name" in s.labels
     }
     only = model if model is not None and model in named else None
     sums: dict[str, float] = {}
-    per_position: dict[int, float] = {}
+    per_position: dict[str, dict[int, float]] = {}
     for family in families:
         for sample in family.samples:
             if sample.name.endswith("_created"):
@@ -44,14 +61,16 @@ def parse_metrics(text: str, model: str | None = None) -> dict[str, Any] | None:
             sums[name] = sums.get(name, 0.0) + sample.value
             position = sample.labels.get("position", "")
             digits = len(position) <= 4 and position.isascii() and position.isdigit()
-            if name == VLLM_PER_POSITION and digits and int(position) < MAX_POSITIONS:
+            if digits and int(position) < MAX_POSITIONS:
                 p = int(position)
-                per_position[p] = per_position.get(p, 0.0) + sample.value
-    if all(name in sums for name in VLLM.values()):
-        out: dict[str, Any] = {key: sums[name] for key, name in VLLM.items()}
-        if per_position:
-            out["accepted_per_position"] = per_position
-        return out | {"source": "metrics:vllm"}
+                row = per_position.setdefault(name, {})
+                row[p] = row.get(p, 0.0) + sample.value
+    for names, positional, source in FAMILIES:
+        if all(name in sums for name in names.values()):
+            out: dict[str, Any] = {key: sums[name] for key, name in names.items()}
+            if per_position.get(positional):
+                out["accepted_per_position"] = per_position[positional]
+            return out | {"source": source}
     if "atom:mtp_decode_steps" in sums and "atom:mtp_accepted_tokens" in sums:
         return {
             "drafts": sums["atom:mtp_decode_steps"],
@@ -60,6 +79,44 @@ def parse_metrics(text: str, model: str | None = None) -> dict[str, Any] | None:
             "source": "metrics:atom",
         }
     return None
+
+
+def parse_iteration_stats(text: str) -> dict[str, Any] | None:
+    """TensorRT-LLM's JSON iteration stats, summed: the increments since the previous read
+    (``drained``), not running totals. None when it is not a list of objects or no iteration
+    carries ``specDecodingStats``; an iteration whose stats are not counts is skipped."""
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, list):
+        return None
+    totals = {"drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0}
+    seen = skipped = 0
+    for item in data:
+        spec = item.get("specDecodingStats") if isinstance(item, dict) else None
+        if not isinstance(spec, dict):
+            continue
+        values = [spec.get(key) for key in _TRTLLM_KEYS.values()]
+        if not all(type(v) is int and v >= 0 for v in values):
+            skipped += 1
+            continue
+        seen += 1
+        for key, value in zip(_TRTLLM_KEYS, values, strict=True):
+            totals[key] += float(value)  # type: ignore[arg-type]
+    if data and not seen and not skipped:
+        return None  # iterations without speculative decoding (an empty list is "none since")
+    out: dict[str, Any] = {**totals, "source": TRTLLM_SOURCE, "drained": True, "iterations": seen}
+    if skipped:
+        out["skipped_iterations"] = skipped
+    return out
+
+
+_TRTLLM_KEYS = {
+    "drafts": "numRequestsWithDraftTokens",
+    "draft_tokens": "numDraftTokens",
+    "accepted_tokens": "numAcceptedTokens",
+}
 
 
 #: The most of a /metrics, /debug/mtp_stats or /version body read; a larger one is not used.
@@ -191,16 +248,22 @@ def cross_check(
             "unreadable_after": True,
             "note": f"the scrape after the run failed: {why}",
         }
-    delta = {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted_tokens")}
+    keys = ("drafts", "draft_tokens", "accepted_tokens")
+    # A drained source (TensorRT-LLM) reports what happened since the previous read: the scrape
+    # before the run emptied it, so the one after it is the run's.
+    delta = {k: after[k] if after.get("drained") else after[k] - before[k] for k in keys}
     mine = {
         "drafts": client["verify_steps"],
         "draft_tokens": client["draft_tokens"],
         "accepted_tokens": client["accepted_tokens"],
     }
+    counts_only = int(client.get("counts_only_requests") or 0)
     flags = []
     for key, value in delta.items():
         if value != value:  # NaN: not reported
             continue
+        if key == "drafts" and counts_only:
+            continue  # those requests carried no verify steps to compare
         if value > mine[key]:
             flags.append(
                 f"server counted {value - mine[key]:g} more {key} than the client's requests carried: traffic the client did not send"
@@ -219,7 +282,19 @@ def cross_check(
         "consistent": not flags,
         "flags": flags,
     }
-    per_position = _per_position(before, after, client, delta["drafts"])
+    if counts_only:
+        out["note"] = (
+            f"{counts_only} requests carried counts only: verify steps compared with the "
+            "server's are not known; AL from the server's counters"
+        )
+    if after.get("drained"):
+        out["drained"] = True
+        drained_note = (
+            "TensorRT-LLM's iteration stats are drained on read and its queue is bounded "
+            "(iter_stats_max_iterations): a run longer than the queue loses iterations"
+        )
+        out["note"] = f"{out['note']}; {drained_note}" if "note" in out else drained_note
+    per_position = None if counts_only else _per_position(before, after, client, delta["drafts"])
     if per_position is not None:
         out["per_position"] = per_position
         if per_position["server_accepted"] != per_position["client_accepted"]:

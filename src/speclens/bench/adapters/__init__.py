@@ -22,6 +22,7 @@ from importlib.metadata import entry_points
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from speclens.bench.adapters._common import BuiltinAdapter, sequence_count
+from speclens.bench.adapters.llamacpp import LlamaCppTimingsAdapter
 from speclens.bench.adapters.sglang import SGLangSpecDecodeAdapter
 from speclens.bench.adapters.stats_object import VLLMSpecDecodeAdapter
 from speclens.bench.adapters.trtllm import TRTLLMSpecDecodeAdapter
@@ -33,6 +34,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Detection",
     "DetectionStatus",
+    "LlamaCppTimingsAdapter",
     "SGLangSpecDecodeAdapter",
     "SpecDecodeAdapter",
     "TRTLLMSpecDecodeAdapter",
@@ -68,10 +70,11 @@ class SpecDecodeAdapter(Protocol):
 
 
 BUILTIN_ADAPTERS: tuple[SpecDecodeAdapter, ...] = (
-    VLLMSpecDecodeAdapter,
     VLLMMetricsAdapter,
+    VLLMSpecDecodeAdapter,
     TRTLLMSpecDecodeAdapter,
     SGLangSpecDecodeAdapter,
+    LlamaCppTimingsAdapter,
 )
 
 _discovered: list[SpecDecodeAdapter] | None = None
@@ -152,7 +155,9 @@ def _order(adapter: object) -> tuple[int, str]:
 class Detection:
     """What auto-detection found for one request, and why when there is no record.
 
-    - ``ok``: ``record`` is set; ``adapter`` is the highest-priority claimant.
+    - ``ok``: ``record`` is set; ``adapter`` is the highest-priority claimant. For n > 1 with a
+      per-sequence shape (TensorRT-LLM), ``choices`` holds each choice's record and ``record``
+      their sum.
     - ``absent``: no adapter recognised a payload (spec decode off): not an error.
     - ``malformed``: claimed, but no record could be built; ``message`` says why.
     - ``multiple_sequences``: claimed, but the request had n > 1, so acceptance is suppressed.
@@ -173,6 +178,7 @@ class _Outcome:
     name: str
     record: SpecDecodeAcceptanceRecord | None
     reason: str | None
+    choices: dict[int, SpecDecodeAcceptanceRecord] | None = None
 
 
 def detect(
@@ -208,7 +214,8 @@ def _detect(responses: list[dict[str, Any]], pool: list[SpecDecodeAdapter]) -> D
         n = sequence_count(responses)
         if n > 1:  # engines that suppress n > 1 server-side (ours, vLLM's root metrics) send none
             message += f" (the request had {n} sequences; engines omit the stats for n > 1)"
-        return Detection(None, None, "absent", message)
+        notes = [note for adapter in pool if (note := _absent_note(adapter, responses))]
+        return Detection(None, None, "absent", "; ".join([message, *notes]))
     good = [o for o in outcomes if o.record is not None]
     bad = [o for o in outcomes if o.record is None]
     if not good:
@@ -224,6 +231,7 @@ def _detect(responses: list[dict[str, Any]], pool: list[SpecDecodeAdapter]) -> D
         return Detection(None, None, "conflict", message, claimed_by)
     records = [(o.name, o.record) for o in good if o.record is not None]
     first_name, first = records[0]
+    choices = good[0].choices
     clashes = [
         f"{first_name} and {name} disagree on {', '.join(first.differences(record))}"
         for name, record in records[1:]
@@ -232,14 +240,26 @@ def _detect(responses: list[dict[str, Any]], pool: list[SpecDecodeAdapter]) -> D
     if clashes:
         message = f"{'; '.join(clashes)}: reported, not guessed"
         return Detection(None, None, "conflict", message, claimed_by)
-    return Detection(first, first_name, "ok", None, claimed_by)
+    return Detection(first, first_name, "ok", None, claimed_by, choices)
+
+
+def _absent_note(adapter: SpecDecodeAdapter, responses: list[dict[str, Any]]) -> str | None:
+    if not (isinstance(adapter, type) and issubclass(adapter, BuiltinAdapter)):
+        return None
+    try:
+        return adapter.absent_note(responses)
+    except Exception:
+        logger.debug("%s: absent_note failed", adapter.name, exc_info=True)
+        return None
 
 
 def _adapt(adapter: SpecDecodeAdapter, name: str, responses: list[dict[str, Any]]) -> _Outcome:
-    """Run one claimant; built-ins also say why they found no record (``diagnose``)."""
+    """Run one claimant; built-ins also say why they found no record (``diagnose``) and give
+    each choice's record for n > 1 where their shape is per sequence."""
+    choices = None
     try:
         if isinstance(adapter, type) and issubclass(adapter, BuiltinAdapter):
-            record, reason = adapter.diagnose(responses)
+            record, choices, reason = adapter.diagnose_choices(responses)
         else:
             record, reason = adapter.adapt(responses), None
     except Exception as exc:
@@ -248,7 +268,7 @@ def _adapt(adapter: SpecDecodeAdapter, name: str, responses: list[dict[str, Any]
         return _Outcome(name, None, f"{name}: adapt returned a {type(record).__name__}")
     if record is None and reason is None:
         reason = f"{name}: payload present but unusable (adapt returned None)"
-    return _Outcome(name, record, reason)
+    return _Outcome(name, record, reason, choices)
 
 
 def _names(outcomes: list[_Outcome]) -> str:

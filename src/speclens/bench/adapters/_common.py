@@ -16,7 +16,7 @@ from typing import Any, ClassVar, TypeGuard
 
 import pydantic
 
-from speclens.bench.record import MAX_COUNT, SpecDecodeAcceptanceRecord
+from speclens.bench.record import DRAFT_UNITS, MAX_COUNT, SpecDecodeAcceptanceRecord
 
 logger = logging.getLogger("speclens.bench.adapters")
 
@@ -223,9 +223,17 @@ def _summarize(exc: pydantic.ValidationError) -> str:
     )
 
 
+Choices = dict[int, SpecDecodeAcceptanceRecord]
+
+
 class BuiltinAdapter:
     """Stateless; subclasses say where their shape lives (``_present``) and how it maps
-    (``_build``). ``adapt`` never raises: a failure becomes ``None``, and ``diagnose`` says why."""
+    (``_build``). ``adapt`` never raises: a failure becomes ``None``, and ``diagnose`` says why.
+    A record without a ``draft_unit`` gets its engine's (``DRAFT_UNITS``).
+
+    The request's acceptance is suppressed for n > 1 (a root-level shape cannot say which
+    sequence it counts); a per-sequence shape overrides ``_build_choices`` instead (TensorRT-LLM).
+    """
 
     name: ClassVar[str]
     priority: ClassVar[int]
@@ -246,13 +254,26 @@ class BuiltinAdapter:
     @classmethod
     def diagnose(cls, responses: Responses) -> tuple[SpecDecodeAcceptanceRecord | None, str | None]:
         """``(record, None)``, or ``(None, why there is no record)``."""
+        record, _, reason = cls.diagnose_choices(responses)
+        return record, reason
+
+    @classmethod
+    def diagnose_choices(
+        cls, responses: Responses
+    ) -> tuple[SpecDecodeAcceptanceRecord | None, Choices | None, str | None]:
+        """``diagnose`` plus, for n > 1 with per-sequence stats, each choice's record (the
+        request's record is then their sum)."""
         try:
             if not cls._present(responses):
-                return None, f"{cls.name}: no payload of this shape"
+                return None, None, f"{cls.name}: no payload of this shape"
             n = sequence_count(responses)
             if n > 1:
-                raise MultipleSequences(f"n > 1 ({n} sequences): acceptance is suppressed")
-            return cls._build(responses), None
+                per_choice = cls._build_choices(responses)
+                if per_choice is None:
+                    raise MultipleSequences(f"n > 1 ({n} sequences): acceptance is suppressed")
+                per_choice = {i: _with_unit(r) for i, r in per_choice.items()}
+                return _with_unit(pooled(cls.engine, per_choice, responses)), per_choice, None
+            return _with_unit(cls._build(responses)), None, None
         except Malformed as exc:
             reason = str(exc)
         except pydantic.ValidationError as exc:
@@ -260,7 +281,17 @@ class BuiltinAdapter:
         except Exception as exc:  # anything else is a payload shape nobody anticipated
             logger.debug("%s: adapt failed", cls.name, exc_info=True)
             reason = f"unreadable payload ({type(exc).__name__}: {exc})"
-        return None, f"{cls.name}: {reason}"
+        return None, None, f"{cls.name}: {reason}"
+
+    @classmethod
+    def absent_note(cls, responses: Responses) -> str | None:
+        """Said when nothing was detected: a field of this engine that is not acceptance."""
+        return None
+
+    @classmethod
+    def _build_choices(cls, responses: Responses) -> Choices | None:
+        """Each choice's record for n > 1, or None where the shape is not per sequence."""
+        return None
 
     @classmethod
     def _present(cls, responses: Responses) -> bool:
@@ -269,3 +300,45 @@ class BuiltinAdapter:
     @classmethod
     def _build(cls, responses: Responses) -> SpecDecodeAcceptanceRecord:
         raise NotImplementedError
+
+
+def _with_unit(record: SpecDecodeAcceptanceRecord) -> SpecDecodeAcceptanceRecord:
+    if record.draft_unit is not None or record.engine not in DRAFT_UNITS:
+        return record
+    return record.model_copy(update={"draft_unit": DRAFT_UNITS[record.engine]})
+
+
+def pooled(engine: str, per_choice: Choices, responses: Responses) -> SpecDecodeAcceptanceRecord:
+    """One request's acceptance over its sequences: every count summed (histograms bucket by
+    bucket), K shared. ``completion_tokens`` is the usage's, which covers every choice."""
+    records = list(per_choice.values())
+    ks = {r.num_spec_tokens for r in records}
+    if len(ks) > 1:
+        raise Malformed(f"the choices report different K: {sorted(ks, key=str)}")
+    accepted = sum(r.num_accepted_draft_tokens for r in records)
+    drafted = sum(r.num_draft_tokens for r in records)
+    full = all(r.num_spec_steps is not None for r in records)
+    steps = sum(r.num_spec_steps or 0 for r in records) if full else None
+    hist: dict[int, int] | None = None
+    if full and all(r.acceptance_histogram is not None for r in records):
+        hist = {}
+        for r in records:
+            for j, n in (r.acceptance_histogram or {}).items():
+                hist[j] = hist.get(j, 0) + n
+    decode = [r.num_decode_steps for r in records]
+    if max(accepted, drafted, steps or 0) > MAX_COUNT:
+        raise Malformed("the choices' counts sum beyond 2**63 - 1")
+    return SpecDecodeAcceptanceRecord(
+        engine=engine,
+        mean_acceptance_length=None if steps is None else 1.0 + accepted / steps if steps else 1.0,
+        draft_acceptance_rate=accepted / drafted if drafted else 0.0,
+        acceptance_histogram=hist,
+        num_accepted_draft_tokens=accepted,
+        num_draft_tokens=drafted,
+        num_spec_steps=steps,
+        num_spec_tokens=ks.pop(),
+        num_decode_steps=sum(d for d in decode if d is not None)
+        if full and None not in decode
+        else None,
+        completion_tokens=completion_tokens(responses),
+    )

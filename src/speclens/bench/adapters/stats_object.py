@@ -28,10 +28,11 @@ FIELD = "speculative_decoding_stats"
 
 
 class VLLMSpecDecodeAdapter(BuiltinAdapter):
-    """The seed's adapter, first in line: the shape the record was modelled on."""
+    """The seed's shape, one iteration of vLLM's change; the merged vLLM emits the root shape
+    (``VLLMMetricsAdapter``), which comes first. Our server sends both, and they must agree."""
 
     name = "vllm-per-choice-stats"
-    priority = 100
+    priority = 110
     engine = "vllm"
 
     @classmethod

@@ -1,23 +1,38 @@
-"""TensorRT-LLM's proposed per-choice ``speculative_decoding`` object.
+"""TensorRT-LLM's per-choice ``speculative_decoding`` object.
 
 It carries ``acceptance_rate`` (accepted / drafted), ``total_accepted_draft_tokens``,
 ``total_draft_tokens``, ``num_spec_steps``, a dense ``acceptance_histogram`` and
 ``num_spec_tokens``; no mean AL (derived here from the histogram, i.e. 1 + accepted / steps) and no
 per-step arrays. In a stream it rides the finishing chunk's choice. The shape is a proposal, so a
 keyed histogram is read too and a missing ``acceptance_rate`` is computed rather than refused.
+
+The object is per sequence (``tensorrt_llm/serve/postprocess_handlers.py`` builds it from each
+choice's own output), so for n > 1 each choice gets its record, keyed by its index, and the
+request's record is their sum. Every choice must carry one.
+
+``avg_decoded_tokens_per_iter``, which every TensorRT-LLM choice carries, is the request's decoded
+tokens per engine iteration (``tensorrt_llm/executor/result.py``): one number for all its
+sequences, by TensorRT-LLM's own formula, with no counts. It is not AL and makes no record; when
+it is all there is, detection says so.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from speclens.acceptance.histogram import AcceptanceHistogram
 from speclens.bench.adapters._common import (
     BuiltinAdapter,
+    Choices,
+    Malformed,
     Responses,
     any_histogram,
     as_object,
+    choices,
     completion_tokens,
     count,
     last_choice_value,
+    objects,
     optional_count,
     optional_number,
     required,
@@ -25,6 +40,17 @@ from speclens.bench.adapters._common import (
 from speclens.bench.record import SpecDecodeAcceptanceRecord
 
 FIELD = "speculative_decoding"
+TOKENS_PER_ITER = "avg_decoded_tokens_per_iter"
+
+
+def _per_choice(responses: Responses) -> dict[int, Any]:
+    """The last non-null object of each choice index (a stream re-sends it cumulatively)."""
+    out: dict[int, Any] = {}
+    for response in objects(responses):
+        for index, choice in choices(response):
+            if choice.get(FIELD) is not None:
+                out[index] = choice[FIELD]
+    return out
 
 
 class TRTLLMSpecDecodeAdapter(BuiltinAdapter):
@@ -40,8 +66,24 @@ class TRTLLMSpecDecodeAdapter(BuiltinAdapter):
 
     @classmethod
     def _build(cls, responses: Responses) -> SpecDecodeAcceptanceRecord:
-        where = f"choices[].{FIELD}"
-        spec = as_object(last_choice_value(responses, FIELD)[1], where)
+        spec = last_choice_value(responses, FIELD)[1]
+        return cls._record(spec, f"choices[].{FIELD}", completion_tokens(responses))
+
+    @classmethod
+    def _build_choices(cls, responses: Responses) -> Choices:
+        found = _per_choice(responses)
+        indices = {index for response in objects(responses) for index, _ in choices(response)}
+        missing = sorted(indices - set(found))
+        if missing:
+            raise Malformed(f"n > 1: choices {missing} carry no {FIELD} (others do)")
+        # usage covers every choice, so no choice has a completion_tokens of its own
+        return {
+            i: cls._record(spec, f"choices[{i}].{FIELD}", None) for i, spec in sorted(found.items())
+        }
+
+    @classmethod
+    def _record(cls, raw: object, where: str, tokens: int | None) -> SpecDecodeAcceptanceRecord:
+        spec = as_object(raw, where)
         hist = any_histogram(
             required(spec, "acceptance_histogram", where), f"{where}.acceptance_histogram"
         )
@@ -59,5 +101,16 @@ class TRTLLMSpecDecodeAdapter(BuiltinAdapter):
             num_draft_tokens=drafted,
             num_spec_steps=count(spec, "num_spec_steps", where),
             num_spec_tokens=optional_count(spec, "num_spec_tokens", where),
-            completion_tokens=completion_tokens(responses),
+            completion_tokens=tokens,
+        )
+
+    @classmethod
+    def absent_note(cls, responses: Responses) -> str | None:
+        found, value = last_choice_value(responses, TOKENS_PER_ITER)
+        if not found:
+            return None
+        shown = value if isinstance(value, int | float) and not isinstance(value, bool) else "?"
+        return (
+            f"TensorRT-LLM's {TOKENS_PER_ITER} ({shown}) is its decoded tokens per iteration for "
+            "the whole request, not AL, with no counts: no record"
         )

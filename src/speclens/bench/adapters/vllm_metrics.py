@@ -52,10 +52,10 @@ def _last(responses: Responses) -> tuple[bool, Any]:
 
 
 class VLLMMetricsAdapter(BuiltinAdapter):
-    """Second to the per-choice object: our server sends both, and they must agree."""
+    """The primary shape, first in line: what the merged vLLM emits."""
 
     name = "vllm-root-metrics"
-    priority = 110
+    priority = 100
     engine = "vllm"
 
     @classmethod

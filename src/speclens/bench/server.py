@@ -42,7 +42,7 @@ def parse_metrics(text: str, model: str | None = None) -> dict[str, Any] | None:
     becomes ``accepted_per_position`` {position: count}. With ``model``, and when some sample is
     labelled ``model_name="<model>"``, only the samples of that model (or with no ``model_name``)
     count: one server may serve several models, and the run loaded one of them."""
-    if text.lstrip().startswith("["):
+    if text.lstrip()[:1] in ("[", "{"):  # JSON, not Prometheus text
         return parse_iteration_stats(text)
     families = list(text_string_to_metric_families(text))
     named = {

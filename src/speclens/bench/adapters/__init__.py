@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from speclens.bench.adapters._common import BuiltinAdapter, sequence_count
+from speclens.bench.adapters._common import SUPPRESSED, BuiltinAdapter, sequence_count
 from speclens.bench.adapters.llamacpp import LlamaCppTimingsAdapter
 from speclens.bench.adapters.sglang import SGLangSpecDecodeAdapter
 from speclens.bench.adapters.stats_object import VLLMSpecDecodeAdapter
@@ -220,7 +220,10 @@ def _detect(responses: list[dict[str, Any]], pool: list[SpecDecodeAdapter]) -> D
     bad = [o for o in outcomes if o.record is None]
     if not good:
         n = sequence_count(responses)
-        status: DetectionStatus = "multiple_sequences" if n > 1 else "malformed"
+        # n > 1 is "multiple_sequences" unless a per-sequence shape was read and found malformed
+        suppressed = n > 1 and all(o.reason is None or SUPPRESSED in o.reason or
+                                   "adapt returned None" in o.reason for o in bad)  # fmt: skip
+        status: DetectionStatus = "multiple_sequences" if suppressed else "malformed"
         reasons = "; ".join(o.reason or f"{o.name}: no record" for o in bad)
         return Detection(None, bad[0].name, status, reasons, claimed_by)
     if bad:

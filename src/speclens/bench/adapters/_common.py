@@ -33,6 +33,10 @@ class MultipleSequences(Malformed):
     """The request produced several sequences; its acceptance is suppressed, not mixed."""
 
 
+#: In a reason: the record was suppressed for n > 1, not found malformed.
+SUPPRESSED = "acceptance is suppressed"
+
+
 # --- walking the responses ------------------------------------------------------------------------
 
 
@@ -217,7 +221,7 @@ def any_histogram(value: object, where: str) -> dict[int, int]:
 # --- the base class -------------------------------------------------------------------------------
 
 
-def _summarize(exc: pydantic.ValidationError) -> str:
+def summarize(exc: pydantic.ValidationError) -> str:
     return "; ".join(
         f"{'.'.join(str(p) for p in e['loc']) or 'record'}: {e['msg']}" for e in exc.errors()
     )
@@ -270,14 +274,14 @@ class BuiltinAdapter:
             if n > 1:
                 per_choice = cls._build_choices(responses)
                 if per_choice is None:
-                    raise MultipleSequences(f"n > 1 ({n} sequences): acceptance is suppressed")
+                    raise MultipleSequences(f"n > 1 ({n} sequences): {SUPPRESSED}")
                 per_choice = {i: _with_unit(r) for i, r in per_choice.items()}
                 return _with_unit(pooled(cls.engine, per_choice, responses)), per_choice, None
             return _with_unit(cls._build(responses)), None, None
         except Malformed as exc:
             reason = str(exc)
         except pydantic.ValidationError as exc:
-            reason = f"self-contradicting: {_summarize(exc)}"
+            reason = f"self-contradicting: {summarize(exc)}"
         except Exception as exc:  # anything else is a payload shape nobody anticipated
             logger.debug("%s: adapt failed", cls.name, exc_info=True)
             reason = f"unreadable payload ({type(exc).__name__}: {exc})"

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pydantic
+
 from speclens.acceptance.histogram import AcceptanceHistogram
 from speclens.bench.adapters._common import (
     BuiltinAdapter,
@@ -36,6 +38,7 @@ from speclens.bench.adapters._common import (
     optional_count,
     optional_number,
     required,
+    summarize,
 )
 from speclens.bench.record import SpecDecodeAcceptanceRecord
 
@@ -90,6 +93,22 @@ class TRTLLMSpecDecodeAdapter(BuiltinAdapter):
         accepted = count(spec, "total_accepted_draft_tokens", where)
         drafted = count(spec, "total_draft_tokens", where)
         rate = optional_number(spec, "acceptance_rate", where)
+        try:
+            return cls._checked(spec, where, hist, accepted, drafted, rate, tokens)
+        except pydantic.ValidationError as exc:
+            raise Malformed(f"{where} is self-contradicting: {summarize(exc)}") from None
+
+    @classmethod
+    def _checked(
+        cls,
+        spec: dict[str, Any],
+        where: str,
+        hist: dict[int, int],
+        accepted: int,
+        drafted: int,
+        rate: float | None,
+        tokens: int | None,
+    ) -> SpecDecodeAcceptanceRecord:
         return SpecDecodeAcceptanceRecord(
             engine=cls.engine,
             mean_acceptance_length=AcceptanceHistogram(hist).acceptance_length,

@@ -7,6 +7,10 @@ length K + 1, so K is read from its length when ``num_spec_tokens`` is absent. F
 ``speclens.server.protocol.root_metrics``; vLLM's ``num_drafts`` / ``num_accepted_tokens`` (its
 Prometheus counter names) are read as aliases, and every spelling present must agree.
 
+The optional ``acceptance_histogram_by_draft_length`` (variable-length drafting) maps each draft
+length, a JSON string key, to a dense list like the histogram's; the record checks that its rows
+add up to the histogram and that length x steps adds up to the drafted tokens.
+
 ``num_decode_steps`` is read when present (``speclens serve`` sends it) and never derived: vLLM
 0.32 calls ``RequestSpecDecodeMetrics.observe`` (``vllm/v1/metrics/stats.py``) only for a step
 that had scheduled drafts (``Scheduler.update_from_output`` in ``vllm/v1/core/sched/scheduler.py``
@@ -30,6 +34,7 @@ from speclens.bench.adapters._common import (
     count,
     count_list,
     dense_histogram,
+    keyed_histogram,
     objects,
     optional_count,
     optional_number,
@@ -38,8 +43,19 @@ from speclens.bench.adapters._common import (
 from speclens.bench.record import SpecDecodeAcceptanceRecord
 
 WHERE = "metrics.speculative_decoding"
+BY_LENGTH = "acceptance_histogram_by_draft_length"
 STEPS = ("num_spec_steps", "num_drafts")
 ACCEPTED = ("num_accepted_draft_tokens", "num_accepted_tokens")
+
+
+def _by_length(spec: dict[str, Any]) -> dict[int, dict[int, int]] | None:
+    raw = spec.get(BY_LENGTH)
+    if raw is None:
+        return None
+    where = f"{WHERE}.{BY_LENGTH}"
+    rows = keyed_histogram({key: 0 for key in as_object(raw, where)}, where)  # keys checked
+    by_key = dict(zip(rows, as_object(raw, where).values(), strict=True))
+    return {d: dense_histogram(row, f"{where}[{d!r}]") for d, row in by_key.items()}
 
 
 def _last(responses: Responses) -> tuple[bool, Any]:
@@ -101,4 +117,5 @@ class VLLMMetricsAdapter(BuiltinAdapter):
             completion_tokens=completion_tokens(responses),
             per_step_accepted=count_list(spec, "per_step_accepted", WHERE),
             per_step_drafted=count_list(spec, "per_step_drafted", WHERE),
+            acceptance_histogram_by_draft_length=_by_length(spec),
         )

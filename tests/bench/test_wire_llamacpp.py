@@ -99,3 +99,28 @@ def test_the_servers_counters_are_read_under_llamacpps_names() -> None:
         "drafts": 10.0, "draft_tokens": 40.0, "accepted_tokens": 17.0,
         "accepted_per_position": {0: 8.0, 1: 6.0}, "source": "metrics:llama.cpp",
     }  # fmt: skip
+
+
+def test_measure_refuses_counts_only_records_instead_of_writing_a_profile(
+    run_cli: Any, tmp_path: Path
+) -> None:
+    """A profile's AL is per category, from verify steps per request; llama.cpp reports none, so
+    ``measure`` says so (exit 1) and writes nothing, and names the engine from its counters."""
+    data = tmp_path / "q.jsonl"
+    data.write_bytes(
+        b"".join(
+            orjson.dumps({"question_id": i, "category": "qa", "turns": [f"question {i}"]}) + b"\n"
+            for i in range(3)
+        )
+    )
+    out = tmp_path / "set.yaml"
+    standin = StandIn()
+    with run_app(standin.app) as url:
+        code, stdout, stderr = run_cli(
+            "measure", "--url", url, "--model", "smollm2-135m", "--dataset-path", data,
+            "--max-tokens", "24", "--method", "draft_model", "--num-spec-tokens", "4",
+            "--hardware", "cpu", "-o", out,
+        )  # fmt: skip
+    assert code == 1, stdout + stderr
+    assert "every request carried counts only (llama.cpp)" in stderr
+    assert not out.exists()

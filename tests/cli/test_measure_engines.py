@@ -36,6 +36,7 @@ def test_the_engine_is_named_by_version_then_by_its_counters() -> None:
     assert _engine({"engine": "speclens", "version": "1"}, vllm_counters([0])) == "speclens"
     assert _engine({"version": "0.32.0"}, vllm_counters([0])) == "vllm"
     assert _engine({"version": "0.32.0"}, None) == "unknown engine"
+    assert _engine({}, {"source": "metrics:llama.cpp"}) == "llama.cpp"
     assert _engine({}, {"source": "debug/mtp_stats"}) == "unknown engine"
 
 

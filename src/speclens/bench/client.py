@@ -98,6 +98,10 @@ MAX_BODY_BYTES = 64 * 2**20  # a non-streamed body
 MAX_ERROR_BYTES = 4096  # read of an error body (500 characters are kept)
 MAX_TOKENS = 2**31  # no token count above this is believed
 MAX_ANOMALIES = 10  # notes kept per request
+#: Idle connections are closed by the client before servers close them: llama-server (httplib)
+#: and uvicorn (vLLM, SGLang, speclens) close after 5 s, and a request sent on a connection the
+#: server is closing fails with "server disconnected" (aiohttp's default keeps them 15 s).
+KEEPALIVE_S = 2.0
 
 
 @dataclass
@@ -840,7 +844,11 @@ class LoadGenerator:
         value: the measured phase then starts at that time, shared with other parts."""
         config = self.config
         timeout = aiohttp.ClientTimeout(total=config.timeout)
-        connector = aiohttp.TCPConnector(limit=max(config.concurrency or 0, 256), force_close=False)
+        connector = aiohttp.TCPConnector(
+            limit=max(config.concurrency or 0, 256),
+            force_close=False,
+            keepalive_timeout=KEEPALIVE_S,
+        )
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             warm: list[RequestRecord] = []
             if config.warmup:

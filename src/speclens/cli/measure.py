@@ -38,14 +38,15 @@ def _writable(output: Path) -> str | None:
 
 
 def _engine(info: dict[str, Any], counters: dict[str, Any] | None) -> str:
-    """The engine's name: ``/version``'s ``engine`` (speclens serve), else vLLM when its
-    counters are there (vLLM's ``/version`` is ``{"version": ...}`` alone), else unknown."""
+    """The engine's name: ``/version``'s ``engine`` (speclens serve), else vLLM or llama.cpp by
+    the counters they expose (vLLM's ``/version`` is ``{"version": ...}`` alone), else unknown."""
     named = info.get("engine")
     if isinstance(named, str) and named:
         return named
-    if counters is not None and counters.get("source") == "metrics:vllm":
-        return "vllm"
-    return "unknown engine"
+    source = counters.get("source") if counters is not None else None
+    return {"metrics:vllm": "vllm", "metrics:llama.cpp": "llama.cpp"}.get(
+        str(source), "unknown engine"
+    )
 
 
 def _k_from_counters(counters: dict[str, Any] | None) -> int | None:
@@ -188,9 +189,17 @@ def measure(
         fail(
             "no request carried per-request speculative-decoding stats: start the server with --per-request-spec-decode-stats summary"
         )
-    counts: dict[str, int] = {}
+    if acceptance["counts_only_requests"] and not acceptance["verify_steps"]:
+        engines = ", ".join(acceptance["counts_only_engines"])
+        fail(
+            f"measure: every request carried counts only ({engines}): no verify steps per "
+            "request, so no AL per category; `speclens bench` reports the run's AL from the "
+            "server's counters"
+        )
+    counts: dict[str, int] = {}  # the prompts each category's AL pools (counts-only ones do not)
     for record in outcome.records:
-        if record.spec is not None and not record.warmup:
+        stepped = record.spec is not None and record.spec.get("num_spec_steps") is not None
+        if stepped and not record.warmup:
             counts[record.category] = counts.get(record.category, 0) + 1
     version = info.get("version")
     provenance_base: dict[str, Any] = {

@@ -159,7 +159,24 @@ class Standin:
         app.router.add_post("/generate", self.native)
         app.router.add_post("/v1/completions", self.openai)
         app.router.add_post("/v1/chat/completions", self.openai)
+        app.router.add_get("/metrics", self.metrics)
         return app
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        """SGLang's acceptance is two gauges, the latest values only
+        (``python/sglang/srt/metrics/collector.py``, ``spec_accept_length``/``spec_accept_rate``)."""
+        t = self.tally
+        length = 1 + t.accepted / t.verify_steps if t.verify_steps else 0.0
+        rate = t.accepted / t.proposed if t.proposed else 0.0
+        text = "".join(
+            f"# HELP sglang:{name} {what}\n# TYPE sglang:{name} gauge\n"
+            f'sglang:{name}{{model_name="stand-in/model"}} {value}\n'
+            for name, what, value in (
+                ("spec_accept_length", "The average acceptance length.", length),
+                ("spec_accept_rate", "The average acceptance rate.", rate),
+            )
+        )
+        return web.Response(text=text, content_type="text/plain")
 
     async def model_info(self, _: web.Request) -> web.Response:
         return web.json_response({

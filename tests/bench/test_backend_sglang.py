@@ -102,6 +102,25 @@ def test_auto_detects_sglang_before_the_run_and_records_it(run_cli, tmp_path: Pa
     assert steps == tally.verify_steps and tally.requests == N
 
 
+def test_sglangs_gauges_are_reported_as_gauges_not_as_missing_counters(
+    run_cli, tmp_path: Path
+) -> None:
+    """SGLang's Prometheus has acceptance gauges only: the cross-check says so, not "no
+    counters", and does not pretend to a delta."""
+    with running() as server:
+        code, _, err = run_cli(
+            "bench", "--url", server.url, "--model", "m", "--num-requests", N,
+            "--max-tokens", MAX_TOKENS, "--output-dir", tmp_path,
+        )  # fmt: skip
+    assert code == 0, err
+    check = json.loads((tmp_path / "summary.json").read_text())["server_check"]
+    assert not check["available"]
+    assert check["note"] == (
+        "the server exposes gauges only (sglang:spec_accept_length, sglang:spec_accept_rate): "
+        "no delta possible"
+    )
+
+
 def test_native_with_backend_openai_is_a_usage_error(run_cli) -> None:
     code, _, err = run_cli(
         "bench", "--url", "http://127.0.0.1:9", "--model", "m", "--endpoint", "native",

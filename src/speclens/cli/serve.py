@@ -388,15 +388,14 @@ def run_server(
 ) -> None:
     """Bind, build the engine and app, then serve until SIGINT/SIGTERM (exit 0) or until the
     engine fails (exit 1, after its traceback is logged once)."""
-    from speclens.engine import Engine
-    from speclens.server import EngineRunner, ServerSettings, create_app
+    from speclens.server import EngineRunner, ServerSettings, build_engine, create_app
     from speclens.server.serving import bind, serve
 
     try:
         sock = bind(host, port)
     except OSError as exc:
         fail(f"--port: cannot listen on {host}:{port}: {exc.strerror or exc}")
-    engine = Engine(config)
+    engine = build_engine(config)
     spec = config.speculative
     acceptance: dict[str, Any] = {
         "method": spec.method,

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from speclens.engine import Engine, RequestOutput, SamplingParams
+from speclens.engine import Engine, EngineConfig, RequestOutput, SamplingParams
 from speclens.sampling import SpecDecodeStats
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,32 @@ class Snapshot:
     num_running: int
     num_waiting: int
     kv_usage: float
+
+
+def build_engine(config: EngineConfig) -> Engine:
+    """``Engine(config)`` built on a thread that ends before this returns.
+
+    PyTorch's OpenMP runtime keeps a pool of worker threads for every thread that has run a
+    parallel region, and a pool left on the main thread by loading the weights made every
+    forward on the engine thread slower (SmolLM2 with n-gram drafting through ``serve``: 19
+    tok/s against 32 in one thread; benchmarks/README.md). A thread's pool ends with it, so the
+    engine thread is the only one left with one. Whatever ``Engine`` raises is raised here.
+    """
+    built: list[Engine] = []
+    failed: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            built.append(Engine(config))
+        except BaseException as exc:  # re-raised on the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=build, name="speclens-engine-build")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return built[0]
 
 
 class EngineRunner:

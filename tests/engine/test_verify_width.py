@@ -60,6 +60,29 @@ def test_narrow_verify_equals_full_width_at_real_positions() -> None:
     assert full.any(dim=-1).all()  # the full-width forward fills every position
 
 
+def test_weights_multiply_only_the_real_rows(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Padding rows never reach a weight matrix: requests drafting 2, 0 and 4 tokens feed
+    3 + 1 + 5 = 9 rows to every projection and MLP matrix (the padded layout is 3 x 5 = 15);
+    only the LM head sees fewer (the real positions, the same 9)."""
+    import speclens.engine.model as model_module
+
+    engine = _engine()
+    executor = engine.executor
+    assert isinstance(executor, TorchExecutor)
+    requests = _prefilled(engine, [[65, 66, 67, 68] * 4, list(range(70, 90)), [80, 81] * 7])
+    rows: list[int] = []
+    original = model_module.linear
+
+    def counting(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        rows.append(x.numel() // x.shape[-1])
+        return original(x, weight)
+
+    monkeypatch.setattr(model_module, "linear", counting)
+    with torch.inference_mode():
+        executor.verify(requests, torch.tensor([[5, 6, 7, 8]] * 3), [2, 0, 4])
+    assert rows and set(rows) == {3 + 1 + 5}, sorted(set(rows))
+
+
 def test_step_records_state_the_width_computed() -> None:
     """Decode steps record batch x (1 + the most drafts any request proposed) query tokens, and
     each request's context through that width; at least one step drafted nothing (width 1) and

@@ -127,6 +127,10 @@ class ForwardBatch:
     ``mask`` is [B, 1, Q, L], True where query i may attend to context position j.
     ``read_range`` (start, stop): when B is 1 and ``read_slots`` are consecutive, attention reads
     the pool's slice in place instead of gathering a copy of the context every layer.
+    ``real``: when some query rows are padding, the flat indices (b * Q + i) of the real ones.
+    Everything but attention then runs on the real rows alone (a verify step where one request
+    drafted 4 and seven drafted nothing computes 12 rows, not 40); attention scatters them into
+    the padded [B, Q] layout and gathers them back.
     """
 
     input_ids: torch.Tensor
@@ -135,6 +139,7 @@ class ForwardBatch:
     read_slots: torch.Tensor
     mask: torch.Tensor
     read_range: tuple[int, int] | None = None
+    real: torch.Tensor | None = None
 
 
 Angles = tuple[torch.Tensor, torch.Tensor]
@@ -174,9 +179,10 @@ class Rotary:
     def angles(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [B, Q, 1, D] of ``positions`` [B, Q]; computed once per forward."""
+        """cos and sin [..., 1, D] of ``positions`` [...] ([B, Q] or the [N] real rows); computed
+        once per forward."""
         cos_t, sin_t = self._tables(int(positions.max()) + 1, positions.device)
-        return cos_t[positions].unsqueeze(2).to(dtype), sin_t[positions].unsqueeze(2).to(dtype)
+        return cos_t[positions].unsqueeze(-2).to(dtype), sin_t[positions].unsqueeze(-2).to(dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -230,13 +236,20 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, angles: Angles
     ) -> torch.Tensor:
-        b, q_len, _ = x.shape
-        q = linear(x, self.q_proj.weight).view(b, q_len, self.num_heads, self.head_dim)
-        k = linear(x, self.k_proj.weight).view(b, q_len, self.num_kv_heads, self.head_dim)
-        v = linear(x, self.v_proj.weight).view(b, q_len, self.num_kv_heads, self.head_dim)
+        """``x`` is [B, Q, hidden], or [N, hidden] of the real rows when ``batch.real`` is set."""
+        rows = x.shape[:-1]
+        q = linear(x, self.q_proj.weight).view(*rows, self.num_heads, self.head_dim)
+        k = linear(x, self.k_proj.weight).view(*rows, self.num_kv_heads, self.head_dim)
+        v = linear(x, self.v_proj.weight).view(*rows, self.num_kv_heads, self.head_dim)
         cos, sin = angles
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        b, q_len = batch.input_ids.shape
         slots = batch.write_slots.reshape(-1)
+        if batch.real is not None:
+            slots = slots[batch.real]
+            padded = q.new_zeros((b * q_len, self.num_heads, self.head_dim))
+            padded[batch.real] = q
+            q = padded.view(b, q_len, self.num_heads, self.head_dim)
         kv.k[self.layer].index_copy_(0, slots, k.reshape(-1, self.num_kv_heads, self.head_dim))
         kv.v[self.layer].index_copy_(0, slots, v.reshape(-1, self.num_kv_heads, self.head_dim))
         if batch.read_range is not None:
@@ -254,7 +267,10 @@ class Attention(nn.Module):
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
-        return linear(out.transpose(1, 2).reshape(b, q_len, -1), self.o_proj.weight)
+        out = out.transpose(1, 2).reshape(b, q_len, -1)
+        if batch.real is not None:
+            out = out.reshape(b * q_len, -1)[batch.real]
+        return linear(out, self.o_proj.weight)
 
 
 class MLP(nn.Module):
@@ -316,12 +332,22 @@ class LlamaModel(nn.Module):
     def forward(
         self, batch: ForwardBatch, kv: KVPool, num_layers: int | None = None
     ) -> torch.Tensor:
-        """Hidden states [B, Q, hidden] after the final norm, running the first ``num_layers``."""
-        x = self.model.embed_tokens(batch.input_ids)
-        angles = self.rotary.angles(batch.positions, x.dtype)
+        """Hidden states [B, Q, hidden] after the final norm, running the first ``num_layers``
+        (0 at padded query rows when ``batch.real`` is set)."""
+        ids, positions = batch.input_ids, batch.positions
+        if batch.real is not None:
+            ids, positions = ids.reshape(-1)[batch.real], positions.reshape(-1)[batch.real]
+        x = self.model.embed_tokens(ids)
+        angles = self.rotary.angles(positions, x.dtype)
         for layer in self.model.layers[: num_layers or self.num_layers]:
             x = layer(x, batch, kv, angles)
-        return self.model.norm(x)
+        x = self.model.norm(x)
+        if batch.real is None:
+            return x
+        b, q_len = batch.input_ids.shape
+        out = x.new_zeros((b * q_len, x.shape[-1]))
+        out[batch.real] = x
+        return out.view(b, q_len, -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return linear(hidden, self.lm_head.weight).float()

@@ -18,24 +18,21 @@ vLLM comes from the peer tier's environment (``python tests/peers/vllm_env.py`` 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "peers"))
+import launch  # noqa: E402  (the peer tier's server launcher)
 import vllm_env  # noqa: E402  (the peer tier's pinned vLLM environment)
 
 SPEC_BENCH = REPO_ROOT / ".." / "shared" / "data" / "spec-bench" / "question.jsonl"
@@ -64,39 +61,6 @@ def speclens_command(model_dir: Path, port: int) -> list[str]:
         "--per-request-spec-decode-stats", "summary", "--max-model-len", "2048",
         "--port", str(port),
     ]  # fmt: skip
-
-
-@contextlib.contextmanager
-def running(name: str, cmd: list[str], env: dict[str, str], port: int, log: Path) -> Iterator[str]:
-    """The server healthy on ``port``; its process group stopped on exit (vLLM forks workers)."""
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        started = time.monotonic()
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}; log {log}")
-            if time.monotonic() - started > STARTUP_TIMEOUT_S:
-                raise RuntimeError(f"{name} not healthy after {STARTUP_TIMEOUT_S:.0f} s; log {log}")
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(url + "/health", timeout=2.0) as resp,
-            ):
-                if resp.status == 200:
-                    break
-            time.sleep(0.5)
-        print(f"  {name} ready in {time.monotonic() - started:.0f} s", flush=True)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def bench(
@@ -155,7 +119,11 @@ def main() -> int:
         for name, (make_cmd, env) in servers.items():
             port = free_port()
             log = work / f"{name.split()[0]}-{r}.log"
-            with running(name, make_cmd(model_dir, port), env, port, log) as url:
+            started = time.monotonic()
+            with launch.running(
+                name, make_cmd(model_dir, port), port, log, STARTUP_TIMEOUT_S, env
+            ) as url:
+                print(f"  {name} ready in {time.monotonic() - started:.0f} s", flush=True)
                 for c in args.concurrency:
                     out = work / f"{name.split()[0]}-r{r}-c{c}"
                     figures = bench(url, prompts, args.prompts, c, args.max_tokens, out)

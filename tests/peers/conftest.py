@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
+import launch
 import llamacpp_env  # this directory is on sys.path (pytest's prepend import mode)
 import pytest
 import vllm_env
@@ -55,7 +55,6 @@ SERVED_MODEL = vllm_env.SERVED_MODEL
 SPECULATIVE: dict[str, Any] = vllm_env.NGRAM
 #: Measured 36-66 s on a quiet 2-core machine and 188 s on one loaded by other work.
 STARTUP_TIMEOUT_S = 480.0
-STOP_TIMEOUT_S = 30.0
 
 
 class Peer(NamedTuple):
@@ -70,18 +69,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.peers)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the whole process group (vLLM forks its engine core), wait, then SIGKILL."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=STOP_TIMEOUT_S)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # children that outlived the API server
-    proc.wait(timeout=STOP_TIMEOUT_S)
 
 
 def _why(path: Path, chars: int = 3000) -> str:
@@ -111,30 +98,16 @@ def running_vllm(
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"vllm-{port}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            vllm_env.command(model_dir, port, speculative, extra_args),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=vllm_env.environment(),
-            start_new_session=True,  # its own process group, so stop() reaches the workers
-        )
-    url = f"http://127.0.0.1:{port}"
+    cmd = vllm_env.command(model_dir, port, speculative, extra_args)
+    started = time.monotonic()
     try:
-        started = time.monotonic()
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited with {proc.returncode} while starting:\n{_why(log)}")
-            if time.monotonic() - started > STARTUP_TIMEOUT_S:
-                pytest.fail(f"vLLM not healthy after {STARTUP_TIMEOUT_S:.0f} s:\n{_why(log)}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                    break
-            time.sleep(0.5)
-        print(f"vLLM ready on {url} in {time.monotonic() - started:.0f} s (log {log})")
-        yield Peer(url, SERVED_MODEL, model_dir, speculative)
-    finally:
-        stop(proc)
+        with launch.running(
+            "vLLM", cmd, port, log, STARTUP_TIMEOUT_S, vllm_env.environment()
+        ) as url:
+            print(f"vLLM ready on {url} in {time.monotonic() - started:.0f} s (log {log})")
+            yield Peer(url, SERVED_MODEL, model_dir, speculative)
+    except launch.StartError as exc:
+        pytest.fail(f"{exc}:\n{_why(log)}")
 
 
 @pytest.fixture(scope="session")
@@ -207,33 +180,20 @@ def running_llamacpp(log_dir: Path, spec_args: Sequence[str]) -> Iterator[Peer]:
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"llama-server-{port}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            llamacpp_command(gguf, port, spec_args),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
+    cmd = llamacpp_command(gguf, port, spec_args)
+    started = time.monotonic()
     try:
-        started = time.monotonic()
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"llama-server exited with {proc.returncode}:\n{_why(log)}")
-            if time.monotonic() - started > LLAMACPP_STARTUP_TIMEOUT_S:
-                pytest.fail(f"llama-server not healthy after {LLAMACPP_STARTUP_TIMEOUT_S:.0f} s")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                    break
-            time.sleep(0.2)
-        warm = httpx.post(
-            url + "/completion", json={"prompt": "Hello", "n_predict": 8}, timeout=300.0
-        )
-        warm.raise_for_status()
-        print(f"llama-server ready on {url} in {time.monotonic() - started:.1f} s (log {log})")
-        yield Peer(url, SERVED_MODEL, gguf, {"llama-server": list(spec_args)})
-    finally:
-        stop(proc)
+        with launch.running(
+            "llama-server", cmd, port, log, LLAMACPP_STARTUP_TIMEOUT_S, poll_s=0.2
+        ) as url:
+            warm = httpx.post(
+                url + "/completion", json={"prompt": "Hello", "n_predict": 8}, timeout=300.0
+            )
+            warm.raise_for_status()
+            print(f"llama-server ready on {url} in {time.monotonic() - started:.1f} s (log {log})")
+            yield Peer(url, SERVED_MODEL, gguf, {"llama-server": list(spec_args)})
+    except launch.StartError as exc:
+        pytest.fail(f"{exc}:\n{_why(log)}")
 
 
 @pytest.fixture(scope="session")

@@ -41,8 +41,7 @@ def build_batch(
     mask &= key_pos.view(1, 1, ctx_len) < context.view(batch, 1, 1)
     # A padded query attends to position 0 only, so its softmax row is never empty.
     mask |= (~query_valid).unsqueeze(2) & (key_pos == 0).view(1, 1, ctx_len)
-    padded = sum(map(len, tokens)) < batch * q_len
-    real = (lengths.unsqueeze(1) > torch.arange(q_len)).reshape(-1).nonzero().squeeze(1)
+    real = query_valid.reshape(-1).nonzero().squeeze(1) if not query_valid.all() else None
     first = read[0][0]
     consecutive = batch == 1 and read[0] == list(range(first, first + ctx_len))
     return ForwardBatch(
@@ -52,5 +51,5 @@ def build_batch(
         write_slots=torch.tensor(write, dtype=torch.int64).to(device),
         read_slots=torch.tensor(read, dtype=torch.int64).to(device),
         mask=mask.unsqueeze(1).to(device),
-        real=real.to(device) if padded else None,
+        real=None if real is None else real.to(device),
     )

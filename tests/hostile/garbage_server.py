@@ -126,24 +126,32 @@ class GarbageServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            method, path, _ = lines[0].split(" ", 2)
-            headers = {}
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if sep:
-                    headers[name.strip().lower()] = value.strip()
-            body = await reader.readexactly(int(headers.get("content-length", "0")))
-            request = Request(method, path, headers, body)
-            self.requests.append(request)
-            await self._send(writer, self._reply(request))
+            await self._serve(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass
         finally:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One request, one reply, then the connection closes (subclasses serve otherwise)."""
+        request = await self._read(reader)
+        self.requests.append(request)
+        await self._send(writer, self._reply(request))
+
+    @staticmethod
+    async def _read(reader: asyncio.StreamReader) -> Request:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        method, path, _ = lines[0].split(" ", 2)
+        headers = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if sep:
+                headers[name.strip().lower()] = value.strip()
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        return Request(method, path, headers, body)
 
     @staticmethod
     async def _send(writer: asyncio.StreamWriter, reply: Reply) -> None:

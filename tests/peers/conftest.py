@@ -81,6 +81,19 @@ def _why(path: Path, chars: int = 3000) -> str:
     return "\n".join([*list(errors)[:5], "--- log tail ---", text[-chars:]])
 
 
+def _prepare(env: Any, what: str, log_dir: Path, name: str) -> tuple[int, Path]:
+    """Fail unless ``env`` (``vllm_env`` or ``llamacpp_env``) is built; a free port and its log."""
+    if not env.ready():
+        pytest.fail(
+            f"{what} is not built: run `make test-peers` (or `python {Path(env.__file__).name}` "
+            f"in tests/peers); expected {env.stamp()}",
+            pytrace=False,
+        )
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return port, log_dir / f"{name}-{port}.log"
+
+
 @contextlib.contextmanager
 def running_vllm(
     model_dir: Path,
@@ -89,15 +102,7 @@ def running_vllm(
     extra_args: Sequence[str] = (),
 ) -> Iterator[Peer]:
     """A vLLM API server on a free loopback port, healthy and serving, stopped on exit."""
-    if not vllm_env.ready():
-        pytest.fail(
-            f"the vLLM peer environment is not built: run `make test-peers` (or "
-            f"`python tests/peers/vllm_env.py`); expected {vllm_env.stamp()}",
-            pytrace=False,
-        )
-    port = free_port()
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"vllm-{port}.log"
+    port, log = _prepare(vllm_env, "the vLLM peer environment", log_dir, "vllm")
     cmd = vllm_env.command(model_dir, port, speculative, extra_args)
     started = time.monotonic()
     try:
@@ -170,16 +175,8 @@ def running_llamacpp(log_dir: Path, spec_args: Sequence[str]) -> Iterator[Peer]:
     """``llama-server`` on a free loopback port, healthy and warmed up, stopped on exit."""
     from speclens.engine.weights import smollm2_gguf_path
 
-    if not llamacpp_env.ready():
-        pytest.fail(
-            f"the llama.cpp peer is not built: run `make test-peers` (or "
-            f"`python tests/peers/llamacpp_env.py`); expected {llamacpp_env.stamp()}",
-            pytrace=False,
-        )
+    port, log = _prepare(llamacpp_env, "the llama.cpp peer", log_dir, "llama-server")
     gguf = smollm2_gguf_path()
-    port = free_port()
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"llama-server-{port}.log"
     cmd = llamacpp_command(gguf, port, spec_args)
     started = time.monotonic()
     try:

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import payloads as P
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import speclens.bench.adapters as adapters_module
@@ -26,6 +26,7 @@ from speclens.bench.adapters import (
     available_adapters,
     detect,
 )
+from speclens.bench.adapters._common import BuiltinAdapter, present_keys
 from speclens.bench.record import DRAFT_UNITS, SpecDecodeAcceptanceRecord
 
 Responses = list[dict[str, Any]]
@@ -899,3 +900,67 @@ def test_bad_decode_steps_are_malformed(value: object, why: str) -> None:
     for adapter in (VLLMSpecDecodeAdapter, VLLMMetricsAdapter):
         record, message = adapter.diagnose(_with_decode_steps(value, value))
         assert record is None and message is not None and why in message, message
+
+
+# --- markers: detection skips a shape only when its reader would not claim ---------------------
+
+# Every shape's field names, written out (not taken from the markers under test).
+_KEYS = ["choices", "index", "usage", "metrics", "speculative_decoding", "timings", "draft_n"]
+_KEYS += ["draft_n_accepted", "meta_info", "sglext", "spec_tokens_details", "spec_verify_ct"]
+_KEYS += ["spec_accept_length", "speculative_decoding_stats"]
+# Nested objects whose keys come from every shape's vocabulary, so that the shapes' own nestings
+# (``sglext.spec_tokens_details.spec_verify_ct``, ``metrics.speculative_decoding``) turn up.
+_VALUES = st.recursive(
+    st.none() | st.integers(0, 3),
+    lambda inner: (
+        st.lists(inner, max_size=2)
+        | st.dictionaries(st.sampled_from(_KEYS), inner, min_size=1, max_size=3)
+    ),
+    max_leaves=6,
+)
+_CHOICE = st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=3)
+_ROOT = st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=3).flatmap(
+    lambda root: (
+        st.lists(_CHOICE, max_size=2).map(lambda c: {**root, "choices": c})
+        if "choices" in root
+        else st.just(root)
+    )
+)
+_RESPONSES = st.lists(_ROOT, min_size=1, max_size=3)
+
+
+@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(_RESPONSES)
+@example([{"metrics": {"speculative_decoding": {"num_drafts": 1}}}])
+@example([{"timings": {"draft_n": 3}}])
+@example([{"meta_info": {"spec_verify_ct": 1}}])
+@example([{"choices": [], "sglext": {"spec_tokens_details": {"spec_verify_ct": 1}}}])
+@example([{"choices": [{"meta_info": {"spec_verify_ct": 1}}]}])
+@example([{"choices": [{"speculative_decoding_stats": {}}]}])
+@example([{"choices": [{"speculative_decoding": {}}]}])
+def test_a_shape_is_skipped_only_when_it_could_not_claim(responses: Responses) -> None:
+    keys = present_keys(responses)
+    for adapter in BUILTIN_ADAPTERS:
+        if adapter.can_adapt(responses):
+            assert adapter.may_claim(keys), adapter.name
+
+
+def _all_payloads() -> list[Responses]:
+    out = [make() for make, *_ in P.VALID.values()]
+    for make, breaks, _ in MALFORMED.values():
+        responses = make()
+        breaks(responses)
+        out.append(responses)
+    return out
+
+
+@pytest.mark.parametrize("index", range(len(P.VALID) + len(MALFORMED)))
+def test_skipping_by_markers_changes_no_detection(
+    index: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    responses = _all_payloads()[index]
+    keys = present_keys(responses)
+    assert any(a.may_claim(keys) for a in BUILTIN_ADAPTERS)
+    fast = detect(copy.deepcopy(responses))
+    monkeypatch.setattr(BuiltinAdapter, "may_claim", classmethod(lambda cls, keys: True))
+    assert detect(copy.deepcopy(responses)) == fast

@@ -19,9 +19,14 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeGuard, runtime_checkable
 
-from speclens.bench.adapters._common import SUPPRESSED, BuiltinAdapter, sequence_count
+from speclens.bench.adapters._common import (
+    SUPPRESSED,
+    BuiltinAdapter,
+    present_keys,
+    sequence_count,
+)
 from speclens.bench.adapters.llamacpp import LlamaCppTimingsAdapter
 from speclens.bench.adapters.sglang import SGLangSpecDecodeAdapter
 from speclens.bench.adapters.stats_object import VLLMSpecDecodeAdapter
@@ -199,7 +204,10 @@ def detect(
 
 def _detect(responses: list[dict[str, Any]], pool: list[SpecDecodeAdapter]) -> Detection:
     outcomes: list[_Outcome] = []
+    keys = present_keys(responses)
     for adapter in pool:
+        if _builtin(adapter) and not adapter.may_claim(keys):
+            continue  # none of its markers: its ``can_adapt`` would say no
         name = _name(adapter)
         try:
             claimed = bool(adapter.can_adapt(responses))
@@ -247,7 +255,7 @@ def _detect(responses: list[dict[str, Any]], pool: list[SpecDecodeAdapter]) -> D
 
 
 def _absent_note(adapter: SpecDecodeAdapter, responses: list[dict[str, Any]]) -> str | None:
-    if not (isinstance(adapter, type) and issubclass(adapter, BuiltinAdapter)):
+    if not _builtin(adapter):
         return None
     try:
         return adapter.absent_note(responses)
@@ -261,7 +269,7 @@ def _adapt(adapter: SpecDecodeAdapter, name: str, responses: list[dict[str, Any]
     each choice's record for n > 1 where their shape is per sequence."""
     choices = None
     try:
-        if isinstance(adapter, type) and issubclass(adapter, BuiltinAdapter):
+        if _builtin(adapter):
             record, choices, reason = adapter.diagnose_choices(responses)
         else:
             record, reason = adapter.adapt(responses), None
@@ -272,6 +280,10 @@ def _adapt(adapter: SpecDecodeAdapter, name: str, responses: list[dict[str, Any]
     if record is None and reason is None:
         reason = f"{name}: payload present but unusable (adapt returned None)"
     return _Outcome(name, record, reason, choices)
+
+
+def _builtin(adapter: SpecDecodeAdapter) -> TypeGuard[type[BuiltinAdapter]]:
+    return isinstance(adapter, type) and issubclass(adapter, BuiltinAdapter)
 
 
 def _names(outcomes: list[_Outcome]) -> str:

@@ -75,7 +75,10 @@ def sequence_count(responses: object) -> int:
         raw = response.get("choices")
         if isinstance(raw, list):
             most = max(most, len(raw))
-            indices.update(index for index, _ in choices(response))
+            for position, choice in enumerate(raw):
+                if isinstance(choice, dict):
+                    index = choice.get("index")
+                    indices.add(index if is_int(index) else position)
         root = response.get("index")
         if is_int(root):
             root_indices.add(root)
@@ -84,13 +87,35 @@ def sequence_count(responses: object) -> int:
 
 def last_choice_value(responses: object, key: str) -> tuple[bool, Any]:
     """``(found, value)`` for the last choice carrying a non-null ``key`` (streaming engines put
-    the final stats on the finishing chunk's choice; a cumulative re-send is superseded)."""
-    found, value = False, None
+    the final stats on the finishing chunk's choice; a cumulative re-send is superseded).
+    Walks from the end: the stats usually sit on the last chunk."""
+    if not isinstance(responses, list):
+        return False, None
+    for response in reversed(responses):
+        if not isinstance(response, dict):
+            continue
+        raw = response.get("choices")
+        if isinstance(raw, list):
+            for choice in reversed(raw):
+                if isinstance(choice, dict) and choice.get(key) is not None:
+                    return True, choice[key]
+    return False, None
+
+
+def present_keys(responses: object) -> tuple[set[str], set[str]]:
+    """The keys at the root of any object, and in any of its choices (null values included, so
+    the sets only ever hold too much): one walk that lets detection skip every built-in shape
+    whose markers are absent."""
+    roots: set[str] = set()
+    in_choices: set[str] = set()
     for response in objects(responses):
-        for _, choice in choices(response):
-            if choice.get(key) is not None:
-                found, value = True, choice[key]
-    return found, value
+        roots.update(response)
+        raw = response.get("choices")
+        if isinstance(raw, list):
+            for choice in raw:
+                if isinstance(choice, dict):
+                    in_choices.update(choice)
+    return roots, in_choices
 
 
 def completion_tokens(responses: object) -> int | None:
@@ -242,6 +267,20 @@ class BuiltinAdapter:
     name: ClassVar[str]
     priority: ClassVar[int]
     engine: ClassVar[str]
+    #: Keys (non-null) without one of which ``_present`` is false: at the root of an object, and
+    #: in a choice. Detection skips the shape when none is present (``may_claim``).
+    root_markers: ClassVar[frozenset[str]] = frozenset()
+    choice_markers: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def may_claim(cls, keys: tuple[set[str], set[str]]) -> bool:
+        """False only when ``keys`` (``present_keys``) hold none of this shape's markers."""
+        roots, in_choices = keys
+        if not (cls.root_markers or cls.choice_markers):
+            return True
+        return not (
+            cls.root_markers.isdisjoint(roots) and cls.choice_markers.isdisjoint(in_choices)
+        )
 
     @classmethod
     def can_adapt(cls, responses: Responses) -> bool:

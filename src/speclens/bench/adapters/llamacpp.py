@@ -47,6 +47,7 @@ class LlamaCppTimingsAdapter(BuiltinAdapter):
 
     name = "llamacpp-timings"
     priority = 400
+    root_markers = frozenset({WHERE})
     engine = "llama.cpp"
 
     @classmethod

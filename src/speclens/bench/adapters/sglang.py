@@ -110,6 +110,8 @@ class SGLangSpecDecodeAdapter(BuiltinAdapter):
 
     name = "sglang-meta-info"
     priority = 300
+    root_markers = frozenset({"meta_info", "sglext"})
+    choice_markers = frozenset({"meta_info"})
     engine = "sglang"
 
     @classmethod

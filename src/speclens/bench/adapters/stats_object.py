@@ -33,6 +33,7 @@ class VLLMSpecDecodeAdapter(BuiltinAdapter):
 
     name = "vllm-per-choice-stats"
     priority = 110
+    choice_markers = frozenset({FIELD})
     engine = "vllm"
 
     @classmethod

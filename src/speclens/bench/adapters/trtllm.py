@@ -61,6 +61,7 @@ class TRTLLMSpecDecodeAdapter(BuiltinAdapter):
 
     name = "trtllm-per-choice"
     priority = 200
+    choice_markers = frozenset({FIELD})
     engine = "trtllm"
 
     @classmethod

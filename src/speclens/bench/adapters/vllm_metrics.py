@@ -72,6 +72,7 @@ class VLLMMetricsAdapter(BuiltinAdapter):
 
     name = "vllm-root-metrics"
     priority = 100
+    root_markers = frozenset({"metrics"})
     engine = "vllm"
 
     @classmethod

@@ -13,6 +13,7 @@ import torch
 from enginekit import config
 from speclens.engine import Engine, SamplingParams, SpeculativeConfig
 from speclens.engine.executor import TorchExecutor
+from speclens.engine.model import ForwardBatch
 from speclens.engine.request import Request
 
 K = 4
@@ -115,27 +116,31 @@ def test_step_records_state_the_width_computed() -> None:
         assert record.context_tokens == context + record.num_requests * (width - 1)
 
 
-def test_unequal_prompts_prefill_one_forward_each() -> None:
-    """Prompts whose padding would exceed MAX_PREFILL_PADDING x their real tokens get a forward
-    each: one forward per request, and the same tokens as each prompt run alone."""
-    from speclens.engine.executor import MAX_PREFILL_PADDING
+def test_unequal_prompts_prefill_in_one_forward_attending_on_their_own() -> None:
+    """Prompts of 3 and 80 tokens prefill in one forward whose weights see their 83 rows and
+    whose attention runs per request (padding to 80 would compute 160 rows), and give the same
+    tokens as each prompt run alone."""
+    from speclens.engine.batch import MAX_ATTENTION_PADDING
 
     prompts = [[65, 66, 67], list(range(40, 120))]
-    assert MAX_PREFILL_PADDING * (3 + 80) < 2 * 80
+    assert MAX_ATTENTION_PADDING * (3 + 80) < 2 * 80
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     engine = Engine(config())
-    calls: list[int] = []
-    executor = engine.executor
-    assert isinstance(executor, TorchExecutor)
-    original = executor._run
+    batches: list[ForwardBatch] = []
+    assert isinstance(engine.executor, TorchExecutor)
+    model = engine.executor.model
+    original = model.forward
 
-    def counting(requests, starts, tokens):  # type: ignore[no-untyped-def]
-        calls.append(len(requests))
-        return original(requests, starts, tokens)
+    def recording(batch, kv, num_layers=None):  # type: ignore[no-untyped-def]
+        batches.append(batch)
+        return original(batch, kv, num_layers)
 
-    executor._run = counting  # type: ignore[method-assign]
+    model.forward = recording  # type: ignore[method-assign]
     together = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
-    assert calls[:2] == [1, 1]  # the prefill: one forward per request
+    prefill = batches[0]
+    assert prefill.input_ids.shape == (2, 80) and prefill.real is not None
+    assert prefill.real.numel() == 83 and prefill.segments is not None
+    assert [s.rows for s in prefill.segments] == [(0, 3), (3, 83)]
     assert engine.steps[0].kind == "prefill" and engine.steps[0].query_tokens == 83
     alone = [Engine(config()).generate([p], params)[0].outputs[0].token_ids for p in prompts]
     assert together == alone

@@ -7,7 +7,11 @@ from collections.abc import Sequence
 
 import torch
 
-from speclens.engine.model import ForwardBatch
+from speclens.engine.model import ForwardBatch, Segment
+
+#: Attention pads every context to the longest unless that computes more than this many times
+#: the real context; then each request attends on its own (``ForwardBatch.segments``).
+MAX_ATTENTION_PADDING = 1.5
 
 
 def build_batch(
@@ -34,14 +38,21 @@ def build_batch(
         read.append([*slots, *[scratch_slot] * (ctx_len - end)])
     positions = torch.tensor(pos, dtype=torch.int64)
     lengths = torch.tensor([len(t) for t in tokens])
-    context = torch.tensor(ends)
-    key_pos = torch.arange(ctx_len)
     query_valid = torch.arange(q_len).unsqueeze(0) < lengths.unsqueeze(1)
-    mask = key_pos.view(1, 1, ctx_len) <= positions.unsqueeze(2)  # causal
-    mask &= key_pos.view(1, 1, ctx_len) < context.view(batch, 1, 1)
-    # A padded query attends to position 0 only, so its softmax row is never empty.
-    mask |= (~query_valid).unsqueeze(2) & (key_pos == 0).view(1, 1, ctx_len)
     real = query_valid.reshape(-1).nonzero().squeeze(1) if not query_valid.all() else None
+    segments = None
+    read_slots = mask = None
+    if batch > 1 and batch * ctx_len > MAX_ATTENTION_PADDING * sum(ends):
+        segments = _segments(read, starts, tokens, ends, device)
+    else:
+        context = torch.tensor(ends)
+        key_pos = torch.arange(ctx_len)
+        causal = key_pos.view(1, 1, ctx_len) <= positions.unsqueeze(2)
+        causal &= key_pos.view(1, 1, ctx_len) < context.view(batch, 1, 1)
+        # A padded query attends to position 0 only, so its softmax row is never empty.
+        causal |= (~query_valid).unsqueeze(2) & (key_pos == 0).view(1, 1, ctx_len)
+        mask = causal.unsqueeze(1).to(device)
+        read_slots = torch.tensor(read, dtype=torch.int64).to(device)
     first = read[0][0]
     consecutive = batch == 1 and read[0] == list(range(first, first + ctx_len))
     return ForwardBatch(
@@ -49,7 +60,36 @@ def build_batch(
         input_ids=torch.tensor(ids, dtype=torch.int64).to(device),
         positions=positions.to(device),
         write_slots=torch.tensor(write, dtype=torch.int64).to(device),
-        read_slots=torch.tensor(read, dtype=torch.int64).to(device),
-        mask=mask.unsqueeze(1).to(device),
+        read_slots=read_slots,
+        mask=mask,
         real=None if real is None else real.to(device),
+        segments=segments,
     )
+
+
+def _segments(
+    read: list[list[int]],
+    starts: Sequence[int],
+    tokens: Sequence[Sequence[int]],
+    ends: Sequence[int],
+    device: torch.device,
+) -> tuple[Segment, ...]:
+    """Each request's query rows (packed, in request order), context slots and causal mask."""
+    out = []
+    row = 0
+    for slots, start, toks, end in zip(read, starts, tokens, ends, strict=True):
+        own = slots[:end]
+        first = own[0]
+        keys: tuple[int, int] | torch.Tensor
+        if own == list(range(first, first + end)):
+            keys = (first, first + end)
+        else:
+            keys = torch.tensor(own, dtype=torch.int64).to(device)
+        n = len(toks)
+        mask = None
+        if n > 1:  # query i sits at position start + i and sees positions 0..start + i
+            queries = torch.arange(start, end).unsqueeze(1)
+            mask = (torch.arange(end).unsqueeze(0) <= queries).to(device)
+        out.append(Segment((row, row + n), keys, mask))
+        row += n
+    return tuple(out)

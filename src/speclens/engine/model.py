@@ -119,6 +119,18 @@ class KVPool:
 
 
 @dataclass
+class Segment:
+    """One request's share of a forward attended on its own (``ForwardBatch.segments``): its
+    query rows ``rows`` (start, stop) in the flat layout, the cache slots of its context
+    (``keys``: a (start, stop) range read in place, or a tensor of slots to gather) and, for more
+    than one query row, the [rows, context] causal mask (None: every row sees the whole context)."""
+
+    rows: tuple[int, int]
+    keys: tuple[int, int] | torch.Tensor
+    mask: torch.Tensor | None = None
+
+
+@dataclass
 class ForwardBatch:
     """One padded forward: B requests, up to Q query tokens each, contexts up to L tokens.
 
@@ -131,15 +143,19 @@ class ForwardBatch:
     Everything but attention then runs on the real rows alone (a verify step where one request
     drafted 4 and seven drafted nothing computes 12 rows, not 40); attention scatters them into
     the padded [B, Q] layout and gathers them back.
+    ``segments``: when contexts differ so much in length that padding every one to the longest
+    would waste most of attention's work, each request attends over its own context alone (one
+    attention call per request and layer) and ``read_slots``/``mask`` are not built (None).
     """
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     write_slots: torch.Tensor
-    read_slots: torch.Tensor
-    mask: torch.Tensor
+    read_slots: torch.Tensor | None
+    mask: torch.Tensor | None
     read_range: tuple[int, int] | None = None
     real: torch.Tensor | None = None
+    segments: tuple[Segment, ...] | None = None
 
 
 Angles = tuple[torch.Tensor, torch.Tensor]
@@ -247,11 +263,16 @@ class Attention(nn.Module):
         slots = batch.write_slots.reshape(-1)
         if batch.real is not None:
             slots = slots[batch.real]
+        kv.k[self.layer].index_copy_(0, slots, k.reshape(-1, self.num_kv_heads, self.head_dim))
+        kv.v[self.layer].index_copy_(0, slots, v.reshape(-1, self.num_kv_heads, self.head_dim))
+        if batch.segments is not None:
+            out = self._segments(q.reshape(-1, self.num_heads, self.head_dim), batch.segments, kv)
+            return linear(out.view(*rows, -1), self.o_proj.weight)
+        if batch.real is not None:
             padded = q.new_zeros((b * q_len, self.num_heads, self.head_dim))
             padded[batch.real] = q
             q = padded.view(b, q_len, self.num_heads, self.head_dim)
-        kv.k[self.layer].index_copy_(0, slots, k.reshape(-1, self.num_kv_heads, self.head_dim))
-        kv.v[self.layer].index_copy_(0, slots, v.reshape(-1, self.num_kv_heads, self.head_dim))
+        assert batch.mask is not None and batch.read_slots is not None
         if batch.read_range is not None:
             start, stop = batch.read_range
             keys = kv.k[self.layer][start:stop].unsqueeze(0)  # [1, L, Hkv, D], no copy
@@ -271,6 +292,27 @@ class Attention(nn.Module):
         if batch.real is not None:
             out = out.reshape(b * q_len, -1)[batch.real]
         return linear(out, self.o_proj.weight)
+
+    def _segments(self, q: torch.Tensor, segments: tuple[Segment, ...], kv: KVPool) -> torch.Tensor:
+        """Attention request by request over the flat query rows ``q`` [N, H, D]: [N, H * D]."""
+        keys, values = kv.k[self.layer], kv.v[self.layer]
+        out = []
+        for seg in segments:
+            start, stop = seg.rows
+            if isinstance(seg.keys, tuple):
+                k, v = keys[seg.keys[0] : seg.keys[1]], values[seg.keys[0] : seg.keys[1]]
+            else:
+                k, v = keys[seg.keys], values[seg.keys]
+            o = F.scaled_dot_product_attention(
+                q[start:stop].transpose(0, 1).unsqueeze(0),  # [1, H, n, D]
+                k.transpose(0, 1).unsqueeze(0),  # [1, Hkv, L, D]
+                v.transpose(0, 1).unsqueeze(0),
+                attn_mask=seg.mask,
+                scale=self.scale,
+                enable_gqa=self.num_heads != self.num_kv_heads,
+            )
+            out.append(o[0].transpose(0, 1).reshape(stop - start, -1))
+        return torch.cat(out)
 
 
 class MLP(nn.Module):

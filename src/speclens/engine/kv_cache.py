@@ -7,7 +7,7 @@ slots before each step, which is what admission and preemption account for.
 
 from __future__ import annotations
 
-from collections import deque
+import numpy as np
 
 from speclens.engine.request import Request
 
@@ -17,16 +17,23 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class BlockManager:
-    """A free list of KV blocks."""
+    """KV blocks handed out so that a request's context stays in consecutive slots as long as
+    there is room: attention then reads the pool's slice in place instead of gathering a copy in
+    every layer (at batch 8 on SmolLM2 the gathers were 15% of a decode step). A request's next
+    block is the one right after its last when that is free; otherwise (its first block, or the
+    next is taken) it starts a new run in the middle of the largest free run, which leaves room to
+    grow both to the request before that run and to this one. Deterministic: every rank of a
+    tensor-parallel group hands out the same blocks."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        self._is_free = np.ones(num_blocks, dtype=bool)
+        self._num_free = num_blocks
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._num_free
 
     @property
     def usage(self) -> float:
@@ -45,11 +52,25 @@ class BlockManager:
         need = self.missing(request, num_tokens)
         if need > self.num_free:
             raise RuntimeError("KV cache exhausted; the scheduler should have preempted")
-        request.block_table.extend(self._free.popleft() for _ in range(need))
+        table = request.block_table
+        for _ in range(need):
+            after = table[-1] + 1 if table else self.num_blocks
+            block = after if after < self.num_blocks and self._is_free[after] else self._new_run()
+            self._is_free[block] = False
+            table.append(block)
+        self._num_free -= need
+
+    def _new_run(self) -> int:
+        """The middle block of the largest run of free blocks (the first such run on a tie)."""
+        edges = np.flatnonzero(np.diff(np.concatenate(([False], self._is_free, [False]))))
+        starts, stops = edges[0::2], edges[1::2]
+        longest = int(np.argmax(stops - starts))
+        return int(starts[longest] + (stops[longest] - starts[longest]) // 2)
 
     def free(self, request: Request) -> None:
         """Return every block of the request and forget what it had computed."""
-        self._free.extend(request.block_table)
+        self._is_free[request.block_table] = True
+        self._num_free += len(request.block_table)
         request.block_table = []
         request.num_computed = 0
         request.num_draft_computed = 0

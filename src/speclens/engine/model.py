@@ -10,6 +10,7 @@ class serves target and drafter; a layer-subset drafter runs only the first ``nu
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,29 +212,70 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 #: Up to this many rows, ``linear`` multiplies weight @ x.T (see ``linear``).
-NARROW_ROWS = 8
+NARROW_ROWS = 2
+#: Up to this many rows (and above ``NARROW_ROWS``), ``linear`` runs oneDNN on packed weights.
+PACKED_ROWS = 256
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` for ``x`` [..., in], fast when ``x`` has few rows (decode and verify).
 
     With a handful of rows, MKL's ``x @ W.T`` (``F.linear``) is slow on a CPU: one row runs a
-    single-threaded gemv, and 2 to 8 rows cost 1.2 to 2x one row, while ``W @ x.T`` streams the
-    weights once for every row at once (measured on SmolLM2's shapes, 2 threads: 19 ms for the
-    30 layers and LM head at 2 rows against 47 ms for one row through ``F.linear``; see
-    benchmarks/README.md). One row is fed as two (a zero row beside it) to take that path. The
-    result is made contiguous: later ops on the transposed view cost more than the copy. The
-    values agree with ``F.linear`` to float32 rounding, not bit for bit; more rows, and every
-    device but the CPU, use ``F.linear``.
+    single-threaded gemv, and 2 to 8 rows cost 1.2 to 2x one row. Measured on SmolLM2's 30
+    layers, 2 threads (benchmarks/README.md):
+
+    - 1 or 2 rows: ``W @ x.T`` streams the weights once for both (16 ms, against 35 to 54 ms
+      through ``F.linear``); one row is fed as two (a zero row beside it). The result is made
+      contiguous: later ops on the transposed view cost more than the copy.
+    - 3 to ``PACKED_ROWS`` rows: oneDNN on the weights packed once into its blocked layout
+      (``packed``): 17 to 22 ms for 3 to 8 rows, against 23 to 38 ms for ``W @ x.T`` and 36 to
+      64 ms for ``F.linear``. Its values for a row do not depend on the other rows.
+    - More rows (prefill), another device, a dtype other than float32, or a build without
+      oneDNN: ``F.linear``.
+
+    The values agree with ``F.linear`` to float32 rounding, not bit for bit.
     """
     rows = x.numel() // x.shape[-1]
-    if rows > NARROW_ROWS or x.device.type != "cpu":
+    if rows > PACKED_ROWS or x.device.type != "cpu":
         return F.linear(x, weight)
+    if rows > NARROW_ROWS:
+        pack = packed(weight) if x.dtype == torch.float32 else None
+        if pack is None:
+            return F.linear(x, weight)
+        return torch.ops.mkldnn._linear_pointwise(x, pack, None, "none", [None], "")
     flat = x.reshape(rows, x.shape[-1])
     if rows == 1:
         flat = torch.cat([flat, torch.zeros_like(flat)])
     out = torch.mm(weight, flat.t())[:, :rows].t().contiguous()
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+_ONEDNN = hasattr(torch.ops.mkldnn, "_linear_pointwise") and bool(
+    torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+)
+#: id(weight) -> (the weight, weakly; its version when packed; the packed copy).
+_PACKED: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
+
+
+def packed(weight: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's packed copy of a float32 CPU ``weight`` [out, in], made on first use and made
+    again when the weight is changed in place (its version counter moves) or replaced; dropped
+    with the weight. None where oneDNN is not available."""
+    if not _ONEDNN or weight.dtype != torch.float32 or weight.device.type != "cpu":
+        return None
+    key = id(weight)
+    try:
+        version = weight._version
+    except RuntimeError:  # an inference tensor keeps no version: it cannot change outside one
+        version = -1
+    hit = _PACKED.get(key)
+    if hit is not None and hit[0]() is weight and hit[1] == version:
+        return hit[2]
+    with torch.no_grad():
+        pack = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+    gone = weakref.ref(weight, lambda _: _PACKED.pop(key, None))
+    _PACKED[key] = (gone, version, pack)
+    return pack
 
 
 class Attention(nn.Module):

@@ -75,3 +75,16 @@ def test_a_weight_changed_in_place_is_packed_again_and_a_dropped_one_forgotten()
     del weight
     gc.collect()
     assert key not in model_module._PACKED
+
+
+@pytest.mark.skipif(packed(torch.zeros(2, 2)) is None, reason="this torch build has no oneDNN")
+def test_an_engine_packs_its_weights_when_built() -> None:
+    """The first multi-row forward of a served request must not pay for packing."""
+    from enginekit import config
+
+    from speclens.engine import Engine
+
+    engine = Engine(config())
+    model = engine.executor.model  # type: ignore[union-attr]
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert weights and all(id(w) in model_module._PACKED for w in weights)

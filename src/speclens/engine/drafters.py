@@ -129,6 +129,7 @@ class DraftModelDrafter:
         generator: torch.Generator | None = None,
     ) -> None:
         self.model = model
+        model.pack()
         self.kv = kv
         self.blocks = blocks
         self.k = k

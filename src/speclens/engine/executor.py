@@ -33,6 +33,7 @@ class TorchExecutor:
 
     def __init__(self, model: LlamaModel, kv: KVPool, blocks: BlockManager) -> None:
         self.model = model
+        model.pack()
         self.kv = kv
         self.blocks = blocks
         self.device = next(model.parameters()).device

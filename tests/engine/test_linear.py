@@ -81,7 +81,6 @@ def test_a_weight_changed_in_place_is_packed_again_and_a_dropped_one_forgotten()
 def test_an_engine_packs_its_weights_when_built() -> None:
     """The first multi-row forward of a served request must not pay for packing."""
     from enginekit import config
-
     from speclens.engine import Engine
 
     engine = Engine(config())

@@ -4,6 +4,7 @@ chunk), two requests of different lengths padded into one batch, blocks scattere
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,28 @@ def test_loads_a_directory_transformers_saved(pair, sequences, tmp_path: Path) -
         Pager(reloaded, [13]).forward(sequences[:1], [0]),
         Pager(ours, [13]).forward(sequences[:1], [0]),
     )
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux's /proc")
+def test_a_kv_pool_reads_zero_and_holds_only_what_is_written() -> None:
+    """A pool sized for the worst case must not fill (seconds) nor hold (gigabytes) memory that
+    no request ever writes: 2 GiB of slots, one written."""
+    config = ModelConfig(
+        vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+        num_attention_heads=4, num_key_value_heads=4,
+    )  # fmt: skip
+    block_size = 16
+    num_blocks = 2**30 // (8 * 4 * 16 * 4 * block_size * 2)  # k and v: 1 GiB each
+    before = _resident_bytes()
+    kv = KVPool(config, 8, num_blocks, block_size, torch.float32, torch.device("cpu"))
+    assert kv.k.shape == (8, num_blocks * block_size + 1, 4, 16)
+    assert _resident_bytes() - before < 64 * 2**20
+    kv.k[3, 12345] = 1.0
+    assert kv.k[3, 12345].sum() == 4 * 16
+    assert kv.k[3, 12344].abs().sum() == 0 and kv.v[7, -1].abs().sum() == 0
+    assert int(kv.k.count_nonzero()) == 4 * 16

@@ -10,6 +10,7 @@ class serves target and drafter; a layer-subset drafter runs only the first ``nu
 from __future__ import annotations
 
 import math
+import mmap
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,12 +112,25 @@ class KVPool:
         self.block_size = block_size
         self.num_slots = num_blocks * block_size
         shape = (num_layers, self.num_slots + 1, config.num_key_value_heads, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = lazy_zeros(shape, dtype, device)
+        self.v = lazy_zeros(shape, dtype, device)
 
     @property
     def scratch_slot(self) -> int:
         return self.num_slots
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros that cost nothing until written. On a CPU, a private anonymous mapping: the OS hands
+    out zeroed pages as they are first touched, so a pool sized for the worst case neither takes
+    seconds to fill nor holds memory it never uses (SmolLM2's default 131,072-token pool is 6 GB:
+    ``torch.zeros`` took 10 to 20 s and kept all of it resident). Elsewhere ``torch.zeros``."""
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    if device.type != "cpu" or private is None:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    count = math.prod(shape)
+    memory = mmap.mmap(-1, max(count * dtype.itemsize, 1), flags=private)
+    return torch.frombuffer(memory, dtype=dtype, count=count).view(shape)  # keeps memory alive
 
 
 @dataclass

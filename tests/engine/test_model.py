@@ -176,7 +176,8 @@ def test_a_kv_pool_reads_zero_and_holds_only_what_is_written() -> None:
         num_attention_heads=4, num_key_value_heads=4,
     )  # fmt: skip
     block_size = 16
-    num_blocks = 2**30 // (8 * 4 * 16 * 4 * block_size * 2)  # k and v: 1 GiB each
+    # 8 layers x 4 heads x 16 dims x 4 bytes a slot: 1 GiB each for k and v
+    num_blocks = 2**30 // (8 * 4 * 16 * 4 * block_size)
     before = _resident_bytes()
     kv = KVPool(config, 8, num_blocks, block_size, torch.float32, torch.device("cpu"))
     assert kv.k.shape == (8, num_blocks * block_size + 1, 4, 16)

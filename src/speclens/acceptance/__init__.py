@@ -15,7 +15,9 @@ from speclens.acceptance.errors import (
 from speclens.acceptance.files import load, read_yaml, validate
 from speclens.acceptance.histogram import AcceptanceHistogram
 from speclens.acceptance.quantity import (
+    MAX_NUM_SPEC_TOKENS,
     RATES_SUM_TOLERANCE,
+    acceptance_length,
     acceptance_rate,
     accepted_count_distribution,
     check_length,
@@ -41,6 +43,7 @@ from speclens.acceptance.schema import (
 
 __all__ = [
     "LAYERS",
+    "MAX_NUM_SPEC_TOKENS",
     "RATES_SUM_TOLERANCE",
     "AcceptanceHistogram",
     "AcceptancePin",
@@ -64,6 +67,7 @@ __all__ = [
     "ValidationError",
     "WorkloadAcceptance",
     "WrongNumSpecTokens",
+    "acceptance_length",
     "acceptance_rate",
     "accepted_count_distribution",
     "check_length",

@@ -20,6 +20,11 @@ from speclens.acceptance.errors import Problem, ValidationError
 #: Per-position rates may miss AL - 1 by this much and still agree with it.
 RATES_SUM_TOLERANCE = 0.01
 
+#: Largest K anywhere in speclens (schema, CLI, engine, bench, simulator): a step drafts and
+#: verifies K + 1 slots per request and a schedule holds K rates. Published MTP/EAGLE/DSpark setups
+#: run K <= 16; the bound keeps a typo (K = 10**9) from turning into an allocation.
+MAX_NUM_SPEC_TOKENS = 64
+
 # Rates are rounded to this many decimals so that 3.78 gives 0.78, not 0.7799999999999998.
 _DIGITS = 12
 
@@ -34,12 +39,28 @@ def is_finite_number(value: object) -> bool:
         return False
 
 
-def _num_spec_tokens_problems(k: object, path: str = "num_spec_tokens") -> list[Problem]:
+def acceptance_length(accepted: float, steps: float) -> float:
+    """AL = 1 + accepted drafts / verify steps, bonus token included; 1.0 when no step was taken.
+
+    The one place the formula lives: every record, figure, sampler tally and simulator reads it here.
+    """
+    return 1.0 + accepted / steps if steps else 1.0
+
+
+def num_spec_tokens_problem(k: object) -> str | None:
+    """What is wrong with ``k`` as K (None when it is an integer in [1, MAX_NUM_SPEC_TOKENS])."""
     if isinstance(k, bool) or not isinstance(k, int):
-        return [Problem("", path, f"expected an integer, got {k!r}")]
+        return f"expected an integer, got {k!r}"
     if k < 1:
-        return [Problem("", path, f"must be at least 1, got {k}")]
-    return []
+        return f"must be at least 1, got {k}"
+    if k > MAX_NUM_SPEC_TOKENS:
+        return f"must be at most {MAX_NUM_SPEC_TOKENS}, got {k}"
+    return None
+
+
+def _num_spec_tokens_problems(k: object, path: str = "num_spec_tokens") -> list[Problem]:
+    problem = num_spec_tokens_problem(k)
+    return [Problem("", path, problem)] if problem else []
 
 
 def length_problems(length: object, k: int) -> list[str]:
@@ -112,7 +133,7 @@ def _raise(problems: list[Problem]) -> None:
 
 
 def check_num_spec_tokens(k: int) -> int:
-    """Return K when it is an integer >= 1, else raise ``ValidationError``."""
+    """Return K when it is an integer in [1, MAX_NUM_SPEC_TOKENS], else raise ``ValidationError``."""
     _raise(_num_spec_tokens_problems(k))
     return k
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from speclens.acceptance import MAX_NUM_SPEC_TOKENS as _MAX_K
 from speclens.acceptance import Problem, ValidationError
 from speclens.sim.scenario import Lengths, Pool, Scenario
 
@@ -25,9 +26,8 @@ MAX_FAST_REQUEST_STEPS = 1_000_000_000
 #: Most prompt tokens a run may hold: requests x the longest input. A queued request holds its
 #: prompt (8 bytes a token), and an open-loop workload over capacity can queue every request.
 MAX_PROMPT_TOKENS = 200_000_000
-#: Largest K simulated: a step drafts and verifies K + 1 slots per request, and the resolved
-#: schedule holds K rates. Published MTP/EAGLE/DSpark setups run K <= 16.
-MAX_NUM_SPEC_TOKENS = 64
+#: Largest K simulated: the one bound speclens has (``speclens.acceptance.MAX_NUM_SPEC_TOKENS``).
+MAX_NUM_SPEC_TOKENS = _MAX_K
 #: Most points one ``--sweep`` runs (each is a whole simulation, counted in the budget).
 MAX_SWEEP_POINTS = 64
 #: Most simulated replicas (the sum over the pools that decode): each runs its own engine and

@@ -26,7 +26,14 @@ from speclens.bench.adapters import (
     available_adapters,
     detect,
 )
-from speclens.bench.adapters._common import BuiltinAdapter, present_keys
+from speclens.bench.adapters._common import (
+    BuiltinAdapter,
+    choice_value,
+    last_carrier,
+    last_choice_value,
+    pooled,
+    present_keys,
+)
 from speclens.bench.record import DRAFT_UNITS, SpecDecodeAcceptanceRecord
 
 Responses = list[dict[str, Any]]
@@ -964,3 +971,66 @@ def test_skipping_by_markers_changes_no_detection(
     fast = detect(copy.deepcopy(responses))
     monkeypatch.setattr(BuiltinAdapter, "may_claim", classmethod(lambda cls, keys: True))
     assert detect(copy.deepcopy(responses)) == fast
+
+
+# --- the one "last carrier" lookup (issue 19, item 21) -------------------------------------------
+
+
+def test_last_choice_value_takes_the_last_carrier() -> None:
+    """Kills the mutation: ``last_choice_value`` taking the first carrier instead of the last
+    (across objects, and across the choices of one object)."""
+    responses = [
+        {"choices": [{"index": 0, "x": 1}]},
+        {"choices": [{"index": 0, "x": None}]},
+        {"choices": [{"index": 0, "x": 2}, {"index": 1, "x": 3}]},
+        {"choices": [{"index": 0}]},
+    ]
+    assert last_choice_value(responses, "x") == (True, 3)
+    assert last_carrier(responses, choice_value("x", 0)) == (True, 2)
+    assert last_choice_value(responses[:2], "x") == (True, 1)
+    assert last_choice_value(responses[3:], "x") == (False, None)
+
+
+def test_a_stream_resending_stats_is_read_at_its_last_carrier() -> None:
+    """Kills the mutation: ``last_choice_value`` taking the first carrier; a cumulative re-send
+    of the per-choice stats supersedes the earlier, partial one."""
+    responses = P.vllm_chat_stream_summary()
+    earlier = copy.deepcopy(responses[-2])
+    stats = _stats([earlier])
+    stats.update(
+        num_spec_steps=1, num_accepted_draft_tokens=0, num_draft_tokens=3,
+        acceptance_histogram={"0": 1}, mean_acceptance_length=1.0, draft_acceptance_rate=0.0,
+    )  # fmt: skip
+    record = VLLMSpecDecodeAdapter.adapt([earlier, *responses])
+    assert record is not None and record.num_spec_steps == 5
+
+
+def test_sglang_meta_info_wins_over_a_later_sglext() -> None:
+    """Kills the mutation: SGLang's ``sglext`` winning over ``meta_info`` (sglext is a copy with
+    defaults filled in, so SGLang's own dict is the one read even when sglext comes later)."""
+    details = {"spec_verify_ct": 2, "spec_accepted_drafts": 1, "spec_proposed_drafts": 6,
+               "spec_accept_histogram": [1, 1]}  # fmt: skip
+    responses = [*P.sglang_chat(), {"choices": [], "sglext": {"spec_tokens_details": details}}]
+    record = SGLangSpecDecodeAdapter.adapt(responses)
+    assert record is not None and record.num_spec_steps == 5
+    assert record.num_accepted_draft_tokens == 9
+    alone = SGLangSpecDecodeAdapter.adapt(responses[1:])
+    assert alone is not None and alone.num_spec_steps == 2
+
+
+def test_pooled_choices_sum_their_decode_steps() -> None:
+    """Kills the mutation: per-choice ``num_decode_steps`` pooled as the max instead of the sum
+    (each sequence takes its own decode steps)."""
+
+    def one(steps: int, accepted: int, decode: int) -> SpecDecodeAcceptanceRecord:
+        return SpecDecodeAcceptanceRecord(
+            engine="vllm", mean_acceptance_length=1 + accepted / steps,
+            draft_acceptance_rate=accepted / (3 * steps), acceptance_histogram={1: accepted,
+            0: steps - accepted}, num_accepted_draft_tokens=accepted, num_draft_tokens=3 * steps,
+            num_spec_steps=steps, num_spec_tokens=3, num_decode_steps=decode,
+        )  # fmt: skip
+
+    total = pooled("vllm", {0: one(4, 2, 7), 1: one(5, 3, 6)}, [])
+    assert total.num_decode_steps == 13
+    assert total.num_spec_steps == 9
+    assert total.mean_acceptance_length == pytest.approx(1 + 5 / 9)

@@ -203,3 +203,13 @@ def test_old_records_without_a_unit_are_unknown_and_not_pooled_with_known_ones()
     acc = acceptance([record, _request(1, vllm_record())])
     assert acc["draft_units"] == {"tokens": {"vllm": 1}, "unknown": {"vllm": 1}}
     assert acc["draft_acceptance_rate"] is None
+
+
+def test_llamacpp_reads_the_last_timings_of_a_stream() -> None:
+    """Kills the mutation: llama.cpp's first ``timings`` read instead of the last (with
+    ``timings_per_token`` every event carries the running totals; the last is the request's)."""
+    early = llamacpp(draft_n=3, draft_n_accepted=1)[0]
+    early.pop("usage")
+    found = detect([early, *llamacpp(draft_n=18, draft_n_accepted=12)])
+    assert found.status == "ok" and found.record is not None
+    assert (found.record.num_draft_tokens, found.record.num_accepted_draft_tokens) == (18, 12)

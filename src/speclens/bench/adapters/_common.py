@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, TypeGuard
 
 import pydantic
@@ -85,21 +85,40 @@ def sequence_count(responses: object) -> int:
     return max(len(indices), len(root_indices), most)
 
 
-def last_choice_value(responses: object, key: str) -> tuple[bool, Any]:
-    """``(found, value)`` for the last choice carrying a non-null ``key`` (streaming engines put
-    the final stats on the finishing chunk's choice; a cumulative re-send is superseded).
-    Walks from the end: the stats usually sit on the last chunk."""
+def last_carrier(responses: object, pick: Callable[[dict[str, Any]], Any]) -> tuple[bool, Any]:
+    """``(found, value)`` for the last object of ``responses`` whose ``pick`` is not None.
+
+    The one "last carrier" lookup: a stream re-sends its stats cumulatively (or puts them on the
+    finishing chunk), so the last carrier is the request's. Walks from the end, where the stats
+    usually sit; ``pick`` says where in one object the value lives and which one wins there.
+    """
     if not isinstance(responses, list):
         return False, None
     for response in reversed(responses):
-        if not isinstance(response, dict):
-            continue
-        raw = response.get("choices")
-        if isinstance(raw, list):
-            for choice in reversed(raw):
-                if isinstance(choice, dict) and choice.get(key) is not None:
-                    return True, choice[key]
+        if isinstance(response, dict):
+            value = pick(response)
+            if value is not None:
+                return True, value
     return False, None
+
+
+def choice_value(key: str, index: int | None = None) -> Callable[[dict[str, Any]], Any]:
+    """A ``pick`` for ``last_carrier``: the last choice's non-null ``key`` (of choice ``index``
+    only, when given)."""
+
+    def pick(response: dict[str, Any]) -> Any:
+        for i, choice in reversed(list(choices(response))):
+            if (index is None or i == index) and choice.get(key) is not None:
+                return choice[key]
+        return None
+
+    return pick
+
+
+def last_choice_value(responses: object, key: str) -> tuple[bool, Any]:
+    """``(found, value)`` for the last choice carrying a non-null ``key`` (streaming engines put
+    the final stats on the finishing chunk's choice; a cumulative re-send is superseded)."""
+    return last_carrier(responses, choice_value(key))
 
 
 def present_keys(responses: object) -> tuple[set[str], set[str]]:
@@ -124,15 +143,12 @@ def completion_tokens(responses: object) -> int | None:
     Only the usage counts: engine-side fields such as SGLang's ``meta_info.completion_tokens``
     are ignored so every engine's record normalizes against the same number.
     """
-    usage: Any = None
-    for response in objects(responses):
-        value = response.get("usage")
-        if value is None:
-            continue
-        if not isinstance(value, dict):
-            raise Malformed(f"usage is not an object: {value!r:.80}")
-        usage = value
-    if usage is None or usage.get("completion_tokens") is None:
+    found, usage = last_carrier(responses, lambda response: response.get("usage"))
+    if not found:
+        return None
+    if not isinstance(usage, dict):
+        raise Malformed(f"usage is not an object: {usage!r:.80}")
+    if usage.get("completion_tokens") is None:
         return None
     return as_count(usage["completion_tokens"], "usage.completion_tokens")
 

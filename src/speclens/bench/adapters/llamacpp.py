@@ -24,7 +24,7 @@ from speclens.bench.adapters._common import (
     as_object,
     completion_tokens,
     count,
-    objects,
+    last_carrier,
 )
 from speclens.bench.record import SpecDecodeAcceptanceRecord
 
@@ -32,13 +32,17 @@ WHERE = "timings"
 KEYS = ("draft_n", "draft_n_accepted")
 
 
+def _timings(response: dict[str, Any]) -> Any:
+    timings = response.get(WHERE)
+    if isinstance(timings, dict) and any(timings.get(key) is not None for key in KEYS):
+        return timings
+    return None
+
+
 def _last(responses: Responses) -> tuple[bool, Any]:
-    found, value = False, None
-    for response in objects(responses):
-        timings = response.get(WHERE)
-        if isinstance(timings, dict) and any(timings.get(key) is not None for key in KEYS):
-            found, value = True, timings
-    return found, value
+    """The last ``timings`` with draft counts: with ``timings_per_token`` each event carries the
+    running totals, so the last is the request's."""
+    return last_carrier(responses, _timings)
 
 
 class LlamaCppTimingsAdapter(BuiltinAdapter):

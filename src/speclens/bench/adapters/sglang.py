@@ -37,7 +37,7 @@ from speclens.bench.adapters._common import (
     choices,
     completion_tokens,
     count,
-    objects,
+    last_carrier,
 )
 from speclens.bench.record import SpecDecodeAcceptanceRecord
 
@@ -71,24 +71,29 @@ def _details(response: dict[str, Any]) -> object:
     return ext.get("spec_tokens_details") if isinstance(ext, dict) else None
 
 
+def _meta(response: dict[str, Any]) -> Any:
+    """The object's spec-carrying ``meta_info``: a choice's (the last such) over the root's."""
+    for _, choice in reversed(list(choices(response))):
+        if _is_spec(choice.get("meta_info")):
+            return choice["meta_info"]
+    meta = response.get("meta_info")
+    return meta if _is_spec(meta) else None
+
+
+def _spec_details(response: dict[str, Any]) -> Any:
+    found = _details(response)
+    return found if isinstance(found, list) or _is_spec(found) else None
+
+
 def _last(responses: Responses) -> tuple[str | None, Any]:
     """Where the last spec-carrying object sits (``meta_info`` or ``sglext``) and the object.
     A stream re-sends meta_info cumulatively, so the last one is the whole request;
     ``meta_info`` (SGLang's own dict) wins over ``sglext``, a copy with defaults filled in."""
-    meta: Any = None
-    details: Any = None
-    for response in objects(responses):
-        if _is_spec(response.get("meta_info")):
-            meta = response["meta_info"]
-        for _, choice in choices(response):
-            if _is_spec(choice.get("meta_info")):
-                meta = choice["meta_info"]
-        found = _details(response)
-        if isinstance(found, list) or _is_spec(found):
-            details = found
-    if meta is not None:
+    found, meta = last_carrier(responses, _meta)
+    if found:
         return WHERE, meta
-    if details is not None:
+    found, details = last_carrier(responses, _spec_details)
+    if found:
         return DETAILS, details
     return None, None
 

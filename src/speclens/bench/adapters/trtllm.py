@@ -30,9 +30,11 @@ from speclens.bench.adapters._common import (
     Responses,
     any_histogram,
     as_object,
+    choice_value,
     choices,
     completion_tokens,
     count,
+    last_carrier,
     last_choice_value,
     objects,
     optional_count,
@@ -48,11 +50,12 @@ TOKENS_PER_ITER = "avg_decoded_tokens_per_iter"
 
 def _per_choice(responses: Responses) -> dict[int, Any]:
     """The last non-null object of each choice index (a stream re-sends it cumulatively)."""
+    indices = sorted({index for response in objects(responses) for index, _ in choices(response)})
     out: dict[int, Any] = {}
-    for response in objects(responses):
-        for index, choice in choices(response):
-            if choice.get(FIELD) is not None:
-                out[index] = choice[FIELD]
+    for index in indices:
+        found, value = last_carrier(responses, choice_value(FIELD, index))
+        if found:
+            out[index] = value
     return out
 
 

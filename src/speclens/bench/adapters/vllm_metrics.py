@@ -35,7 +35,7 @@ from speclens.bench.adapters._common import (
     count_list,
     dense_histogram,
     keyed_histogram,
-    objects,
+    last_carrier,
     optional_count,
     optional_number,
     required,
@@ -58,13 +58,13 @@ def _by_length(spec: dict[str, Any]) -> dict[int, dict[int, int]] | None:
     return {d: dense_histogram(row, f"{where}[{d!r}]") for d, row in by_key.items()}
 
 
+def _metrics(response: dict[str, Any]) -> Any:
+    metrics = response.get("metrics")
+    return metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+
+
 def _last(responses: Responses) -> tuple[bool, Any]:
-    found, value = False, None
-    for response in objects(responses):
-        metrics = response.get("metrics")
-        if isinstance(metrics, dict) and metrics.get("speculative_decoding") is not None:
-            found, value = True, metrics["speculative_decoding"]
-    return found, value
+    return last_carrier(responses, _metrics)
 
 
 class VLLMMetricsAdapter(BuiltinAdapter):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 
 from speclens.acceptance.errors import Problem, ValidationError
-from speclens.acceptance.quantity import check_num_spec_tokens
+from speclens.acceptance.quantity import acceptance_length, check_num_spec_tokens
 
 
 class AcceptanceHistogram:
@@ -95,7 +95,7 @@ class AcceptanceHistogram:
     def acceptance_length(self) -> float:
         """AL = 1 + sum(j * n_j) / sum(n_j); 1.0 when no step was counted."""
         steps = self.num_steps
-        return 1.0 + self.num_accepted / steps if steps else 1.0
+        return acceptance_length(self.num_accepted, steps)
 
     def acceptance_rate(self, k: int) -> float:
         """The acceptance rate (AL - 1) / K over K draft positions."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from speclens.acceptance import AcceptanceHistogram
+from speclens.acceptance import AcceptanceHistogram, acceptance_length
 from speclens.bench.client import RequestRecord, RunResult
 from speclens.bench.server import MAX_POSITIONS
 
@@ -130,7 +130,7 @@ def coverage(with_stats: Sequence[RequestRecord]) -> dict[str, Any]:
         "draft_coverage": spec_steps / decode if decode else None,
         "draft_coverage_requests": len(covered),
         "decode_steps": decode if covered else None,
-        "tokens_per_decode_step": 1 + accepted / decode if decode else None,
+        "tokens_per_decode_step": acceptance_length(accepted, decode) if decode else None,
     }
 
 
@@ -241,7 +241,7 @@ def acceptance(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "per_request_draft_acceptance_rate": None if refusal else distribution(
             r.spec["draft_acceptance_rate"] for r in with_stats if r.spec and r.spec["num_draft_tokens"]
         ),
-        "token_weighted_al": 1.0 + stepped_accepted / steps if steps else None,
+        "token_weighted_al": acceptance_length(stepped_accepted, steps) if steps else None,
         "draft_acceptance_rate": accepted / drafted if drafted and not refusal else None,
         "draft_units": units,
         "draft_rate_refused": refusal,

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from speclens.acceptance.histogram import AcceptanceHistogram
+from speclens.acceptance.quantity import acceptance_length
 
 #: Absolute tolerance for the reported mean acceptance length and draft acceptance rate.
 TOLERANCE = 1e-6
@@ -162,7 +163,7 @@ class SpecDecodeAcceptanceRecord(BaseModel):
             out.append(f"num_decode_steps {self.num_decode_steps} is below num_spec_steps {steps}")
         out += self._per_step_problems()
         out += self._by_length_problems(drafted)
-        expected_al = 1.0 + accepted / steps if steps else 1.0
+        expected_al = acceptance_length(accepted, steps)
         al = self.mean_acceptance_length
         if al is None:
             out.append("mean_acceptance_length is missing though num_spec_steps is given")

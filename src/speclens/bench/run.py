@@ -13,7 +13,7 @@ import signal
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from speclens.acceptance import ValidationError
+from speclens.acceptance import ValidationError, acceptance_length
 from speclens.bench.client import LoadConfig, LoadGenerator, RequestRecord, RunResult
 from speclens.bench.datasets import Prompt
 from speclens.bench.figures import summarize
@@ -260,7 +260,7 @@ def combined_check(replicas: dict[str, Any]) -> dict[str, Any]:
     else:  # every replica's counters read: the run's AL from their summed deltas
         drafts = sum(c["server_delta"]["drafts"] for c in checks.values())
         accepted = sum(c["server_delta"]["accepted_tokens"] for c in checks.values())
-        out["server_al"] = 1.0 + accepted / drafts if drafts else None
+        out["server_al"] = acceptance_length(accepted, drafts) if drafts else None
     return out
 
 

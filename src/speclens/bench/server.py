@@ -9,6 +9,8 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from speclens.acceptance import acceptance_length
+
 VLLM = {
     "drafts": "vllm:spec_decode_num_drafts",
     "draft_tokens": "vllm:spec_decode_num_draft_tokens",
@@ -301,7 +303,11 @@ def cross_check(
         "source": after.get("source"),
         "server_delta": delta,
         "client_totals": mine,
-        "server_al": 1.0 + delta["accepted_tokens"] / delta["drafts"] if delta["drafts"] else None,
+        "server_al": (
+            acceptance_length(delta["accepted_tokens"], delta["drafts"])
+            if delta["drafts"]
+            else None
+        ),
         "consistent": not flags,
         "flags": flags,
     }

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeGuard
 
 import pydantic
 
+from speclens.acceptance import acceptance_length
 from speclens.bench.record import DRAFT_UNITS, MAX_COUNT, SpecDecodeAcceptanceRecord
 
 logger = logging.getLogger("speclens.bench.adapters")
@@ -389,7 +390,7 @@ def pooled(engine: str, per_choice: Choices, responses: Responses) -> SpecDecode
         raise Malformed("the choices' counts sum beyond 2**63 - 1")
     return SpecDecodeAcceptanceRecord(
         engine=engine,
-        mean_acceptance_length=None if steps is None else 1.0 + accepted / steps if steps else 1.0,
+        mean_acceptance_length=None if steps is None else acceptance_length(accepted, steps),
         draft_acceptance_rate=accepted / drafted if drafted else 0.0,
         acceptance_histogram=hist,
         num_accepted_draft_tokens=accepted,

@@ -9,8 +9,9 @@ tokens at concurrency ``--concurrency``) with:
 - the same generator split over ``--workers`` processes (``speclens bench --workers N``);
 - AIPerf, when the ``aiperf`` command is installed (same server, same load).
 
-The three in-process clients run in interleaved rounds (``--rounds``) and the medians are
-printed, so a shared machine's load drifts into all of them alike.
+All four run in interleaved rounds (``--rounds``: bare, 1 process, workers, AIPerf, then again)
+and the medians are printed with every round's figures, so a shared machine's load drifts into
+all of them alike.
 
 It prints the sustained request rate of each, as a ratio against the bare loop, and the client's
 CPU time per streamed token. Servers:
@@ -20,7 +21,7 @@ CPU time per streamed token. Servers:
 - ``serve``: ``speclens serve --executor sim`` with a zero step cost.
 
     python benchmarks/client.py [--server standin|serve] [--requests 2000] [--concurrency 64]
-                                [--workers 2] [--rounds 3]
+                                [--workers 2] [--rounds 3] [--aiperf PATH/TO/aiperf]
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -156,36 +158,133 @@ async def ours(
     return requests / result.duration, cpu / max(streamed, 1), sum(1 for r in done if r.spec)
 
 
-def aiperf(url: str, requests: int, concurrency: int, tokens: int, exe: str | None) -> float | None:
-    exe = exe or shutil.which("aiperf")
+def find_aiperf(exe: str | None) -> str | None:
+    """The aiperf command to run: ``--aiperf`` if given (it must exist), else ``aiperf`` on PATH,
+    else None (AIPerf is then reported as not installed)."""
     if exe is None:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        from speclens.engine.tokenizer import ByteTokenizer
+        return shutil.which("aiperf")
+    found = shutil.which(exe)
+    if found is None:
+        raise ValueError(f"--aiperf: {exe!r} is not an executable command; expected aiperf's path")
+    return found
 
-        ByteTokenizer(320).save(Path(tmp) / "tokenizer")  # AIPerf needs a local tokenizer offline
+
+def aiperf(
+    url: str, requests: int, concurrency: int, tokens: int, exe: str, tokenizer: Path
+) -> float | None:
+    """Requests/s of one AIPerf run of the same load, or None when it fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
         cmd = [
             exe, "profile", "--model", "dummy", "--url", url, "--endpoint-type", "completions",
             "--streaming", "--concurrency", str(concurrency), "--request-count", str(requests),
             "--output-tokens-mean", str(tokens), "--extra-inputs", "ignore_eos:true",
-            "--artifact-dir", str(Path(tmp) / "out"), "--ui-type", "none", "--tokenizer", str(Path(tmp) / "tokenizer"),
+            "--artifact-dir", str(out), "--ui-type", "none", "--tokenizer", str(tokenizer),
             "--use-server-token-count",
         ]  # fmt: skip
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         wall = time.perf_counter() - start
         if proc.returncode != 0:
-            print(f"aiperf failed: {proc.stderr[-500:]}", file=sys.stderr)
+            print(f"aiperf failed (exit {proc.returncode}): {proc.stderr[-500:]}", file=sys.stderr)
             return None
-        for path in (Path(tmp) / "out").rglob("*aiperf*.json"):
-            try:
-                data = json.loads(path.read_text())
-            except (ValueError, OSError):
-                continue
-            entry = data.get("request_throughput") if isinstance(data, dict) else None
-            if isinstance(entry, dict) and entry.get("avg"):
-                return float(entry["avg"])
-        return requests / wall
+        rate = aiperf_throughput(out)
+        if rate is None:
+            print("aiperf: no request_throughput in its export; using requests / wall time "
+                  "(its start-up included)", file=sys.stderr)  # fmt: skip
+            return requests / wall
+        return rate
+
+
+def aiperf_throughput(out: Path) -> float | None:
+    """The ``request_throughput.avg`` of AIPerf's JSON export under ``out``, if any."""
+    for path in out.rglob("*aiperf*.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (ValueError, OSError):
+            continue
+        entry = data.get("request_throughput") if isinstance(data, dict) else None
+        if isinstance(entry, dict) and entry.get("avg"):
+            return float(entry["avg"])
+    return None
+
+
+@dataclass
+class Rounds:
+    """Per-round requests/s of each client, in the order they ran (None: AIPerf failed)."""
+
+    bare: list[float] = field(default_factory=list)
+    ours: list[float] = field(default_factory=list)
+    workers: list[float] = field(default_factory=list)
+    peer: list[float | None] = field(default_factory=list)
+    cpu_per_token: list[float] = field(default_factory=list)
+    with_stats: int = 0
+
+
+def run_rounds(url: str, args: argparse.Namespace, exe: str | None, tokenizer: Path) -> Rounds:
+    """Every client once per round, in turn (bare, 1 process, workers, AIPerf), so load drift
+    reaches all of them alike."""
+    n, c, t = args.requests, args.concurrency, args.tokens
+    rounds = Rounds()
+    asyncio.run(bare_loop(url, 200, c, t))  # warm up
+    for _ in range(args.rounds):
+        rounds.bare.append(asyncio.run(bare_loop(url, n, c, t)))
+        rate, cpu_per_token, rounds.with_stats = asyncio.run(ours(url, n, c, t))
+        rounds.ours.append(rate)
+        rounds.cpu_per_token.append(cpu_per_token)
+        rounds.workers.append(asyncio.run(ours(url, n, c, t, args.workers))[0])
+        if exe is not None:
+            rounds.peer.append(aiperf(url, n, c, t, exe, tokenizer))
+    return rounds
+
+
+def fmt(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:,.0f}"
+
+
+def report(rounds: Rounds, args: argparse.Namespace, installed: bool) -> None:
+    """Medians over rounds, ratios of the medians, and every round's figures."""
+    base, rate, many = (statistics.median(v) for v in (rounds.bare, rounds.ours, rounds.workers))
+    print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.2f}; server {args.server}, {args.requests} streamed "
+          f"{args.tokens}-token requests at concurrency {args.concurrency}; medians of "
+          f"{args.rounds} interleaved rounds")  # fmt: skip
+    print("| client | requests/s | ratio to bare loop |")
+    print("|---|---:|---:|")
+    print(f"| bare aiohttp loop (reads lines only) | {base:,.0f} | 1.00 |")
+    print(f"| speclens bench, 1 process (full parsing, records kept; {rounds.with_stats} with "
+          f"stats) | {rate:,.0f} | {rate / base:.2f} |")  # fmt: skip
+    print(f"| speclens bench --workers {args.workers} | {many:,.0f} | {many / base:.2f} |")
+    ratio = aiperf_rows(rounds, args.rounds, base, installed)
+    if ratio:
+        print(f"\n{ratio}")
+    print(f"\n--workers {args.workers} / 1 process: {many / rate:.2f}")
+    peer_rounds = rounds.peer if installed else [None] * args.rounds
+    rows = zip(rounds.bare, rounds.ours, rounds.workers, peer_rounds, strict=True)
+    print("rounds (bare, 1 process, workers, AIPerf): " + "; ".join(
+        " ".join(fmt(v) for v in row) for row in rows))  # fmt: skip
+    cpu = statistics.median(rounds.cpu_per_token)
+    print(f"client CPU per streamed token (1 process): {cpu * 1e6:.1f} µs")
+
+
+def aiperf_rows(rounds: Rounds, count: int, base: float, installed: bool) -> str:
+    """Print AIPerf's table row; return the speclens / AIPerf line ('' without AIPerf figures).
+
+    The ratio is of medians over the rounds AIPerf completed, so both sides cover the same
+    rounds."""
+    paired = [(r, p) for r, p in zip(rounds.ours, rounds.peer, strict=True) if p is not None]
+    if not installed or not paired:
+        print(f"| AIPerf | {'not installed' if not installed else 'failed in every round'} | - |")
+        return ""
+    peer = statistics.median(p for _, p in paired)
+    counted = "" if len(paired) == count else f" ({len(paired)} of {count} rounds)"
+    print(f"| AIPerf{counted} | {peer:,.0f} | {peer / base:.2f} |")
+    ours_paired = statistics.median(r for r, _ in paired)
+    per_round = [r / p for r, p in paired]
+    return (
+        f"speclens / AIPerf: {ours_paired / peer:.2f} (medians over the {len(paired)} rounds "
+        f"AIPerf completed; per round {min(per_round):.2f}-{max(per_round):.2f})"
+    )
 
 
 def main() -> None:
@@ -198,45 +297,30 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2, help="processes for the scaled-out run")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
-    parser.add_argument("--aiperf", default=None, help="the aiperf command (default: on PATH)")
+    parser.add_argument(
+        "--aiperf", default=None, help="the aiperf command, run once per round (default: on PATH)"
+    )
     args = parser.parse_args()
+    for name in ("requests", "concurrency", "tokens", "workers", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name}: expected an integer >= 1, got {getattr(args, name)}")
+    try:
+        exe = find_aiperf(args.aiperf)
+    except ValueError as err:
+        parser.error(str(err))
     port = free_port()
     server = start_server(args.server, port, args.tokens)
-    url = f"http://127.0.0.1:{port}"
-    n, c, t = args.requests, args.concurrency, args.tokens
-    bases, rates, cpus, scaled = [], [], [], []
     try:
-        asyncio.run(bare_loop(url, 200, c, t))  # warm up
-        for _ in range(args.rounds):
-            bases.append(asyncio.run(bare_loop(url, n, c, t)))
-            rate, cpu_per_token, with_stats = asyncio.run(ours(url, n, c, t))
-            rates.append(rate)
-            cpus.append(cpu_per_token)
-            scaled.append(asyncio.run(ours(url, n, c, t, args.workers))[0])
-        peer = aiperf(url, n, c, t, args.aiperf)
+        with tempfile.TemporaryDirectory() as tmp:
+            from speclens.engine.tokenizer import ByteTokenizer
+
+            tokenizer = Path(tmp) / "tokenizer"
+            ByteTokenizer(320).save(tokenizer)  # AIPerf needs a local tokenizer offline
+            rounds = run_rounds(f"http://127.0.0.1:{port}", args, exe, tokenizer)
     finally:
         server.terminate()
         server.wait(timeout=15)
-    base, rate, many = (statistics.median(v) for v in (bases, rates, scaled))
-    print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"load average {os.getloadavg()[0]:.2f}; server {args.server}, {n} streamed {t}-token "
-          f"requests at concurrency {c}; medians of {args.rounds} interleaved rounds")  # fmt: skip
-    print("| client | requests/s | ratio to bare loop |")
-    print("|---|---:|---:|")
-    print(f"| bare aiohttp loop (reads lines only) | {base:,.0f} | 1.00 |")
-    print(
-        f"| speclens bench, 1 process (full parsing, records kept; {with_stats} with stats) | {rate:,.0f} | {rate / base:.2f} |"
-    )
-    print(f"| speclens bench --workers {args.workers} | {many:,.0f} | {many / base:.2f} |")
-    if peer is None:
-        print("| AIPerf | not installed | - |")
-    else:
-        print(f"| AIPerf | {peer:,.0f} | {peer / base:.2f} |")
-        print(f"\nspeclens / AIPerf: {rate / peer:.2f}")
-    print(f"\n--workers {args.workers} / 1 process: {many / rate:.2f}")
-    print("rounds (bare, 1 process, workers): " + "; ".join(
-        f"{b:,.0f} {r:,.0f} {w:,.0f}" for b, r, w in zip(bases, rates, scaled, strict=True)))  # fmt: skip
-    print(f"client CPU per streamed token (1 process): {statistics.median(cpus) * 1e6:.1f} µs")
+    report(rounds, args, installed=exe is not None)
 
 
 if __name__ == "__main__":

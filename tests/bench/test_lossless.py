@@ -22,15 +22,21 @@ from typer.testing import CliRunner
 from serverkit import ServerProcess, free_port, running_servers
 from speclens.bench.lossless import (
     MIN_EXPECTED,
+    MIN_TESTABLE,
     LosslessConfig,
     Sample,
     Target,
     chi2_sf,
+    compared_positions,
+    detectable_tv,
     first_divergence,
     homogeneity,
     judge,
+    noncentrality_for_power,
     parse_sample,
     pooled,
+    position_units,
+    samples_for_effect,
 )
 from speclens.cli import app
 
@@ -129,9 +135,158 @@ def test_bonferroni_keeps_the_family_wise_rate_at_alpha() -> None:
         reference = [_samples(rng, 200, 5) for _ in range(2)]
         report = judge(config, server, reference)
         assert report.tests == 8 and report.mode == "tokens"
-        flagged += not report.passed
+        flagged += report.verdict == "flagged"
     se = math.sqrt(alpha * (1 - alpha) / replicates)
     assert flagged / replicates <= alpha + 3 * se
+
+
+def _config(samples: int, **kw: Any) -> LosslessConfig:
+    return LosslessConfig(
+        Target("http://a", "m"), Target("http://b", "m"), ["p", "q"],
+        temperature=1.0, samples=samples, max_tokens=5, **kw,
+    )  # fmt: skip
+
+
+def _drawn(rng: np.random.Generator, probs: np.ndarray, n: int, length: int = 5) -> list[Sample]:
+    return [
+        Sample("x" * length, rng.choice(len(probs), length, p=probs).tolist()) for _ in range(n)
+    ]
+
+
+def test_judge_flags_samples_from_different_distributions() -> None:
+    """Mutation killed: ``judge`` returning passed (or verdict "pass") whatever the samples."""
+    rng = np.random.default_rng(11)
+    moved = SKEWED.copy()
+    moved[0] -= 0.2
+    moved[4] += 0.2
+    server = [_drawn(rng, moved, 200) for _ in range(2)]
+    reference = [_drawn(rng, SKEWED, 200) for _ in range(2)]
+    report = judge(_config(200), server, reference)
+    assert report.tests == 8
+    assert report.verdict == "flagged" and not report.passed
+    assert report.p_value is not None and report.p_value < 0.01
+    assert "8 tests over 2 prompts x 200 samples a side" in report.reason
+
+
+@pytest.mark.parametrize("moved", [0.0, 0.06])
+def test_bonferroni_p_is_exactly_tests_times_the_smallest_p(moved: float) -> None:
+    """Mutation killed: Bonferroni's factor multiplied (by 1,000) or divided. The adjusted p is
+    min(1, tests x min p), recomputed here from each column's own test: equal, not just below.
+    With ``moved`` 0.06 the product is below 1 (a larger factor would change it); with 0 the
+    product saturates at exactly 1."""
+    rng = np.random.default_rng(5)
+    q = SKEWED.copy()
+    q[0] -= moved
+    q[3] += moved
+    server = [_drawn(rng, q, 200) for _ in range(2)]
+    reference = [_drawn(rng, SKEWED, 200) for _ in range(2)]
+    config = _config(200)
+    report = judge(config, server, reference)
+    positions = compared_positions(config, "tokens")
+    ps = [
+        homogeneity(a, b).p_value
+        for mine, theirs in zip(server, reference, strict=True)
+        for a, b in zip(
+            position_units(mine, "tokens", positions),
+            position_units(theirs, "tokens", positions),
+            strict=True,
+        )
+    ]
+    assert report.tests == len(ps) == 8
+    assert report.min_p_value == min(ps)
+    assert report.p_value == min(1.0, len(ps) * min(ps))
+    if moved:
+        assert 0 < report.p_value < 0.5  # below 1, so any other factor shows
+    else:
+        assert len(ps) * min(ps) > 1 and report.p_value == 1.0
+
+
+def test_no_test_is_inconclusive_and_says_the_units_were_too_rare() -> None:
+    """A flat distribution (every sample its own token): nothing reaches an expected count of
+    5, so nothing is tested. Before: PASS with "every compared position held one category"."""
+    rng = np.random.default_rng(2)
+    flat = np.full(300, 1 / 300)
+    server = [_drawn(rng, flat, 20) for _ in range(2)]
+    reference = [_drawn(rng, flat, 20) for _ in range(2)]
+    report = judge(_config(20), server, reference)
+    assert report.tests == 0 and report.verdict == "inconclusive" and not report.passed
+    assert report.untested_pooled == 8 and report.untested_single == 0
+    assert "no test ran: of 8 prompt positions" in report.reason
+    assert "too rare" in report.reason and "one unit, the same" not in report.reason
+
+
+def test_one_unit_on_both_sides_is_inconclusive_and_says_so() -> None:
+    same = [[Sample("aaaaa", [7] * 5) for _ in range(20)] for _ in range(2)]
+    report = judge(_config(20), same, same)
+    assert report.tests == 0 and report.verdict == "inconclusive"
+    assert report.untested_single == 8 and "one unit, the same on both sides" in report.reason
+
+
+def test_below_ten_samples_no_test_can_run_and_the_reason_says_so() -> None:
+    """5 samples a side: two categories of expected count 5 need 10 a side, so no position can
+    ever be tested, whatever the samples hold (here they differ everywhere)."""
+    hello = [[Sample("hello") for _ in range(5)] for _ in range(2)]
+    other = [[Sample(f"{i}bcde") for i in range(5)] for _ in range(2)]
+    report = judge(_config(5), hello, other)
+    assert report.mode == "characters" and report.tests == 0
+    assert report.verdict == "inconclusive"
+    assert f"at least {MIN_TESTABLE} samples a side" in report.reason
+
+
+def test_too_few_samples_for_the_min_effect_is_inconclusive() -> None:
+    """Tests ran and found nothing, but at 30 samples a side they cannot see a total variation
+    of 0.3: inconclusive, naming the samples that would."""
+    rng = np.random.default_rng(4)
+    two = np.array([0.5, 0.5])
+    server = [_drawn(rng, two, 30) for _ in range(2)]
+    reference = [_drawn(rng, two, 30) for _ in range(2)]
+    report = judge(_config(30), server, reference)
+    assert report.tests == 8 and report.p_value is not None and report.p_value >= 0.01
+    assert report.detectable_tv is not None and report.detectable_tv > 0.3
+    assert report.verdict == "inconclusive"
+    needed = samples_for_effect(0.3, 0.01 / 8, 1)
+    assert report.samples_needed == needed and f"needs --samples {needed}" in report.reason
+    loose = judge(_config(30, min_effect=0.6), server, reference)
+    assert loose.verdict == "pass" and loose.detectable_tv == report.detectable_tv
+
+
+def test_noncentrality_at_one_df_is_the_normal_closed_form() -> None:
+    """df 1: the chi-square test is a two-sided z test, so λ = (z(1 - α/2) + z(power))²."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf
+    for alpha in (0.05, 0.01, 0.001):
+        expected = (z(1 - alpha / 2) + z(0.8)) ** 2
+        assert noncentrality_for_power(alpha, 1) == pytest.approx(expected, rel=1e-3)
+    assert noncentrality_for_power(0.01, 8) > noncentrality_for_power(0.01, 1)
+
+
+def test_detectable_tv_is_detected_80_percent_of_the_time() -> None:
+    """Two categories at 0.5 ± δ/2 (total variation δ, the least favourable shape), at the
+    samples ``samples_for_effect`` asks for: the test rejects at 0.8, within 4 standard errors."""
+    tv, alpha, replicates = 0.2, 0.01, 600
+    n = samples_for_effect(tv, alpha, 1)
+    assert detectable_tv(n, n, alpha, 1) <= tv < detectable_tv(n - 1, n - 1, alpha, 1)
+    rng = np.random.default_rng(9)
+    p, q = np.array([0.5 + tv / 2, 0.5 - tv / 2]), np.array([0.5 - tv / 2, 0.5 + tv / 2])
+    hits = sum(
+        homogeneity(rng.choice(2, n, p=p).tolist(), rng.choice(2, n, p=q).tolist()).p_value < alpha
+        for _ in range(replicates)
+    )
+    se = math.sqrt(0.8 * 0.2 / replicates)
+    assert abs(hits / replicates - 0.8) <= 4 * se
+
+
+def test_chosen_positions_are_the_only_ones_tested() -> None:
+    config = _config(200, positions=[2, 4])
+    assert compared_positions(config, "tokens") == [1, 3]
+    assert compared_positions(config, "characters") == [4, 5, 6, 7, 12, 13, 14, 15]
+    rng = np.random.default_rng(3)
+    server = [_drawn(rng, SKEWED, 200) for _ in range(2)]
+    reference = [_drawn(rng, SKEWED, 200) for _ in range(2)]
+    report = judge(config, server, reference)
+    assert report.positions == [2, 4] and report.tests == 4
+    assert "positions 2,4 (2 per prompt)" in report.compared
 
 
 # ---------------------------------------------------------------------------- parsing and greedy
@@ -274,3 +429,19 @@ def test_output_file_holds_the_report(servers: dict[str, ServerProcess], tmp_pat
     code, report = _lossless(servers["natural"], servers["reference"].url, "--output", str(out))
     assert code == 0
     assert json.loads(out.read_text()) == report
+
+
+@pytest.mark.integration
+def test_a_flat_distribution_without_top_k_is_inconclusive_not_pass(
+    servers: dict[str, ServerProcess],
+) -> None:
+    """The dummy target is nearly uniform over 320 ids: at temperature 1 without --top-k every
+    token pools into one category, df is 0 and no test runs. Before: PASS, exit 0."""
+    code, report = _lossless(
+        servers["natural"], servers["reference"].url,
+        "--temperature", "1", "--samples", "20", "--max-tokens", "3",
+    )  # fmt: skip
+    assert code == 4, report
+    assert report["verdict"] == "inconclusive" and not report["passed"]
+    assert report["tests"] == 0 and report["untested_pooled"] == 4
+    assert "too rare" in report["reason"]

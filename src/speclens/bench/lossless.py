@@ -10,7 +10,14 @@ position, the unit at that position (a token id, or a character when a server gi
 "<end>" once a sequence has ended) is compared between the two samples with a chi-square test
 of homogeneity. Categories are pooled until every expected count is at least 5, and Bonferroni
 over all tests keeps the family-wise false-alarm rate at ``alpha``. The first token is not
-compared in token mode: it comes from the prefill, before any draft is verified.
+compared in token mode by default: it comes from the prefill, before any draft is verified.
+
+A sampled PASS needs evidence: no test at all, or tests too weak to see the stated effect
+(``min_effect``, a total variation distance, detected with 80% power), is "inconclusive".
+Power: a two-sample test of distributions at total variation δ has noncentrality at least
+``n_a n_b / (n_a + n_b) * 4 δ²`` whatever the shape of the difference (Cauchy-Schwarz on
+Σ (p - q)² / m), so δ = sqrt(λ (n_a + n_b) / (4 n_a n_b)), with λ the noncentrality at which
+the chi-square test at the Bonferroni level reaches 80% power, is detected at least that often.
 
 Token ids come from vLLM's ``return_token_ids`` request field; a server that refuses it or
 answers without ``token_ids`` is compared by characters (a decoded text is a function of the
@@ -20,6 +27,7 @@ tokens, so the test stays valid, with less power).
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
@@ -41,6 +49,9 @@ Mode = Literal["tokens", "characters"]
 END = "<end>"
 OTHER = "<other>"
 MIN_EXPECTED = 5.0  # Cochran's rule for the chi-square approximation
+MIN_TESTABLE = int(2 * MIN_EXPECTED)  # samples a side before two categories can reach it
+POWER = 0.8  # the detectable effect is the total variation found this often
+DEFAULT_MIN_EFFECT = 0.3  # 200 samples reach it for tests of up to about 20 categories
 CHARS_PER_TOKEN = 4  # characters compared per token position when a server gives no token ids
 CONTEXT = 20  # characters shown each side of a greedy divergence
 
@@ -89,6 +100,56 @@ def gamma_q(a: float, x: float) -> float:
 def chi2_sf(statistic: float, df: int) -> float:
     """P(X >= statistic) for X chi-square with ``df`` degrees of freedom."""
     return gamma_q(df / 2, statistic / 2)
+
+
+def chi2_isf(p: float, df: int) -> float:
+    """The statistic x with P(X >= x) = p for X chi-square with ``df`` degrees of freedom."""
+    low, high = 0.0, 1.0
+    while chi2_sf(high, df) > p:
+        high *= 2
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if chi2_sf(mid, df) > p else (low, mid)
+    return high
+
+
+def ncx2_sf(x: float, df: int, noncentrality: float) -> float:
+    """P(X >= x) for X noncentral chi-square: a Poisson(λ/2) mixture of central ones."""
+    half = noncentrality / 2
+    if half <= 0:
+        return chi2_sf(x, df)
+    terms = int(half + 12 * math.sqrt(half) + 30)
+    return sum(
+        math.exp(-half + j * math.log(half) - math.lgamma(j + 1)) * gamma_q(df / 2 + j, x / 2)
+        for j in range(terms)
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def noncentrality_for_power(alpha: float, df: int, power: float = POWER) -> float:
+    """The noncentrality at which a level-``alpha`` chi-square test with ``df`` df rejects with
+    probability ``power`` (bisection; cached: a run has few distinct (alpha, df))."""
+    critical = chi2_isf(alpha, df)
+    low, high = 0.0, 1.0
+    while ncx2_sf(critical, df, high) < power:
+        high *= 2
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if ncx2_sf(critical, df, mid) < power else (low, mid)
+    return high
+
+
+def detectable_tv(n_a: int, n_b: int, alpha: float, df: int, power: float = POWER) -> float:
+    """The total variation distance a test of ``n_a`` against ``n_b`` samples at level ``alpha``
+    with ``df`` df detects with probability at least ``power``, whatever its shape (at most 1)."""
+    lam = noncentrality_for_power(alpha, df, power)
+    return min(1.0, math.sqrt(lam * (n_a + n_b) / (4 * n_a * n_b)))
+
+
+def samples_for_effect(tv: float, alpha: float, df: int, power: float = POWER) -> int:
+    """Samples a side for ``detectable_tv`` to reach ``tv`` (never below ``MIN_TESTABLE``)."""
+    lam = noncentrality_for_power(alpha, df, power)
+    return max(MIN_TESTABLE, math.ceil(lam / (2 * tv * tv) - 1e-9))
 
 
 @dataclass
@@ -305,6 +366,9 @@ class Sampler:
 # ---------------------------------------------------------------------------- the check
 
 
+Verdict = Literal["pass", "flagged", "inconclusive"]
+
+
 @dataclass
 class LosslessConfig:
     server: Target
@@ -320,6 +384,8 @@ class LosslessConfig:
     seed: int = 0
     concurrency: int = 16
     timeout: float = 600.0
+    positions: list[int] | None = None  # sampled: 1-based token positions (default 2..max_tokens)
+    min_effect: float = DEFAULT_MIN_EFFECT  # sampled: the total variation the test must detect
 
 
 @dataclass
@@ -354,6 +420,8 @@ class LosslessReport:
     prompts: int
     samples: int  # per prompt and server
     passed: bool
+    verdict: Verdict = "inconclusive"
+    reason: str = ""  # why the verdict, with the evidence it rests on
     failed_requests: int = 0
     errors: list[str] = field(default_factory=list)  # the first few
     # greedy
@@ -363,12 +431,18 @@ class LosslessReport:
     divergences: list[Divergence] = field(default_factory=list)
     # sampled
     alpha: float = 0.0
+    positions: list[int] = field(default_factory=list)  # as shown (1-based tokens, 0-based chars)
     tests: int = 0
+    untested_single: int = 0  # prompt positions that showed one unit, the same on both sides
+    untested_pooled: int = 0  # prompt positions whose units pooled into one category
     statistic: float | None = None  # of the most significant test
     df: int | None = None
     min_p_value: float | None = None
     p_value: float | None = None  # Bonferroni-adjusted: min(1, tests x min p)
     worst: PositionTest | None = None
+    min_effect: float | None = None
+    detectable_tv: float | None = None  # the weakest test's, at 80% power
+    samples_needed: int | None = None  # a side, for every test to detect min_effect
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -412,7 +486,9 @@ def first_divergence(index: int, a: Sample, b: Sample, mode: Mode) -> Divergence
     return Divergence(index, mode, common, unit(ua), unit(ub), at, around(a.text), around(b.text))
 
 
-def position_units(samples: list[Sample], mode: Mode, positions: range) -> list[list[Hashable]]:
+def position_units(
+    samples: list[Sample], mode: Mode, positions: Sequence[int]
+) -> list[list[Hashable]]:
     """For each position, every sample's unit there ("<end>" past the end)."""
     out: list[list[Hashable]] = []
     for p in positions:
@@ -477,7 +553,6 @@ def judge(
         if s.error is not None
     ]
     mode = _mode(*server, *reference)
-    unit = "token" if mode == "tokens" else "character"
     greedy = config.temperature == 0
     report = LosslessReport(
         mode=mode,
@@ -490,40 +565,81 @@ def judge(
         errors=failed[:5],
     )
     if greedy:
-        report.compared = (
-            f"greedy outputs ({config.max_tokens} max tokens), {unit} by {unit}, of "
-            f"{len(config.prompts)} prompts against the reference"
-        )
-        report.tolerance = config.tolerance
-        pairs = [
-            (p, a[0], b[0])
-            for p, (a, b) in enumerate(zip(server, reference, strict=True))
-            if a[0].error is None and b[0].error is None
-        ]
-        for p, a, b in pairs:
-            divergence = first_divergence(p, a, b, mode)
-            if divergence is None:
-                report.identical += 1
-            else:
-                report.divergences.append(divergence)
-        report.identical_share = report.identical / len(pairs) if pairs else 0.0
-        report.passed = (
-            not failed and bool(pairs) and 1 - report.identical_share <= config.tolerance + 1e-12
-        )
-        return report
-    positions = (
-        range(1, config.max_tokens)
-        if mode == "tokens"
-        else range(CHARS_PER_TOKEN * config.max_tokens)
-    )
-    first = f"positions 2..{config.max_tokens}" if mode == "tokens" else "positions"
+        _judge_greedy(config, server, reference, report)
+    else:
+        _judge_sampled(config, server, reference, report)
+    if failed:
+        report.passed = False
+        report.verdict = "inconclusive"
+        report.reason = f"{len(failed)} requests failed: no verdict; " + report.reason
+    return report
+
+
+def _judge_greedy(
+    config: LosslessConfig,
+    server: list[list[Sample]],
+    reference: list[list[Sample]],
+    report: LosslessReport,
+) -> None:
+    unit = "token" if report.mode == "tokens" else "character"
     report.compared = (
-        f"the {unit} at each of {first} ({len(positions)} per prompt) of {config.samples} samples "
-        f"per prompt and server at temperature {config.temperature:g}: chi-square homogeneity, "
-        f"Bonferroni over the tests, family-wise alpha {config.alpha:g}"
+        f"greedy outputs ({config.max_tokens} max tokens), {unit} by {unit}, of "
+        f"{len(config.prompts)} prompts against the reference"
+    )
+    report.tolerance = config.tolerance
+    pairs = [
+        (p, a[0], b[0])
+        for p, (a, b) in enumerate(zip(server, reference, strict=True))
+        if a[0].error is None and b[0].error is None
+    ]
+    for p, a, b in pairs:
+        divergence = first_divergence(p, a, b, report.mode)
+        if divergence is None:
+            report.identical += 1
+        else:
+            report.divergences.append(divergence)
+    report.identical_share = report.identical / len(pairs) if pairs else 0.0
+    evidence = f"{report.identical} of {len(pairs)} prompts identical"
+    if not pairs:
+        report.verdict, report.reason = "inconclusive", "no prompt got an answer from both sides"
+    elif 1 - report.identical_share <= config.tolerance + 1e-12:
+        report.verdict, report.reason = "pass", evidence
+    else:
+        report.verdict = "flagged"
+        report.reason = f"{evidence}, tolerance {100 * config.tolerance:g}% differ"
+    report.passed = report.verdict == "pass"
+
+
+def compared_positions(config: LosslessConfig, mode: Mode) -> list[int]:
+    """The 0-based unit indices compared: token positions 2..M (or ``config.positions``); in
+    character mode, the ``CHARS_PER_TOKEN`` characters each token position stands for."""
+    tokens = config.positions or list(range(2, config.max_tokens + 1))
+    if mode == "tokens":
+        return [t - 1 for t in tokens]
+    if config.positions is None:
+        return list(range(CHARS_PER_TOKEN * config.max_tokens))
+    return [CHARS_PER_TOKEN * (t - 1) + c for t in tokens for c in range(CHARS_PER_TOKEN)]
+
+
+def _judge_sampled(
+    config: LosslessConfig,
+    server: list[list[Sample]],
+    reference: list[list[Sample]],
+    report: LosslessReport,
+) -> None:
+    mode = report.mode
+    unit = "token" if mode == "tokens" else "character"
+    positions = compared_positions(config, mode)
+    report.positions = [i + 1 if mode == "tokens" else i for i in positions]
+    report.compared = (
+        f"the {unit} at each of {_span(report.positions)} ({len(positions)} per prompt) of "
+        f"{config.samples} samples per prompt and server at temperature {config.temperature:g}: "
+        f"chi-square homogeneity, Bonferroni over the tests, family-wise alpha {config.alpha:g}"
     )
     report.alpha = config.alpha
+    report.min_effect = config.min_effect
     tests: list[PositionTest] = []
+    sizes: list[tuple[int, int, int]] = []  # (n_a, n_b, df) of each test
     for p, (mine, theirs) in enumerate(zip(server, reference, strict=True)):
         ok_a = [s for s in mine if s.error is None]
         ok_b = [s for s in theirs if s.error is None]
@@ -541,6 +657,11 @@ def judge(
                         p, shown, result.statistic, result.df, result.p_value, result.counts
                     )
                 )
+                sizes.append((len(ua), len(ub), result.df))
+            elif ua and ub and set(ua) == set(ub) and len(set(ua)) == 1:
+                report.untested_single += 1
+            else:
+                report.untested_pooled += 1
     report.tests = len(tests)
     if tests:
         worst = min(tests, key=lambda t: t.p_value)
@@ -548,6 +669,68 @@ def judge(
         report.statistic, report.df = worst.statistic, worst.df
         report.min_p_value = worst.p_value
         report.p_value = min(1.0, worst.p_value * len(tests))
-    # No test at all: every position held one category on both sides, so nothing differed.
-    report.passed = not failed and (report.p_value is None or report.p_value >= config.alpha)
-    return report
+        level = config.alpha / len(tests)
+        report.detectable_tv = max(detectable_tv(a, b, level, df) for a, b, df in sizes)
+        report.samples_needed = max(
+            samples_for_effect(config.min_effect, level, df) for _, _, df in sizes
+        )
+    report.verdict, report.reason = _sampled_verdict(config, report, len(server))
+    report.passed = report.verdict == "pass"
+
+
+def _span(shown: list[int]) -> str:
+    """Positions as a short phrase: "positions 2..5", or the list when not contiguous."""
+    if not shown:
+        return "no positions"
+    if shown == list(range(shown[0], shown[-1] + 1)):
+        return f"positions {shown[0]}..{shown[-1]}"
+    return "positions " + ",".join(map(str, shown))
+
+
+def _sampled_verdict(
+    config: LosslessConfig, report: LosslessReport, prompts: int
+) -> tuple[Verdict, str]:
+    """Flagged on a significant difference; otherwise a pass only when the tests that ran could
+    have seen ``min_effect``; else inconclusive, saying why."""
+    if report.tests == 0:
+        return "inconclusive", _no_test_reason(config, report, prompts)
+    assert report.p_value is not None and report.detectable_tv is not None
+    evidence = (
+        f"{report.tests} tests over {prompts} prompts x {config.samples} samples a side; "
+        f"Bonferroni p {report.p_value:.3g}"
+    )
+    if report.p_value < config.alpha:
+        return "flagged", f"{evidence} < alpha {config.alpha:g}"
+    power = (
+        f"each test detects a total variation of {report.detectable_tv:.3g} with {POWER:.0%} power"
+    )
+    if report.detectable_tv > config.min_effect + 1e-12:
+        return "inconclusive", (
+            f"{evidence} >= alpha {config.alpha:g}, but too few samples: {power}, above "
+            f"--min-effect {config.min_effect:g} (needs --samples {report.samples_needed})"
+        )
+    return "pass", f"{evidence} >= alpha {config.alpha:g}; {power}"
+
+
+def _no_test_reason(config: LosslessConfig, report: LosslessReport, prompts: int) -> str:
+    """Why no position could be tested, in terms that are true of these samples."""
+    if config.samples < MIN_TESTABLE:
+        return (
+            f"no test can run on {config.samples} samples a side: a test needs two categories "
+            f"of expected count >= {MIN_EXPECTED:g}, so at least {MIN_TESTABLE} samples a side"
+        )
+    parts = []
+    if report.untested_pooled:
+        parts.append(
+            f"{report.untested_pooled} held units too rare to reach an expected count of "
+            f"{MIN_EXPECTED:g}, pooled into one category (a flat distribution: raise --samples, "
+            "give --top-k, or use prompts whose continuations repeat)"
+        )
+    if report.untested_single:
+        parts.append(
+            f"{report.untested_single} held one unit, the same on both sides (no variation to test)"
+        )
+    total = report.untested_single + report.untested_pooled
+    return f"no test ran: of {total} prompt positions ({prompts} prompts), " + "; ".join(
+        parts or ["none had samples"]
+    )

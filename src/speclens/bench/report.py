@@ -126,13 +126,24 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
             soft_wrap=True,
         )
     if verdict:
-        style = "bold green" if verdict["passed"] else "bold red"
-        word = "PASS" if verdict["passed"] else "FAIL"
-        console.print(
-            f"[{style}]verification {word}[/]: {escape(verdict['reason'])} "
-            f"(expected AL {verdict['expected_acceptance_length']:g})",
-            soft_wrap=True,
-        )
+        print_verdict(console, verdict, acc)
+
+
+def print_verdict(console: Console, verdict: dict[str, Any], acc: dict[str, Any]) -> None:
+    """The verification line, with the evidence it rests on: a vetoed verdict (failed requests,
+    an interrupted run) is FAIL; one with too few verify steps is INCONCLUSIVE, never PASS."""
+    vetoed = "schedule_passed" in verdict
+    word = "PASS" if verdict["passed"] else "FAIL"
+    if verdict.get("inconclusive") and not vetoed:
+        word = "INCONCLUSIVE"
+    style = {"PASS": "bold green", "FAIL": "bold red"}.get(word, "bold yellow")
+    steps = verdict.get("verify_steps", acc.get("histogram_steps", acc["verify_steps"]))
+    console.print(
+        f"[{style}]verification {word}[/]: {escape(verdict['reason'])} "
+        f"(expected AL {verdict['expected_acceptance_length']:g}; evidence: {steps} verify "
+        f"steps in {acc['requests_with_stats']} requests with stats)",
+        soft_wrap=True,
+    )
 
 
 #: The per-engine figures, as the report's columns.

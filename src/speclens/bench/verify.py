@@ -4,6 +4,10 @@ Under forced acceptance at AL X, every verify step accepts floor(X - 1) or ceil(
 (the minimum-variance schedule), the latter with probability frac(X - 1). The verdict checks the
 realized token-weighted AL against X within ``z`` standard errors of that schedule, that no step
 fell outside those two counts, and that the split lies within ``z`` standard errors of frac.
+
+A PASS needs evidence: fewer than ``MIN_VERIFY_STEPS`` steps is "inconclusive" (never PASS), as
+the z band is a normal approximation to a binomial count, and a handful of steps that happen to
+match say little. Every reason names the verify steps it rests on.
 """
 
 from __future__ import annotations
@@ -11,9 +15,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from speclens.acceptance import accepted_count_distribution, minimum_variance_rates
+from speclens.acceptance import (
+    acceptance_length,
+    accepted_count_distribution,
+    minimum_variance_rates,
+)
 
 DEFAULT_Z = 4.0
+MIN_VERIFY_STEPS = 30  # the usual floor for a normal approximation to a binomial proportion
 
 
 def verify(
@@ -30,9 +39,15 @@ def verify(
         "verify_steps": steps,
         "expected_distribution": {str(j): p for j, p in expected.items()},
     }
-    if steps == 0:
-        return {**out, "passed": False, "reason": "no verify steps were reported: nothing to judge"}
-    realized = 1.0 + sum(j * n for j, n in counts.items()) / steps
+    if steps < MIN_VERIFY_STEPS:
+        return {
+            **out,
+            "passed": False,
+            "inconclusive": True,
+            "reason": f"inconclusive: {steps} verify steps were reported, at least "
+            f"{MIN_VERIFY_STEPS} are needed to judge (send more requests or more tokens)",
+        }
+    realized = acceptance_length(sum(j * n for j, n in counts.items()), steps)
     high = max(expected)
     p_high = expected[high] if len(expected) == 2 else 0.0
     se = math.sqrt(p_high * (1.0 - p_high) / steps)
@@ -68,5 +83,8 @@ def verify(
         "observed_split": observed_high,
         "expected_split": p_high if len(expected) == 2 else None,
         "passed": al_ok and histogram_ok,
-        "reason": "; ".join(reasons) or "realized AL and histogram match the forced schedule",
+        "inconclusive": False,
+        "reason": "; ".join(reasons)
+        or f"realized AL {realized:.4f} and histogram match the forced schedule over {steps} "
+        "verify steps",
     }

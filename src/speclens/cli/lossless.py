@@ -2,9 +2,10 @@
 
 It compares the server with a reference serving the same weights without speculation: greedy
 outputs must be identical; sampled outputs must pass a chi-square test of homogeneity per
-position at a family-wise false-alarm rate ``--alpha``. Exit codes (DESIGN.md "Exit codes"):
-0 pass; 1 flagged (outputs differ) or an invalid prompt file; 2 bad options; 3 requests failed
-(no verdict); 130 interrupted.
+position at a family-wise false-alarm rate ``--alpha``, and with the power to see a total
+variation of ``--min-effect``. Exit codes (DESIGN.md "Exit codes"): 0 pass; 1 flagged (outputs
+differ) or an invalid prompt file; 2 bad options; 3 requests failed (no verdict); 4 inconclusive
+(no test ran, or too few samples to see ``--min-effect``); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -22,9 +23,41 @@ from speclens.cli.bench import EndpointChoice, check, range_problem, url_problem
 if TYPE_CHECKING:
     from speclens.bench.lossless import LosslessReport
 
-REQUESTS_FAILED = 3
+FLAGGED, REQUESTS_FAILED, INCONCLUSIVE = 1, 3, 4
 GREEDY_MAX_TOKENS = 32
 SAMPLED_MAX_TOKENS = 5  # token positions 2..5: the first drafts of every verify step
+DEFAULT_SAMPLES = 200
+MAX_POSITIONS = 1024  # token positions one run may test
+MAX_SIZED_SAMPLES = 100_000  # a side and prompt: what --min-effect may ask for
+SIZING_DF = 4  # tests assumed to have up to 5 categories when --top-k does not bound them
+
+
+def parse_positions(text: str) -> tuple[list[int] | None, str | None]:
+    """``2,3,7`` or ``2-5`` (or both, ``2-4,9``): sorted 1-based token positions, or a problem."""
+    problem = (
+        "command line: --positions: expected token positions like 2,3 or 2-5 (each >= 1, "
+        f"at most {MAX_POSITIONS}), got {text!r}"
+    )
+    found: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.strip().partition("-")
+        if not low.isdecimal() or not (high or low).isdecimal():
+            return None, problem
+        first, last = int(low), int(high or low)
+        if first < 1 or last < first or last - first >= MAX_POSITIONS:
+            return None, problem
+        found.update(range(first, last + 1))
+        if len(found) > MAX_POSITIONS:
+            return None, problem
+    return sorted(found), None
+
+
+def sized_samples(min_effect: float, alpha: float, tests: int, top_k: int | None) -> int:
+    """Samples a side for every planned test to see ``min_effect`` with 80% power at the
+    Bonferroni level (tests of ``top_k`` df when given, else ``SIZING_DF``)."""
+    from speclens.bench.lossless import samples_for_effect
+
+    return samples_for_effect(min_effect, alpha / tests, top_k or SIZING_DF)
 
 
 def _prompts(given: list[str], dataset_path: Path | None, count: int, seed: int) -> list[str]:
@@ -49,7 +82,8 @@ def _reference_url_problem(url: str) -> str | None:
 
 
 def _print(report: LosslessReport, url: str, reference_url: str) -> None:
-    verdict = "PASS" if report.passed else "FLAGGED"
+    word = {"pass": "PASS", "flagged": "FLAGGED", "inconclusive": "INCONCLUSIVE"}[report.verdict]
+    verdict = f"{word}: {report.reason}"
     if report.failed_requests:
         verdict = f"NO VERDICT: {report.failed_requests} requests failed"
     say = out_console.print
@@ -59,29 +93,45 @@ def _print(report: LosslessReport, url: str, reference_url: str) -> None:
     for error in report.errors:
         say(f"failed request: {error}", markup=False)
     if report.temperature == 0:
-        checked = len(report.divergences) + report.identical
+        _print_greedy(report)
+    else:
+        _print_sampled(report)
+
+
+def _print_greedy(report: LosslessReport) -> None:
+    say = out_console.print
+    checked = len(report.divergences) + report.identical
+    say(
+        f"identical: {report.identical} of {checked} prompts "
+        f"({100 * report.identical_share:.1f}%; tolerance {100 * report.tolerance:g}% differ)",
+        markup=False,
+    )
+    for d in report.divergences[:5]:
         say(
-            f"identical: {report.identical} of {checked} prompts "
-            f"({100 * report.identical_share:.1f}%; tolerance {100 * report.tolerance:g}% differ)",
+            f"prompt {d.prompt}: first divergent {d.mode[:-1]} at index {d.index}: server "
+            f"{d.server!r}, reference {d.reference!r}; character {d.char_index}: server "
+            f"{d.server_context!r}, reference {d.reference_context!r}",
             markup=False,
         )
-        for d in report.divergences[:5]:
-            say(
-                f"prompt {d.prompt}: first divergent {d.mode[:-1]} at index {d.index}: server "
-                f"{d.server!r}, reference {d.reference!r}; character {d.char_index}: server "
-                f"{d.server_context!r}, reference {d.reference_context!r}",
-                markup=False,
-            )
-        return
+
+
+def _print_sampled(report: LosslessReport) -> None:
+    say = out_console.print
     say(f"samples: {report.samples} per prompt and server, {report.prompts} prompts", markup=False)
     worst = report.worst
     if worst is None:
-        say("tests: 0 (every compared position held one category on both sides)", markup=False)
+        say("tests: 0", markup=False)
         return
     say(
         f"tests: {report.tests}; most significant: prompt {worst.prompt}, position "
         f"{worst.position}: chi-square {worst.statistic:.2f} (df {worst.df}), p {worst.p_value:.3g}; "
-        f"Bonferroni p {report.p_value:.3g} {'>=' if report.passed else '<'} alpha {report.alpha:g}",
+        f"Bonferroni p {report.p_value:.3g} {'<' if report.verdict == 'flagged' else '>='} "
+        f"alpha {report.alpha:g}",
+        markup=False,
+    )
+    say(
+        f"detectable: total variation {report.detectable_tv:.3g} at 80% power "
+        f"(--min-effect {report.min_effect:g}; {report.samples_needed} samples a side reach it)",
         markup=False,
     )
     say(
@@ -109,8 +159,23 @@ def lossless(
     top_k: int | None = typer.Option(
         None, "--top-k", help="Sent with every request when given (sharpens a flat distribution)."
     ),
-    samples: int = typer.Option(
-        200, "--samples", help="Sampled: samples per prompt from each server."
+    samples: int | None = typer.Option(
+        None,
+        "--samples",
+        help=f"Sampled: samples per prompt from each server (default {DEFAULT_SAMPLES}, or what "
+        "--min-effect needs).",
+    ),
+    min_effect: float | None = typer.Option(
+        None,
+        "--min-effect",
+        help="Sampled: the total variation distance the test must detect with 80% power, in "
+        "(0, 1] (default 0.3); sizes --samples when that is not given. Weaker: inconclusive.",
+    ),
+    positions: str | None = typer.Option(
+        None,
+        "--positions",
+        help="Sampled: the token positions tested, 1-based, e.g. 2,3 or 2-5 (default 2..M; "
+        "by characters, position p stands for characters 4(p-1)..4p-1).",
     ),
     max_tokens: int | None = typer.Option(
         None,
@@ -138,10 +203,17 @@ def lossless(
     output: Path | None = typer.Option(None, "--output", help="Write the JSON report here."),
 ) -> None:
     """Check that a server's speculative decoding does not change its outputs."""
-    from speclens.bench.lossless import LosslessConfig, Target, run_lossless
+    from speclens.bench.lossless import DEFAULT_MIN_EFFECT, LosslessConfig, Target, run_lossless
 
     number = "a number"
+    tested, positions_problem = parse_positions(positions) if positions else (None, None)
     check([
+        positions_problem,
+        None if positions is None or temperature > 0 else
+        "command line: --positions: expected only with a sampled test (--temperature > 0)",
+        None if not tested or max_tokens is None or tested[-1] <= max_tokens else
+        f"command line: --positions: position {tested[-1]} is beyond --max-tokens {max_tokens}",
+        range_problem("--min-effect", min_effect, 0, above=True, high=1, kind=number),
         url_problem(url),
         _reference_url_problem(reference_url),
         range_problem("--temperature", temperature, 0, high=2, kind=number),
@@ -172,14 +244,29 @@ def lossless(
         texts = _prompts(prompt, dataset_path, prompts, seed)
     if not texts:
         fail(f"{dataset_path}: no prompts in the file")
-    tokens = max_tokens or (GREEDY_MAX_TOKENS if temperature == 0 else SAMPLED_MAX_TOKENS)
+    tokens = max_tokens or (tested[-1] if tested else None)
+    tokens = tokens or (GREEDY_MAX_TOKENS if temperature == 0 else SAMPLED_MAX_TOKENS)
+    effect = DEFAULT_MIN_EFFECT if min_effect is None else min_effect
+    if samples is None and min_effect is not None and temperature > 0:
+        planned = len(texts) * (len(tested) if tested else tokens - 1)
+        samples = sized_samples(effect, alpha, max(1, planned), top_k)
+        if samples > MAX_SIZED_SAMPLES:
+            fail(
+                f"command line: --min-effect: {effect:g} needs {samples} samples per prompt and "
+                f"server, above {MAX_SIZED_SAMPLES}: expected a larger effect",
+                code=2,
+            )
+        if not json_out:
+            out_console.print(
+                f"--min-effect {effect:g}: {samples} samples per prompt and server", markup=False
+            )
     config = LosslessConfig(
         server=Target(url, model, api_key),
         reference=Target(reference_url, reference_model or model, reference_api_key),
         prompts=texts,
         endpoint=endpoint.value,
         temperature=temperature,
-        samples=samples,
+        samples=samples or DEFAULT_SAMPLES,
         max_tokens=tokens,
         alpha=alpha,
         tolerance=tolerance,
@@ -187,6 +274,8 @@ def lossless(
         seed=seed,
         concurrency=concurrency,
         timeout=timeout,
+        positions=tested,
+        min_effect=effect,
     )
     report = run_lossless(config)
     data = {"server": url, "reference": reference_url, **report.to_dict()}
@@ -198,5 +287,5 @@ def lossless(
         _print(report, url, reference_url)
     if report.failed_requests:
         raise typer.Exit(REQUESTS_FAILED)
-    if not report.passed:
-        raise typer.Exit(1)
+    if report.verdict != "pass":
+        raise typer.Exit(FLAGGED if report.verdict == "flagged" else INCONCLUSIVE)

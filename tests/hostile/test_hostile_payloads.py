@@ -197,7 +197,7 @@ def test_an_endless_sse_line_fails_the_request_within_a_bound(run_cli, tmp_path:
 def test_an_oversized_body_fails_the_request(
     run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("speclens.bench.client.MAX_BODY_BYTES", 1000)
+    monkeypatch.setattr("speclens.bench.transport.MAX_BODY_BYTES", 1000)
     body = json.dumps(chunk("a" * 5000, usage(1))).encode()
     with GarbageServer(Reply(body=body)) as server:
         _, _, rows = bench(run_cli, server, tmp_path, "--no-stream")

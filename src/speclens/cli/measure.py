@@ -6,22 +6,35 @@ the engine reports its decode steps), with provenance filled from
 what was observed (the prompt file, how many prompts, the server's hardware and engine version,
 the sampling settings, K and the method). The output validates and resolves like any set.
 
+Every profile rests on the verify steps its category's requests reported: the output names them
+(and the set's caveats keep them); a category under ``--min-verify-steps`` gets no profile and is
+named, and a run where no category reaches it writes nothing (exit 4, inconclusive).
+
 Exit codes follow ``speclens bench``: 2 bad options, 3 more failed requests than
-``--max-failure-rate`` allows (no profile set is written from such a run), 130 interrupted.
+``--max-failure-rate`` allows (no profile set is written from such a run), 4 no category with
+enough verify steps (nothing written), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 import yaml
 
-from speclens.cli._common import fail, out_console, reported
+from speclens.cli._common import err_console, fail, out_console, reported
 from speclens.cli.bench import MAX_FAILURE_RATE_OPTION, check, range_problem, url_problem
+
+if TYPE_CHECKING:
+    from speclens.bench.datasets import Prompt
+    from speclens.bench.run import BenchOutcome
+
+INCONCLUSIVE = 4  # no category had the verify steps a profile needs
+DEFAULT_MIN_VERIFY_STEPS = 1  # a profile needs at least one verify step
 
 
 def _writable(output: Path) -> str | None:
@@ -111,14 +124,13 @@ def measure(
     ),
     output: Path = typer.Option(..., "--output", "-o", help="Write the profile set here."),
     max_failure_rate: float = MAX_FAILURE_RATE_OPTION,
+    min_verify_steps: int = typer.Option(
+        DEFAULT_MIN_VERIFY_STEPS,
+        "--min-verify-steps",
+        help="A category needs this many verify steps for a profile; fewer: none, and it is named.",
+    ),
 ) -> None:
     """Measure natural acceptance per category and write a profile set."""
-    from speclens.acceptance import AcceptanceProfileSet, validate
-    from speclens.bench.client import LoadConfig
-    from speclens.bench.datasets import jsonl_prompts
-    from speclens.bench.run import EXIT_OK, run_bench
-    from speclens.bench.server import read_counters, served_speculation, server_info
-
     check([
         url_problem(url),
         None if endpoint in ("chat", "completions") else
@@ -131,18 +143,86 @@ def measure(
         None if method is None or method.strip() else
         "command line: --method: expected a method name, got ''",
         range_problem("--max-failure-rate", max_failure_rate, 0, high=1, kind="a number"),
+        range_problem("--min-verify-steps", min_verify_steps, 1),
         _writable(output),
     ])  # fmt: skip
+    prompts = _select(dataset_path, category, prompts_per_category)
+    served = _served(url, model, method, num_spec_tokens, hardware)
+    outcome = _run(url, model, endpoint, prompts, concurrency, max_tokens, temperature,
+                   max_failure_rate, output)  # fmt: skip
+    acceptance = outcome.summary["figures"]["acceptance"]
+    _check_acceptance(acceptance)
+    counts = _prompt_counts(outcome)
+    base = _provenance(served, url, model, dataset_path, source, endpoint, max_tokens, temperature)
+    profiles, thin = _profiles(
+        acceptance, counts, base, catalog_model or model, served, thinking, min_verify_steps
+    )
+    steps = {cat: row["verify_steps"] for cat, row in acceptance["al_by_category"].items()}
+    for cat in thin:
+        err_console.print(
+            f"measure: {cat}: {steps[cat]} verify steps, below --min-verify-steps "
+            f"{min_verify_steps}: no profile",
+            markup=False,
+        )
+    if not profiles:
+        fail(f"measure: inconclusive: no category has {min_verify_steps} or more verify steps: "
+             f"no profile set written to {output}", code=INCONCLUSIVE)  # fmt: skip
+    document = {
+        "kind": "AcceptanceProfileSet",
+        "name": name or output.stem,
+        "caveats": [
+            f"Measured with natural acceptance over {sum(counts.values())} prompts of "
+            f"{dataset_path.name}, {max_tokens} output tokens at temperature {temperature:g}.",
+            "Verify steps per category: "
+            + ", ".join(f"{p['category']} {steps[p['category']]}" for p in profiles)
+            + ".",
+        ],
+        "profiles": profiles,
+    }
+    _write(document, output)
+    for p in profiles:
+        covered = f", draft coverage {p['draft_coverage']}" if "draft_coverage" in p else ""
+        out_console.print(
+            f"{p['category']}: AL {p['acceptance_length']}{covered} over "
+            f"{steps[p['category']]} verify steps in {p['provenance']['prompts']} prompts"
+        )
+    out_console.print(f"wrote {output} ({len(profiles)} measured profiles)")
+
+
+def _select(dataset_path: Path, category: list[str], per_category: int | None) -> list[Prompt]:
+    """The prompt file's prompts, of ``category`` when given, the first ``per_category`` each."""
+    from speclens.bench.datasets import jsonl_prompts
+
     with reported():
         prompts = jsonl_prompts(dataset_path, category or None)
-    if prompts_per_category is not None:
-        seen: dict[str, int] = {}
-        kept = []
-        for prompt in prompts:
-            seen[prompt.category] = seen.get(prompt.category, 0) + 1
-            if seen[prompt.category] <= prompts_per_category:
-                kept.append(prompt)
-        prompts = kept
+    if per_category is None:
+        return prompts
+    seen: dict[str, int] = {}
+    kept = []
+    for prompt in prompts:
+        seen[prompt.category] = seen.get(prompt.category, 0) + 1
+        if seen[prompt.category] <= per_category:
+            kept.append(prompt)
+    return kept
+
+
+@dataclass
+class Served:
+    """What the server says about itself, agreed with the flags."""
+
+    info: dict[str, Any]
+    engine: str
+    method: str
+    k: int
+    chip: str
+
+
+def _served(
+    url: str, model: str, method: str | None, num_spec_tokens: int | None, hardware: str | None
+) -> Served:
+    """The server's engine, method, K and chip; refuses a forced server and missing facts."""
+    from speclens.bench.server import read_counters, served_speculation, server_info
+
     info = asyncio.run(server_info(url)) or {}
     served = served_speculation(info)
     if served.get("forced"):
@@ -165,6 +245,17 @@ def measure(
     chip = hardware or info.get("hardware")
     if not chip:
         fail("give --hardware: the server does not report it", code=2)
+    return Served(info, engine, str(spec_method), int(k), str(chip))
+
+
+def _run(
+    url: str, model: str, endpoint: str, prompts: list[Prompt], concurrency: int,
+    max_tokens: int, temperature: float, max_failure_rate: float, output: Path,
+) -> BenchOutcome:  # fmt: skip
+    """The load; too many failed requests (or an interrupt) end the command here."""
+    from speclens.bench.client import LoadConfig
+    from speclens.bench.run import EXIT_OK, run_bench
+
     config = LoadConfig(
         url=url, model=model, endpoint=endpoint, num_requests=len(prompts),  # type: ignore[arg-type]
         concurrency=concurrency, max_tokens=max_tokens, temperature=temperature,
@@ -184,7 +275,11 @@ def measure(
             ],
             code=outcome.exit_code,
         )
-    acceptance = outcome.summary["figures"]["acceptance"]
+    return outcome
+
+
+def _check_acceptance(acceptance: dict[str, Any]) -> None:
+    """Refuse a run whose requests carried no per-request stats, or counts without steps."""
     if not acceptance["requests_with_stats"]:
         fail(
             "no request carried per-request speculative-decoding stats: start the server with --per-request-spec-decode-stats summary"
@@ -196,55 +291,67 @@ def measure(
             "request, so no AL per category; `speclens bench` reports the run's AL from the "
             "server's counters"
         )
-    counts: dict[str, int] = {}  # the prompts each category's AL pools (counts-only ones do not)
+
+
+def _prompt_counts(outcome: BenchOutcome) -> dict[str, int]:
+    """The prompts each category's AL pools (counts-only requests and warm-ups do not)."""
+    counts: dict[str, int] = {}
     for record in outcome.records:
         stepped = record.spec is not None and record.spec.get("num_spec_steps") is not None
         if stepped and not record.warmup:
             counts[record.category] = counts.get(record.category, 0) + 1
-    version = info.get("version")
-    provenance_base: dict[str, Any] = {
-        "source": source or f"{dataset_path.name} via {engine} {version} at {url}",
+    return counts
+
+
+def _provenance(
+    served: Served, url: str, model: str, dataset_path: Path, source: str | None,
+    endpoint: str, max_tokens: int, temperature: float,
+) -> dict[str, Any]:  # fmt: skip
+    """What every profile's provenance shares: the source, hardware, engine and settings."""
+    version = served.info.get("version")
+    base: dict[str, Any] = {
+        "source": source or f"{dataset_path.name} via {served.engine} {version} at {url}",
         "benchmark": dataset_path.name,
-        "hardware": chip,
-        "engine_image": f"{engine}=={version}" if version else str(engine),
+        "hardware": served.chip,
+        "engine_image": f"{served.engine}=={version}" if version else str(served.engine),
         "sampling": {"temperature": temperature, "max_tokens": max_tokens},
         "settings": {"rejection_sample_method": "greedy" if temperature == 0 else "probabilistic",
                      "endpoint": endpoint, "model": model},
     }  # fmt: skip
-    block = info.get("acceptance")
+    block = served.info.get("acceptance")
     served_block: dict[str, Any] = block if isinstance(block, dict) else {}
     for key in ("prompt_lookup_min", "prompt_lookup_max"):  # the n-gram lookup, when reported
         if type(served_block.get(key)) is int:
-            provenance_base["settings"][key] = served_block[key]
-    profiles = []
+            base["settings"][key] = served_block[key]
+    return base
+
+
+def _profiles(
+    acceptance: dict[str, Any], counts: dict[str, int], base: dict[str, Any], model: str,
+    served: Served, thinking: str, min_verify_steps: int,
+) -> tuple[list[dict[str, Any]], list[str]]:  # fmt: skip
+    """One measured profile per category with at least ``min_verify_steps`` verify steps, and
+    the categories left out for having fewer (zero included): no AL without evidence."""
+    profiles, thin = [], []
     for cat, row in acceptance["al_by_category"].items():
-        if not row["verify_steps"]:
+        if row["verify_steps"] < min_verify_steps:
+            thin.append(cat)
             continue
         profiles.append({
-            "model": catalog_model or model, "speculative_method": spec_method, "num_spec_tokens": int(k),
+            "model": model, "speculative_method": served.method, "num_spec_tokens": served.k,
             "thinking": thinking, "category": cat, "acceptance_length": round(row["al"], 4),
-            "method": "measured", "provenance": {**provenance_base, "prompts": counts.get(cat, 0)},
+            "method": "measured", "provenance": {**base, "prompts": counts.get(cat, 0)},
         })  # fmt: skip
         if row.get("draft_coverage") is not None:  # engines that report steps without drafts
             profiles[-1]["draft_coverage"] = round(row["draft_coverage"], 4)
-    set_name = name or output.stem
-    document = {
-        "kind": "AcceptanceProfileSet",
-        "name": set_name,
-        "caveats": [
-            f"Measured with natural acceptance over {sum(counts.values())} prompts of "
-            f"{dataset_path.name}, {max_tokens} output tokens at temperature {temperature:g}.",
-        ],
-        "profiles": profiles,
-    }
+    return profiles, thin
+
+
+def _write(document: dict[str, Any], output: Path) -> None:
+    """Validate the set as any registry file is, then write it."""
+    from speclens.acceptance import AcceptanceProfileSet, validate
+
     with reported():
         validate(AcceptanceProfileSet, document, str(output))
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(yaml.safe_dump(document, sort_keys=False, width=100), encoding="utf-8")
-    for p in profiles:
-        covered = f", draft coverage {p['draft_coverage']}" if "draft_coverage" in p else ""
-        out_console.print(
-            f"{p['category']}: AL {p['acceptance_length']}{covered} over "
-            f"{p['provenance']['prompts']} prompts"
-        )
-    out_console.print(f"wrote {output} ({len(profiles)} measured profiles)")

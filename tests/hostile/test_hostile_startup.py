@@ -183,6 +183,28 @@ REFUSALS: list[tuple[str, list[str], int, str]] = [
         "refused: --num-speculative-tokens 3 needs a speculative method (--method)",
     ),
     ("max-queue-zero", ["--max-queue", "0"], 2, "--max-queue 0: expected at least 1"),
+    # issue 19, 15: K had no upper bound (10**20: OverflowError; 10**9: MemoryError)
+    (
+        "k-beyond-bound",
+        [
+            *("--executor", "sim", "--method", "dspark", "--num-speculative-tokens", str(10**20)),
+            *("--spec-decode-acceptance-length", "2"),
+        ],
+        2,
+        "--num-speculative-tokens 100000000000000000000: expected an integer in 0..64",
+    ),
+    (
+        "k-billion",
+        ["--method", "ngram", "--num-speculative-tokens", str(10**9)],
+        2,
+        "--num-speculative-tokens 1000000000: expected an integer in 0..64",
+    ),
+    (
+        "k-beyond-bound-json",
+        ["--executor", "sim", "--speculative-config", synthetic_json(2).replace(": 3,", ": 65,")],
+        2,
+        "--speculative-config: num_speculative_tokens: expected an integer in 0..64, got 65",
+    ),
     ("api-key-empty", ["--api-key", ""], 2, "--api-key: empty"),
     (
         "seed-negative",
@@ -303,6 +325,8 @@ def test_engine_config_refuses_bad_types_and_values() -> None:
         {"method": "draft_model", "num_speculative_tokens": 3, "acceptance_length": True},
         {"method": "draft_model", "num_speculative_tokens": 3, "draft_model": "layers:0"},
         {"method": "draft_model", "num_speculative_tokens": 3, "seed": -1},
+        {"method": "ngram", "num_speculative_tokens": 65},
+        {"method": "draft_model", "num_speculative_tokens": 10**9, "acceptance_length": 2.0},
     ]
     for kwargs in bad_specs:
         with pytest.raises(ConfigError):

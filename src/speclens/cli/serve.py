@@ -18,7 +18,7 @@ from typing import Any, Literal
 import typer
 from pydantic import BaseModel, ConfigDict
 
-from speclens.acceptance import ValidationError, validate
+from speclens.acceptance import MAX_NUM_SPEC_TOKENS, ValidationError, validate
 from speclens.cli._common import REGISTRY_OPTION, fail, interrupt_deferred, load_registry
 
 log = logging.getLogger("speclens.serve")
@@ -85,6 +85,13 @@ def _speculative_json(text: str | None) -> dict[str, Any]:
             (f"{p}, got {_key_value(data, p.path)!r}" for p in exc.problems),
             code=2,
         )
+    k = data.get("num_speculative_tokens")
+    if k is not None and not 0 <= k <= MAX_NUM_SPEC_TOKENS:
+        fail(
+            "--speculative-config: num_speculative_tokens: expected an integer in "
+            f"0..{MAX_NUM_SPEC_TOKENS}, got {k}",
+            code=2,
+        )
     method = data.get("rejection_sample_method")
     synthetic = {
         "synthetic_acceptance_length",
@@ -113,6 +120,16 @@ def _key_value(data: dict[str, Any], path: str) -> Any:
         index = int(rest.rstrip("]"))
         return value[index] if index < len(value) else None
     return value
+
+
+def _check_k(k: int | None) -> None:
+    """``--num-speculative-tokens`` within the one K bound, before K sizes anything."""
+    if k is not None and not 0 <= k <= MAX_NUM_SPEC_TOKENS:
+        fail(
+            f"--num-speculative-tokens {k}: expected an integer in 0..{MAX_NUM_SPEC_TOKENS} "
+            "(draft tokens per step)",
+            code=2,
+        )
 
 
 def _server_flags(port: int, max_queue: int, api_key: str | None) -> None:
@@ -243,7 +260,11 @@ def serve(
     served_model_name: str | None = typer.Option(
         None, "--served-model-name", help="The model name clients use (default: --model)."
     ),
-    max_model_len: int = typer.Option(2048, "--max-model-len"),
+    max_model_len: int | None = typer.Option(
+        None,
+        "--max-model-len",
+        help="Default: 2048, or the model's max_position_embeddings when smaller.",
+    ),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs"),
     max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens"),
     kv_cache_tokens: int = typer.Option(131072, "--kv-cache-tokens", help="KV capacity in tokens."),
@@ -263,6 +284,7 @@ def serve(
     from speclens.cli._common import reported
 
     _server_flags(port, max_queue, api_key)
+    _check_k(num_speculative_tokens)
     spec_json = _speculative_json(speculative_config)
     try:
         workload = validate(WorkloadAcceptance, {"thinking": thinking, "category": category})
@@ -320,13 +342,15 @@ def serve(
             SpeculativeConfig,
             StepCost,
         )
-        from speclens.engine.weights import check_models
+        from speclens.engine.weights import check_models, default_max_model_len
 
     cost = _step_cost(step_cost, StepCost)
     lookup_min, lookup_max = _prompt_lookup(
         spec_json, (SpeculativeConfig.ngram_min, SpeculativeConfig.ngram_max)
     )
     try:
+        if max_model_len is None:
+            max_model_len = 2048 if executor.value == "sim" else default_max_model_len(model)
         spec = SpeculativeConfig(
             method=method,
             num_speculative_tokens=k or 0,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from speclens.acceptance import (
+    MAX_NUM_SPEC_TOKENS,
     ValidationError,
     check_rates,
     length_from_rate,
@@ -123,6 +124,10 @@ class SpeculativeConfig:
         k = self.num_speculative_tokens
         if not _is_int(k) or k < 0:
             raise ConfigError(f"num_speculative_tokens must be an integer >= 0, got {k!r}")
+        if k > MAX_NUM_SPEC_TOKENS:  # K sizes per-step buffers: a huge one overflows or OOMs
+            raise ConfigError(
+                f"num_speculative_tokens must be at most {MAX_NUM_SPEC_TOKENS}, got {k}"
+            )
         if self.method is not None and not isinstance(self.method, str):
             raise ConfigError(f"speculative method must be a name (a string), got {self.method!r}")
         if self.draft_model is not None and not isinstance(self.draft_model, str):

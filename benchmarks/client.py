@@ -282,8 +282,8 @@ def aiperf_rows(rounds: Rounds, count: int, base: float, installed: bool) -> str
     ours_paired = statistics.median(r for r, _ in paired)
     per_round = [r / p for r, p in paired]
     return (
-        f"speclens / AIPerf: {ours_paired / peer:.2f} (medians over the {len(paired)} rounds "
-        f"AIPerf completed; per round {min(per_round):.2f}-{max(per_round):.2f})"
+        f"speclens / AIPerf: {ours_paired / peer:.2f} (medians over the {len(paired)} of {count} "
+        f"rounds AIPerf completed; per round {min(per_round):.2f}-{max(per_round):.2f})"
     )
 
 

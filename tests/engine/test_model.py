@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from speclens.engine.model import ForwardBatch, KVPool, LlamaModel, ModelConfig
+from speclens.engine.model import (
+    ForwardBatch,
+    KVPool,
+    LlamaModel,
+    ModelConfig,
+    lazy_zeros,
+    parameter_shapes,
+)
 from speclens.engine.weights import dummy_model, load_hf_dir, save_hf_dir
 
 transformers = pytest.importorskip("transformers")
@@ -186,3 +193,26 @@ def test_a_kv_pool_reads_zero_and_holds_only_what_is_written() -> None:
     assert kv.k[3, 12345].sum() == 4 * 16
     assert kv.k[3, 12344].abs().sum() == 0 and kv.v[7, -1].abs().sum() == 0
     assert int(kv.k.count_nonzero()) == 4 * 16
+
+
+def test_lazy_zeros_read_zero_on_memory_just_freed() -> None:
+    """Kills the mutation ``lazy_zeros`` -> ``torch.empty``: fresh pages read zero whatever
+    allocated them (the 2 GiB pool above passes with ``torch.empty``), so this fills memory with
+    garbage, frees it and asks for the same sizes, which an allocator serves from that memory."""
+    for count in (16, 1000, 64 * 1024, 1 << 20):
+        garbage = [torch.full((count,), 7.0) for _ in range(8)]
+        del garbage
+        fresh = [lazy_zeros((count,), torch.float32, torch.device("cpu")) for _ in range(8)]
+        assert all(int(t.count_nonzero()) == 0 for t in fresh), count
+        assert all(t.shape == (count,) and t.dtype == torch.float32 for t in fresh)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_parameter_shapes_are_the_models(tie: bool) -> None:
+    """Loaders check a file against ``parameter_shapes`` before building: it must be exactly
+    what ``LlamaModel`` holds."""
+    config = tiny_config(tie)
+    with torch.device("meta"):
+        model = LlamaModel(config)
+    held = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert parameter_shapes(config) == held

@@ -19,10 +19,66 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+#: Bounds on what a model file may claim, far above any released Llama (405B: 126 layers, width
+#: 16,384, FFN 53,248, vocabulary 128,256; the largest vocabularies are about 262,144), so that a
+#: claim of 10^8 layers or 10^12 tokens is refused before anything is built for it.
+ARCHITECTURE_BOUNDS = {
+    "vocab_size": 1 << 24,
+    "hidden_size": 1 << 16,
+    "intermediate_size": 1 << 20,
+    "num_hidden_layers": 1024,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "max_position_embeddings": 1 << 24,
+}
+MAX_HEAD_DIM = 1024
+
+
+class ConfigFieldError(ValueError):
+    """One architecture field that is not what ``LlamaModel`` can run: ``field`` names it so a
+    reader can say which key of its file holds it."""
+
+    def __init__(self, field: str, expected: str, found: Any) -> None:
+        self.field, self.expected, self.found = field, expected, found
+        super().__init__(self.describe(field))
+
+    def describe(self, name: str) -> str:
+        shown = repr(self.found)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        return f"{name}: expected {self.expected}, found {shown}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: Any, low: int, high: int, even: bool = False) -> None:
+    if not _is_int(value) or not low <= value <= high or (even and value % 2):
+        kind = "an even integer" if even else "an integer"
+        raise ConfigFieldError(name, f"{kind} from {low} to {high}", value)
+
+
+def _check_real(name: str, value: Any, expected: str, ok: Any) -> float:
+    """``value`` as a float when it is a finite real number that ``ok`` accepts."""
+    if _is_int(value) or isinstance(value, float):
+        number = float(value)
+        if math.isfinite(number) and ok(number):
+            return number
+    raise ConfigFieldError(name, expected, value)
+
+
+def check_token_id(name: str, value: Any, vocab_size: int) -> None:
+    """A special token id must name a row of the vocabulary (or be absent)."""
+    if value is not None and not (_is_int(value) and 0 <= value < vocab_size):
+        raise ConfigFieldError(
+            name, f"a token id from 0 to {vocab_size - 1} (inside the vocabulary)", value
+        )
+
 
 @dataclass
 class ModelConfig:
-    """The architecture, in Hugging Face ``LlamaConfig`` terms."""
+    """The architecture, in Hugging Face ``LlamaConfig`` terms. Every field is checked on
+    construction (type and bounds), so a file's claim is refused before any tensor exists."""
 
     vocab_size: int
     hidden_size: int
@@ -40,19 +96,40 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name, high in ARCHITECTURE_BOUNDS.items():
+            _check_int(name, getattr(self, name), 1, high)
         if not self.head_dim:
             self.head_dim = self.hidden_size // self.num_attention_heads
+        _check_int("head_dim", self.head_dim, 2, MAX_HEAD_DIM, even=True)  # rotary halves
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads {self.num_key_value_heads}"
+            raise ConfigFieldError(
+                "num_key_value_heads",
+                f"a divisor of num_attention_heads {self.num_attention_heads}",
+                self.num_key_value_heads,
             )
+        self.rope_theta = _check_real(
+            "rope_theta", self.rope_theta, "a finite number > 0", lambda x: x > 0
+        )
+        self.rms_norm_eps = _check_real(
+            "rms_norm_eps", self.rms_norm_eps, "a finite number in (0, 1)", lambda x: 0 < x < 1
+        )
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ConfigFieldError("tie_word_embeddings", "a boolean", self.tie_word_embeddings)
+        check_token_id("bos_token_id", self.bos_token_id, self.vocab_size)
+        check_token_id("eos_token_id", self.eos_token_id, self.vocab_size)
 
     @classmethod
     def from_hf(cls, data: dict[str, Any]) -> ModelConfig:
-        """Read a Hugging Face ``config.json`` mapping of a Llama-architecture model."""
+        """Read a Hugging Face ``config.json`` mapping of a Llama-architecture model; the values
+        are passed on as found, for ``__post_init__`` to check."""
         eos = data.get("eos_token_id")
-        return cls(
+        stops = eos if isinstance(eos, list) else []  # several stop tokens: the first is ours
+        # transformers >= 5 writes rope_theta inside rope_parameters
+        parameters = data.get("rope_parameters")
+        theta = data.get("rope_theta")
+        if theta is None and isinstance(parameters, dict):
+            theta = parameters.get("rope_theta")
+        config = cls(
             vocab_size=data["vocab_size"],
             hidden_size=data["hidden_size"],
             intermediate_size=data["intermediate_size"],
@@ -60,16 +137,16 @@ class ModelConfig:
             num_attention_heads=data["num_attention_heads"],
             num_key_value_heads=data.get("num_key_value_heads") or data["num_attention_heads"],
             head_dim=data.get("head_dim") or 0,
-            # transformers >= 5 writes rope_theta inside rope_parameters
-            rope_theta=float(
-                data.get("rope_theta") or (data.get("rope_parameters") or {}).get("rope_theta", 1e4)
-            ),
-            rms_norm_eps=float(data.get("rms_norm_eps", 1e-5)),
+            rope_theta=1e4 if theta is None else theta,
+            rms_norm_eps=data.get("rms_norm_eps", 1e-5),
             max_position_embeddings=data.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
+            tie_word_embeddings=data.get("tie_word_embeddings", False),
             bos_token_id=data.get("bos_token_id"),
-            eos_token_id=eos[0] if isinstance(eos, list) else eos,
+            eos_token_id=(stops[0] if stops else None) if isinstance(eos, list) else eos,
         )
+        for token in stops:  # each must be in the vocabulary
+            check_token_id("eos_token_id", token, config.vocab_size)
+        return config
 
     def to_hf(self) -> dict[str, Any]:
         """A Hugging Face ``config.json`` mapping for this architecture."""
@@ -456,3 +533,30 @@ class LlamaModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return linear(hidden, self.lm_head.weight).float()
+
+
+def parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of each parameter ``LlamaModel(config)`` has, by name (a tied LM head is listed
+    once, as ``named_parameters`` lists it), computed without building it: a loader compares a
+    file's tensors with these before allocating anything for what the config claims."""
+    hidden, inner = config.hidden_size, config.intermediate_size
+    q_rows = config.num_attention_heads * config.head_dim
+    kv_rows = config.num_key_value_heads * config.head_dim
+    layer = {
+        "self_attn.q_proj.weight": (q_rows, hidden),
+        "self_attn.k_proj.weight": (kv_rows, hidden),
+        "self_attn.v_proj.weight": (kv_rows, hidden),
+        "self_attn.o_proj.weight": (hidden, q_rows),
+        "mlp.gate_proj.weight": (inner, hidden),
+        "mlp.up_proj.weight": (inner, hidden),
+        "mlp.down_proj.weight": (hidden, inner),
+        "input_layernorm.weight": (hidden,),
+        "post_attention_layernorm.weight": (hidden,),
+    }
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
+    for i in range(config.num_hidden_layers):
+        shapes |= {f"model.layers.{i}.{name}": shape for name, shape in layer.items()}
+    shapes["model.norm.weight"] = (hidden,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    return shapes

@@ -13,6 +13,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import mmap
+import os
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +25,13 @@ import numpy as np
 import torch
 
 from speclens.engine.config import ConfigError, EngineConfig, ModelLoadError, layer_subset
-from speclens.engine.model import LlamaModel, ModelConfig, Rotary
+from speclens.engine.model import (
+    ConfigFieldError,
+    LlamaModel,
+    ModelConfig,
+    Rotary,
+    parameter_shapes,
+)
 from speclens.engine.tokenizer import (
     ByteTokenizer,
     HFTokenizer,
@@ -170,6 +179,23 @@ _ROPE_KEYS = {
 }
 
 
+def _check_rope_numbers(where: str, kind: str, scaling: dict[str, Any]) -> None:
+    """Each scaling number finite and positive (llama3: low_freq_factor below high), so that the
+    rotary frequencies are numbers rather than NaN."""
+    for key in _ROPE_KEYS.get(kind, ()):
+        value = scaling[key]
+        ok = type(value) in (int, float) and math.isfinite(value) and value > 0
+        if not ok:
+            raise ValueError(
+                f"{where}: rope_scaling.{key}: expected a finite number > 0, found {value!r:.60}"
+            )
+    if kind == "llama3" and not scaling["low_freq_factor"] < scaling["high_freq_factor"]:
+        raise ValueError(
+            f"{where}: rope_scaling.low_freq_factor: expected less than high_freq_factor "
+            f"{scaling['high_freq_factor']!r}, found {scaling['low_freq_factor']!r}"
+        )
+
+
 def hf_config(data: dict[str, Any], file: str | Path = "config.json") -> ModelConfig:
     """A ``ModelConfig`` from a ``config.json`` mapping, refusing what ``LlamaModel`` does not
     implement (another architecture, biases, another activation, quantization, rope scalings
@@ -203,6 +229,7 @@ def hf_config(data: dict[str, Any], file: str | Path = "config.json") -> ModelCo
     lacking = [k for k in _ROPE_KEYS.get(kind, ()) if k not in scaling]
     if lacking:
         raise ValueError(f"{where}: rope_scaling ({kind}) lacks {', '.join(lacking)}")
+    _check_rope_numbers(where, kind, scaling)
     try:
         config = ModelConfig.from_hf(data)
     except KeyError as exc:
@@ -216,34 +243,129 @@ def hf_config(data: dict[str, Any], file: str | Path = "config.json") -> ModelCo
     return config
 
 
-def _safetensors_files(directory: Path) -> dict[str, Path]:
-    """Tensor name -> the file holding it (from the shard index when there is one)."""
-    from safetensors import safe_open
+#: safetensors' own limit on a header; a header is also bounded by the file that holds it.
+MAX_SAFETENSORS_HEADER = 100 * 2**20
+_SAFETENSORS_ITEM_BYTES = {
+    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+    "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+}  # fmt: skip
 
+Shape = tuple[int, ...]
+Located = dict[str, tuple[Path, Shape]]
+"""Tensor name -> (the file holding it, its shape as the file's header states it)."""
+
+
+def safetensors_header(file: Path) -> dict[str, Shape]:
+    """The tensor shapes a safetensors file's header states, read without touching its data:
+    an 8-byte little-endian length, then that many bytes of JSON. The length is bounded by the
+    file, and each tensor's bytes must lie inside the file and match its shape."""
+    size = file.stat().st_size
+    with file.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{file}: not a safetensors file: {size} bytes, no header length")
+        (length,) = struct.unpack("<Q", head)
+        if length > min(size - 8, MAX_SAFETENSORS_HEADER):
+            raise ValueError(
+                f"{file}: not a safetensors file: its header claims {length} bytes, but the "
+                f"file holds {size - 8} after the length (and a header is at most "
+                f"{MAX_SAFETENSORS_HEADER})"
+            )
+        raw = f.read(length)
+    try:
+        header = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{file}: not a safetensors file: its header is not JSON ({exc})") from exc
+    if not isinstance(header, dict):
+        raise ValueError(f"{file}: not a safetensors file: its header: expected a JSON object")
+    data_bytes = size - 8 - length
+    return {
+        name: _header_shape(file, name, entry, data_bytes)
+        for name, entry in header.items()
+        if name != "__metadata__"
+    }
+
+
+def _header_shape(file: Path, name: str, entry: Any, data_bytes: int) -> Shape:
+    """One header entry's shape, when its dtype, shape and offsets are well formed and its
+    bytes lie within the file's ``data_bytes`` and hold exactly that shape."""
+    entry = entry if isinstance(entry, dict) else {}
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    ints = (
+        isinstance(shape, list)
+        and isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(v) is int and v >= 0 for v in [*shape, *offsets])
+    )
+    if ints and offsets[0] <= offsets[1] <= data_bytes:
+        item = _SAFETENSORS_ITEM_BYTES.get(str(entry.get("dtype")))
+        if item is None or offsets[1] - offsets[0] == math.prod(shape) * item:
+            return tuple(shape)
+    raise ValueError(
+        f"{file}: {name}: header entry: expected a dtype, a shape and data_offsets of exactly "
+        f"that many bytes within the file's {data_bytes} data bytes"
+    )
+
+
+def _plain_name(index: Path, name: Any) -> str:
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+        raise ValueError(f"{index}: weight_map: expected plain file names, found {name!r:.60}")
+    return name
+
+
+def _safetensors_files(directory: Path) -> Located:
+    """Each tensor's file and shape, from the headers (and the shard index when there is one)."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise ValueError(f"{index}: not a safetensors index (no weight_map): {exc}") from exc
-        located = {name: directory / file for name, file in weight_map.items()}
-        for file in set(located.values()):
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index}: weight_map: expected an object of tensor -> file")
+        files = {name: directory / _plain_name(index, f) for name, f in weight_map.items()}
+        headers: dict[Path, dict[str, Shape]] = {}
+        for file in set(files.values()):
             if not file.is_file():
                 raise ValueError(f"{index}: names shard {file.name}, which is missing")
-        return located
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
+            headers[file] = safetensors_header(file)
+        for name, file in files.items():
+            if name not in headers[file]:
+                raise ValueError(f"{index}: places {name} in {file.name}, whose header lacks it")
+        return {name: (file, headers[file][name]) for name, file in files.items()}
+    found = sorted(directory.glob("*.safetensors"))
+    if not found:
         raise ValueError(
             f"{directory}: no *.safetensors file (and no model.safetensors.index.json)"
         )
-    located = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                located.update(dict.fromkeys(f.keys(), file))
-        except Exception as exc:
-            raise ValueError(f"{file}: not a readable safetensors file: {exc}") from exc
-    return located
+    return {
+        name: (file, shape) for file in found for name, shape in safetensors_header(file).items()
+    }
+
+
+def _check_tensors(config: ModelConfig, located: Located, lack: str) -> None:
+    """Refuse, before a parameter is allocated, tensors the config's model lacks or does not
+    have, and any whose shape differs from the config's; ``lack`` begins the missing message."""
+    expected = parameter_shapes(config)
+    missing = [name for name in expected if name not in located]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ValueError(f"{lack} {', '.join(missing[:5])}{more}")
+    unexpected = sorted(
+        name
+        for name in set(located) - set(expected)
+        if not name.endswith(_IGNORED_SUFFIXES)
+        and not (config.tie_word_embeddings and name == "lm_head.weight")
+    )
+    if unexpected:
+        raise ValueError(
+            f"{located[unexpected[0]][0]}: unexpected tensors for this config: "
+            + ", ".join(unexpected[:5])
+        )
+    for name, shape in expected.items():
+        file, found = located[name]
+        if found != shape:
+            raise ValueError(f"{file}: {name}: shape {list(found)}, expected {list(shape)}")
 
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers older checkpoints saved
@@ -271,42 +393,35 @@ def _read_config(directory: Path) -> dict[str, Any]:
     return data
 
 
+def _hf_checked(directory: Path) -> tuple[ModelConfig, Located]:
+    """A directory's config, checked against its safetensors headers: no tensor is read."""
+    config = hf_config(_read_config(directory), directory / "config.json")
+    located = _safetensors_files(directory)
+    _check_tensors(config, located, f"{directory}: the safetensors files lack")
+    return config, located
+
+
 def load_hf_dir(
     path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> LlamaModel:
     """A Llama model from a Hugging Face directory: ``config.json`` plus one safetensors file or
-    shards listed in ``model.safetensors.index.json``; tied embeddings need no ``lm_head``."""
+    shards listed in ``model.safetensors.index.json``; tied embeddings need no ``lm_head``. The
+    config is checked against the headers' shapes before the model is built."""
     from safetensors import safe_open
 
-    directory = Path(path)
-    config = hf_config(_read_config(directory), directory / "config.json")
-    located = _safetensors_files(directory)
-
+    config, located = _hf_checked(Path(path))
     model = _empty_model(config, dtype, device)
     params = dict(model.named_parameters())  # a tied lm_head is listed once, as embed_tokens
-    missing = sorted(set(params) - set(located))
-    if missing:
-        shown = ", ".join(missing[:5]) + (
-            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        )
-        raise ValueError(f"{directory}: the safetensors files lack {shown}")
-    unexpected = sorted(
-        name
-        for name in set(located) - set(params)
-        if not name.endswith(_IGNORED_SUFFIXES)
-        and not (config.tie_word_embeddings and name == "lm_head.weight")
-    )
-    if unexpected:
-        raise ValueError(
-            f"{located[unexpected[0]]}: unexpected tensors for this config: "
-            + ", ".join(unexpected[:5])
-        )
     by_file: dict[Path, list[str]] = {}
     for name in params:
-        by_file.setdefault(located[name], []).append(name)
+        by_file.setdefault(located[name][0], []).append(name)
     with torch.no_grad():
         for file, names in by_file.items():
-            with safe_open(str(file), framework="pt") as f:
+            try:
+                opened = safe_open(str(file), framework="pt")
+            except Exception as exc:
+                raise ValueError(f"{file}: not a readable safetensors file: {exc}") from exc
+            with opened as f:
                 for name in names:
                     shape = tuple(f.get_slice(name).get_shape())
                     _check_shape(file, name, shape, params[name])
@@ -368,9 +483,171 @@ def _f32(value: Any) -> float:
     return float(str(np.float32(value)))
 
 
+# GGUF value types (gguf.GGUFValueType) and the bytes of each scalar one.
+_GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_UINT32, _GGUF_STRING, _GGUF_ARRAY = 4, 8, 9
+_GGUF_VERSIONS = (2, 3)  # what GGUFReader reads
+MAX_GGUF_DIMS = 4  # GGML_MAX_DIMS
+#: The fewest bytes a metadata entry (key length, type, one byte) and a tensor's description
+#: (name length, dimension count, type, offset) take: a claimed count is bounded by them.
+_GGUF_MIN_KV_BYTES = 8 + 4 + 1
+_GGUF_MIN_TENSOR_BYTES = 8 + 4 + 4 + 8
+
+
+class _GGUFLayout:
+    """A bounded walk over a GGUF file's header, metadata and tensor descriptions: every length
+    and count is checked against the bytes that remain before it is believed."""
+
+    def __init__(self, file: Path, data: bytes | mmap.mmap) -> None:
+        self.file, self.data, self.pos, self.order = file, data, 0, "<"
+        self.alignment = 32  # GGUF_DEFAULT_ALIGNMENT, or general.alignment
+
+    def fail(self, what: str) -> ValueError:
+        return ValueError(f"{self.file}: not a readable GGUF file: {what}")
+
+    def need(self, count: int, what: str) -> None:
+        left = len(self.data) - self.pos
+        if count > left:
+            raise self.fail(f"{what} claims {count} bytes at offset {self.pos}, but {left} remain")
+
+    def uint(self, size: int, what: str) -> int:
+        self.need(size, what)
+        code = {1: "B", 2: "H", 4: "I", 8: "Q"}[size]
+        (value,) = struct.unpack_from(self.order + code, self.data, self.pos)
+        self.pos += size
+        return int(value)
+
+    def string(self, what: str) -> bytes:
+        length = self.uint(8, what)
+        self.need(length, what)
+        self.pos += length
+        return bytes(self.data[self.pos - length : self.pos])
+
+    def count(self, claimed: int, each: int, what: str) -> None:
+        """Refuse ``claimed`` items of at least ``each`` bytes that the rest cannot hold."""
+        left = len(self.data) - self.pos
+        if claimed * each > left:
+            raise self.fail(
+                f"{what}: {claimed} of at least {each} bytes each, but {left} bytes remain"
+            )
+
+    def header(self) -> tuple[int, int]:
+        if len(self.data) < 24 or bytes(self.data[:4]) != b"GGUF":
+            raise self.fail("no GGUF magic and header (24 bytes)")
+        (version,) = struct.unpack_from("<I", self.data, 4)
+        if version & 0xFFFF == 0:  # written for the other byte order
+            self.order, version = ">", struct.unpack_from(">I", self.data, 4)[0]
+        if version not in _GGUF_VERSIONS:
+            raise self.fail(f"version {version}, expected one of {_GGUF_VERSIONS}")
+        self.pos = 8
+        return self.uint(8, "the tensor count"), self.uint(8, "the metadata count")
+
+    def value(self, kind: int, key: str, in_array: bool = False) -> int | None:
+        """Step over one value; a uint32's value is returned (``general.alignment``)."""
+        if kind in _GGUF_SCALAR_BYTES:
+            size = _GGUF_SCALAR_BYTES[kind]
+            if kind == _GGUF_UINT32:
+                return self.uint(size, f"{key!r}")
+            self.need(size, f"{key!r}")
+            self.pos += size
+            return None
+        if kind == _GGUF_STRING:
+            self.string(f"{key!r}: a string's length")
+            return None
+        if kind != _GGUF_ARRAY or in_array:
+            raise self.fail(f"{key!r}: value type {kind}, expected a GGUF scalar, string or array")
+        item = self.uint(4, f"{key!r}: the array's type")
+        length = self.uint(8, f"{key!r}: the array's length")
+        each = _GGUF_SCALAR_BYTES.get(item, 8)  # a string or array takes at least its length
+        self.count(length, each, f"{key!r}: an array of {length} elements")
+        if item in _GGUF_SCALAR_BYTES:
+            self.pos += length * each
+        else:
+            for _ in range(length):
+                self.value(item, key, in_array=True)
+        return None
+
+    def metadata(self, count: int) -> None:
+        self.count(count, _GGUF_MIN_KV_BYTES, f"claims {count} metadata entries")
+        for _ in range(count):
+            raw = self.string("a metadata key's length")
+            key = raw.decode("utf-8", "replace")
+            value = self.value(self.uint(4, f"{key!r}: its type"), key)
+            if key == "general.alignment" and value is not None:
+                self.alignment = value
+
+    def tensors(self, count: int) -> list[tuple[str, int, int]]:
+        """(name, offset, bytes) of each tensor's data, from its description."""
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        self.count(count, _GGUF_MIN_TENSOR_BYTES, f"claims {count} tensors")
+        found = []
+        for _ in range(count):
+            name = self.string("a tensor name's length").decode("utf-8", "replace")
+            dims = self.uint(4, f"tensor {name!r}: its dimension count")
+            if dims > MAX_GGUF_DIMS:
+                raise self.fail(f"tensor {name!r}: {dims} dimensions, expected at most 4")
+            elements = math.prod(self.uint(8, f"tensor {name!r}: a dimension") for _ in range(dims))
+            kind = self.uint(4, f"tensor {name!r}: its type")
+            try:
+                block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+            except (ValueError, KeyError):
+                raise self.fail(f"tensor {name!r}: unknown ggml type {kind}") from None
+            offset = self.uint(8, f"tensor {name!r}: its offset")
+            found.append((name, offset, elements * size // block))
+        return found
+
+    def check(self) -> None:
+        tensor_count, kv_count = self.header()
+        self.metadata(kv_count)
+        tensors = self.tensors(tensor_count)
+        if self.alignment <= 0 or self.alignment & (self.alignment - 1):
+            raise self.fail(f"general.alignment {self.alignment}, expected a power of two")
+        start = -(-self.pos // self.alignment) * self.alignment
+        for name, offset, size in tensors:
+            if start + offset + size > len(self.data):
+                raise self.fail(
+                    f"tensor {name!r}: its {size} bytes at offset {offset} lie beyond the file "
+                    f"({len(self.data) - start} bytes of tensor data)"
+                )
+
+
+def check_gguf_layout(file: Path) -> None:
+    """Refuse a GGUF file whose header, metadata or tensor descriptions claim more than the
+    file holds, reading only those (memory-mapped) before ``GGUFReader`` believes them."""
+    with file.open("rb") as f:
+        if os.fstat(f.fileno()).st_size < 24:
+            raise ValueError(f"{file}: not a readable GGUF file: shorter than a GGUF header")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            _GGUFLayout(file, data).check()
+
+
+#: ``ModelConfig`` field -> the GGUF metadata key it is read from, to name in a refusal.
+_GGUF_KEYS = {
+    "vocab_size": "tokenizer.ggml.tokens (its length) or llama.vocab_size",
+    "hidden_size": "llama.embedding_length",
+    "intermediate_size": "llama.feed_forward_length",
+    "num_hidden_layers": "llama.block_count",
+    "num_attention_heads": "llama.attention.head_count",
+    "num_key_value_heads": "llama.attention.head_count_kv",
+    "head_dim": "llama.attention.key_length",
+    "rope_theta": "llama.rope.freq_base",
+    "rms_norm_eps": "llama.attention.layer_norm_rms_epsilon",
+    "max_position_embeddings": "llama.context_length",
+    "bos_token_id": "tokenizer.ggml.bos_token_id",
+    "eos_token_id": "tokenizer.ggml.eos_token_id",
+}
+
+
+def _gguf_number(value: Any) -> Any:
+    """A GGUF float32 as the short decimal it was written from; anything else as found, for
+    ``ModelConfig`` to check."""
+    return _f32(value) if isinstance(value, float) else value
+
+
 def gguf_config(reader: GGUFReader) -> ModelConfig:
     """The architecture from a llama GGUF file's ``llama.*`` metadata; the vocabulary size is the
-    length of its token list."""
+    length of its token list. A value ``ModelConfig`` refuses is named by its GGUF key."""
     file = str(reader.data.filename)
     arch = gguf_value(reader, "general.architecture")
     if arch != "llama":
@@ -382,7 +659,13 @@ def gguf_config(reader: GGUFReader) -> ModelConfig:
     scaling_type = meta("rope.scaling.type", "none")
     extra: dict[str, Any] = {}
     if scaling_type == "linear":
-        extra["rope_scaling"] = {"rope_type": "linear", "factor": _f32(meta("rope.scaling.factor"))}
+        factor = meta("rope.scaling.factor")
+        if not (isinstance(factor, float) and math.isfinite(factor) and factor > 0):
+            raise ValueError(
+                f"{file}: llama.rope.scaling.factor: expected a finite number > 0, "
+                f"found {factor!r:.60}"
+            )
+        extra["rope_scaling"] = {"rope_type": "linear", "factor": _f32(factor)}
     elif scaling_type != "none":
         raise ValueError(
             f"{file}: llama.rope.scaling.type {scaling_type!r} is not supported (none, linear)"
@@ -392,44 +675,45 @@ def gguf_config(reader: GGUFReader) -> ModelConfig:
             f"{file}: rope_freqs.weight (llama3 rope scaling as frequency factors) is not supported"
         )
     tokens = gguf_value(reader, "tokenizer.ggml.tokens", None)
-    vocab = len(tokens) if tokens is not None else meta("vocab_size")
-    hidden = int(meta("embedding_length"))
-    heads = int(meta("attention.head_count"))
-    head_dim = int(meta("attention.key_length", hidden // heads))
-    rot_dims = int(meta("rope.dimension_count", head_dim))
-    if rot_dims != head_dim:
-        raise ValueError(
-            f"{file}: llama.rope.dimension_count {rot_dims} != head dim {head_dim} "
-            "(partial rotary is not supported)"
-        )
+    heads = meta("attention.head_count")
     try:
         config = ModelConfig(
-            vocab_size=int(vocab),
-            hidden_size=hidden,
-            intermediate_size=int(meta("feed_forward_length")),
-            num_hidden_layers=int(meta("block_count")),
+            vocab_size=len(tokens) if isinstance(tokens, list) else meta("vocab_size"),
+            hidden_size=meta("embedding_length"),
+            intermediate_size=meta("feed_forward_length"),
+            num_hidden_layers=meta("block_count"),
             num_attention_heads=heads,
-            num_key_value_heads=int(meta("attention.head_count_kv", heads)),
-            head_dim=head_dim,
-            rope_theta=_f32(meta("rope.freq_base", 10000.0)),
-            rms_norm_eps=_f32(meta("attention.layer_norm_rms_epsilon")),
-            max_position_embeddings=int(meta("context_length")),
+            num_key_value_heads=meta("attention.head_count_kv", heads),
+            head_dim=meta("attention.key_length", 0),
+            rope_theta=_gguf_number(meta("rope.freq_base", 10000.0)),
+            rms_norm_eps=_gguf_number(meta("attention.layer_norm_rms_epsilon")),
+            max_position_embeddings=meta("context_length"),
             tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
             bos_token_id=gguf_value(reader, "tokenizer.ggml.bos_token_id", None),
             eos_token_id=gguf_value(reader, "tokenizer.ggml.eos_token_id", None),
             extra=extra,
         )
-    except ValueError as exc:
-        raise ValueError(f"{file}: {exc}") from exc
+    except ConfigFieldError as exc:
+        raise ValueError(f"{file}: {exc.describe(_GGUF_KEYS.get(exc.field, exc.field))}") from exc
+    rot_dims = meta("rope.dimension_count", config.head_dim)
+    if rot_dims != config.head_dim:
+        raise ValueError(
+            f"{file}: llama.rope.dimension_count {rot_dims!r:.60} != head dim {config.head_dim} "
+            "(partial rotary is not supported)"
+        )
     return config
 
 
 def _gguf_reader(path: str | Path) -> GGUFReader:
+    """A ``GGUFReader`` for a file whose every count and length was first checked against the
+    file's size (``check_gguf_layout``): the reader believes them, and a 68-byte file claiming a
+    2^40-element array made it loop, growing, without end."""
     from gguf import GGUFReader
 
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"{file}: no such file")
+    check_gguf_layout(file)
     try:
         return GGUFReader(file)
     except Exception as exc:
@@ -461,6 +745,18 @@ def _gguf_tensors(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str
         yield name, array
 
 
+def _gguf_located(reader: GGUFReader) -> Located:
+    """Each tensor's Hugging Face name and [rows, cols] shape, from its description alone."""
+    file = Path(str(reader.data.filename))
+    located: Located = {}
+    for tensor in reader.tensors:
+        name = gguf_name_to_hf(tensor.name)
+        if name is None:
+            raise ValueError(f"{file}: tensor {tensor.name!r} has no place in a Llama model")
+        located[name] = (file, tuple(int(d) for d in reversed(tensor.shape.tolist())))
+    return located
+
+
 def load_gguf(
     path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> LlamaModel:
@@ -471,6 +767,7 @@ def load_gguf(
 def _load_gguf(reader: GGUFReader, dtype: torch.dtype, device: str | torch.device) -> LlamaModel:
     file = str(reader.data.filename)
     config = gguf_config(reader)
+    _check_tensors(config, _gguf_located(reader), f"{file}: missing tensors for")
     model = _empty_model(config, dtype, device)
     params = dict(model.named_parameters())
     seen: set[str] = set()
@@ -538,14 +835,27 @@ def model_config(spec: str) -> ModelConfig:
         path = _model_path(spec)
         if path.suffix == ".gguf" and not path.is_dir():
             return gguf_config(_gguf_reader(path))
-        return hf_config(_read_config(path), path / "config.json")
+        return _hf_checked(path)[0]
+
+
+def default_max_model_len(spec: str, default: int = 2048) -> int:
+    """``--max-model-len`` when it is not given: ``default``, or the model's
+    ``max_position_embeddings`` when that is smaller (as vLLM derives it from the model)."""
+    return min(default, model_config(spec).max_position_embeddings)
 
 
 def check_models(config: EngineConfig) -> None:
     """Refuse, before the engine allocates anything, a target or drafter that cannot be read, a
+    ``max_model_len`` beyond the target's positions (it would be served, as garbage), a
     ``layers:N`` drafter deeper than the target (its KV pool would be sized by N) and a draft
     model whose vocabulary differs from the target's."""
     target = model_config(config.model)
+    positions = target.max_position_embeddings
+    if config.executor == "torch" and config.max_model_len > positions:
+        raise ConfigError(
+            f"--max-model-len {config.max_model_len}: the model {config.model} has "
+            f"max_position_embeddings {positions}; give --max-model-len {positions} or less"
+        )
     spec = config.speculative
     if not spec.enabled or config.executor != "torch" or spec.method != "draft_model":
         return

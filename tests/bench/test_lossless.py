@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from serverkit import ServerProcess, free_port, running_servers
 from speclens.bench.lossless import (
+    DEFAULT_MIN_EFFECT,
     MIN_EXPECTED,
     MIN_TESTABLE,
     LosslessConfig,
@@ -234,20 +235,27 @@ def test_below_ten_samples_no_test_can_run_and_the_reason_says_so() -> None:
 
 
 def test_too_few_samples_for_the_min_effect_is_inconclusive() -> None:
-    """Tests ran and found nothing, but at 30 samples a side they cannot see a total variation
-    of 0.3: inconclusive, naming the samples that would."""
+    """Tests ran and found nothing, but at 30 samples a side they cannot see the default
+    total variation (0.4): inconclusive, naming the samples that would."""
     rng = np.random.default_rng(4)
     two = np.array([0.5, 0.5])
     server = [_drawn(rng, two, 30) for _ in range(2)]
     reference = [_drawn(rng, two, 30) for _ in range(2)]
     report = judge(_config(30), server, reference)
     assert report.tests == 8 and report.p_value is not None and report.p_value >= 0.01
-    assert report.detectable_tv is not None and report.detectable_tv > 0.3
+    assert report.detectable_tv is not None and report.detectable_tv > DEFAULT_MIN_EFFECT
     assert report.verdict == "inconclusive"
-    needed = samples_for_effect(0.3, 0.01 / 8, 1)
+    needed = samples_for_effect(DEFAULT_MIN_EFFECT, 0.01 / 8, 1)
     assert report.samples_needed == needed and f"needs --samples {needed}" in report.reason
     loose = judge(_config(30, min_effect=0.6), server, reference)
     assert loose.verdict == "pass" and loose.detectable_tv == report.detectable_tv
+
+
+def test_the_default_run_is_never_inconclusive_for_power_alone() -> None:
+    """200 samples a side leave at most 40 categories after pooling (df 39); at 16 tests (the
+    default 4 prompts x positions 2..5) the weakest test still sees the default effect."""
+    assert 2 * 200 // MIN_TESTABLE == 40
+    assert detectable_tv(200, 200, 0.01 / 16, 39) <= DEFAULT_MIN_EFFECT
 
 
 def test_noncentrality_at_one_df_is_the_normal_closed_form() -> None:

@@ -51,7 +51,10 @@ OTHER = "<other>"
 MIN_EXPECTED = 5.0  # Cochran's rule for the chi-square approximation
 MIN_TESTABLE = int(2 * MIN_EXPECTED)  # samples a side before two categories can reach it
 POWER = 0.8  # the detectable effect is the total variation found this often
-DEFAULT_MIN_EFFECT = 0.3  # 200 samples reach it for tests of up to about 20 categories
+# A gross difference, on purpose: the default run (200 samples a side, 4 prompts x positions
+# 2..5) sees it at any df pooling leaves (at most 40 categories), so only a run with fewer
+# samples is inconclusive for power by default; --min-effect asks for more.
+DEFAULT_MIN_EFFECT = 0.4
 CHARS_PER_TOKEN = 4  # characters compared per token position when a server gives no token ids
 CONTEXT = 20  # characters shown each side of a greedy divergence
 

@@ -169,7 +169,7 @@ def lossless(
         None,
         "--min-effect",
         help="Sampled: the total variation distance the test must detect with 80% power, in "
-        "(0, 1] (default 0.3); sizes --samples when that is not given. Weaker: inconclusive.",
+        "(0, 1] (default 0.4); sizes --samples when that is not given. Weaker: inconclusive.",
     ),
     positions: str | None = typer.Option(
         None,

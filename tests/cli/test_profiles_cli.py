@@ -290,8 +290,9 @@ def test_import_inferencex_rejects_a_malformed_curve_file(run_cli, tmp_path):
     src.write_text("kimi-k3:\n  thinking_maybe: {1: 1.5}\n  thinking_on: {x: 1.5, 2: yes}\n")
     code, _, err = run_cli("profiles", "import-inferencex", src, "--speculative-method", "dspark")
     assert code == 1
-    assert f"{src}: kimi-k3.thinking_maybe: expected thinking_on or thinking_off" in err
-    assert f"{src}: kimi-k3.thinking_on.x: K 'x' is not an integer" in err
+    # a key that is not what it should be is located, never quoted
+    assert f"{src}: kimi-k3: line 2, column 3: expected thinking_on or thinking_off" in err
+    assert f"{src}: kimi-k3.thinking_on: line 3, column 17: expected K, a plain decimal" in err
     assert f"{src}: kimi-k3.thinking_on.2: AL True is not a finite number" in err
 
 

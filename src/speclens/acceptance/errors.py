@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+#: How every unrecognized key is reported; a message may go on to say which keys are expected.
+UNRECOGNIZED_KEY = "is not a recognized key"
+
 
 @dataclass(frozen=True)
 class Problem:

@@ -7,7 +7,7 @@ out as one ``ValidationError`` whose lines read ``<file>: <path.to.field>: <what
 from __future__ import annotations
 
 import os
-import reprlib
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
-from speclens.acceptance.errors import Problem, ValidationError
+from speclens.acceptance.errors import UNRECOGNIZED_KEY, Problem, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -72,19 +72,64 @@ def _one_line(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+class KeyedDict(dict[Any, Any]):
+    """A mapping read from YAML that remembers where each of its keys stands and how it was
+    spelt, so that a message can locate a key without quoting it (a file that is not ours,
+    /etc/shadow say, reads as a mapping whose keys are its lines)."""
+
+    __slots__ = ("key_marks",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.key_marks: dict[Any, KeyMark] = {}
+
+
+@dataclass(frozen=True)
+class KeyMark:
+    """Where a key stands (1-based) and its text as written (``01`` and ``+1`` both read as 1)."""
+
+    line: int
+    column: int
+    text: str | None
+
+    def __str__(self) -> str:
+        return f"line {self.line}, column {self.column}"
+
+
+def key_mark(mapping: object, key: object) -> KeyMark | None:
+    """Where ``key`` stands in ``mapping``, when the mapping was read from YAML."""
+    if not isinstance(mapping, KeyedDict):
+        return None
+    try:
+        return mapping.key_marks.get(key)
+    except TypeError:  # an unhashable key
+        return None
+
+
+def _mark_of(node: yaml.Node) -> KeyMark:
+    mark = node.start_mark
+    text = node.value if isinstance(node, yaml.ScalarNode) else None
+    return KeyMark(mark.line + 1, mark.column + 1, text)
+
+
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: set[object] = set()
+    seen: dict[object, KeyMark] = {}
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":
             continue  # '<<: *anchor' merges; the mapping's own keys may override merged ones
         key = loader.construct_object(key_node, deep=True)
         if isinstance(key, str | int | float | bool):
-            if key in seen:
+            if key in seen:  # the key is not quoted: the line may not be ours to print
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {reprlib.repr(key)}", key_node.start_mark
+                    None, None, f"repeats the key at {seen[key]}", key_node.start_mark
                 )
-            seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
+            seen[key] = _mark_of(key_node)
+    data = KeyedDict(loader.construct_mapping(node, deep=deep))
+    for key_node, _ in node.value:  # merged keys too, now flattened in; the last one wins
+        key = loader.construct_object(key_node, deep=True)
+        if isinstance(key, str | int | float | bool):
+            data.key_marks[key] = _mark_of(key_node)
+    return data
 
 
 def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> Any:
@@ -100,6 +145,8 @@ def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> Any:
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 _StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+for _dumper in {yaml.SafeDumper, getattr(yaml, "CSafeDumper", yaml.SafeDumper)}:
+    _dumper.add_representer(KeyedDict, yaml.representer.SafeRepresenter.represent_dict)
 
 
 @dataclass
@@ -164,19 +211,32 @@ def _check_size(text: str, file: str) -> None:
             refuse(event, f"has over {limit} MiB of text with its aliases expanded")
 
 
+#: A quoted fragment of the input in a parser message (a tag, an anchor, a token). Up to 4
+#: characters stay ('\\t', ':'): they name a character, not a line of the file.
+_QUOTED = re.compile(r"'[^']{5,}'|\"[^\"]{5,}\"")
+
+
+def _problem_text(exc: yaml.MarkedYAMLError) -> str:
+    """The parser's problem without what it quotes from the input: the line and column say
+    where, and the input may be a file that is not ours to print."""
+    text = _one_line(str(exc.problem or exc.context or "cannot be parsed"))
+    return _QUOTED.sub("(not shown)", text)
+
+
 def parse_yaml(text: str, file: str) -> Any:
     """Parse YAML safely; a syntax error, a duplicate key or a document over the size limits
-    becomes a ``ValidationError``."""
+    becomes a ``ValidationError`` located by line and column, quoting none of the input."""
     try:
         _check_size(text, file)
         return yaml.load(text, Loader=_StrictLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
-        problem = _one_line(str(exc.problem or exc.context or "cannot be parsed"))
-        raise ValidationError([Problem(file, where, f"invalid YAML: {problem}")]) from None
+        raise ValidationError(
+            [Problem(file, where, f"invalid YAML: {_problem_text(exc)}")]
+        ) from None
     except (yaml.YAMLError, UnicodeEncodeError) as exc:  # libyaml encodes text: lone surrogates
-        message = f"invalid YAML: {_one_line(str(exc))}"
+        message = f"invalid YAML: {_QUOTED.sub('(not shown)', _one_line(str(exc)))}"
         raise ValidationError([Problem(file, "(document)", message)]) from None
 
 
@@ -234,11 +294,55 @@ def validate(model: type[M], data: Any, file: str = "", prefix: str = "") -> M:
     try:
         return model.model_validate(data)
     except PydanticValidationError as exc:
-        problems = [
-            Problem(file, format_loc(e["loc"], prefix) or "(document)", e["msg"])
-            for e in exc.errors()
-        ]
-        raise ValidationError(problems) from None
+        raise ValidationError([_problem(file, e, data, prefix) for e in exc.errors()]) from None
+
+
+def _problem(file: str, error: Any, data: Any, prefix: str) -> Problem:
+    """One pydantic error as a located problem; an unrecognized key is named by its line and
+    column, never by its text (which may be a line of a file that is not ours)."""
+    loc, message = tuple(error["loc"]), str(error["msg"])
+    if error["type"] == "extra_forbidden":
+        message = UNRECOGNIZED_KEY
+    if not loc or not message.startswith(UNRECOGNIZED_KEY):
+        return Problem(file, format_loc(loc, prefix) or "(document)", message)
+    parent = _walk(data, loc[:-1])
+    mark = key_mark(parent, loc[-1])
+    if mark is not None:
+        where = f"the key at {mark}"
+    elif isinstance(parent, dict) and loc[-1] in parent:
+        where = f"key {list(parent).index(loc[-1]) + 1} of {len(parent)}"
+    else:
+        where = "a key"
+    return Problem(file, format_loc(loc[:-1], prefix) or "(document)", f"{where} {message}")
+
+
+def _walk(data: Any, loc: tuple[Any, ...]) -> Any:
+    """The value at ``loc`` inside ``data``, or None when the path does not lead anywhere."""
+    for part in loc:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+def inside(folder: Path, name: Path | str, what: str, file: str) -> Path:
+    """``folder / name``, refused unless it stays inside ``folder`` once symlinks and ``..``
+    are resolved: a path that leaves its folder can point at any file the user can read."""
+    folder_real = Path(os.path.realpath(folder))
+    target = Path(os.path.realpath(folder / name))
+    if target == folder_real or folder_real not in target.parents:
+        raise ValidationError(
+            [
+                Problem(
+                    file,
+                    what,
+                    f"leaves its folder {folder} (through an absolute path, '..' or a symlink): "
+                    "expected a path inside that folder",
+                )
+            ]
+        )
+    return target
 
 
 def load(model: type[M], path: Path | str, key: str | None = None) -> M:

@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from speclens.acceptance.errors import Problem, ValidationError
-from speclens.acceptance.files import load
+from speclens.acceptance.files import inside, load
 from speclens.acceptance.schema import AcceptanceProfileSet, Profile, ProfileKey
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,22 @@ def set_files(path: Path) -> list[Path]:
     return [path]
 
 
+def _entry_problem(root: Path, file: Path) -> Problem | None:
+    """A registry entry that leaves its directory (``acceptance/`` a symlink elsewhere, or an
+    entry a symlink to any file the user can read) is refused before it is opened: the
+    registry may come from someone else, and the file's lines would be checked as a set."""
+    if file.parent != root:
+        try:
+            inside(root, file.parent.name, "(directory)", str(file.parent))
+        except ValidationError as exc:
+            return exc.problems[0]
+    try:
+        inside(file.parent, file.name, "(file)", str(file))
+    except ValidationError as exc:
+        return exc.problems[0]
+    return None
+
+
 def load_sets(paths: Iterable[Path]) -> list[RegisteredSet]:
     """Load and validate every set under ``paths``; raise one error listing every problem."""
     problems: list[Problem] = []
@@ -59,6 +75,10 @@ def load_sets(paths: Iterable[Path]) -> list[RegisteredSet]:
                 Problem(str(path), "(directory)", f"holds no {ACCEPTANCE_DIR}/*.yaml profile sets")
             )
         for file in files:
+            refused = _entry_problem(path, file) if path.is_dir() else None
+            if refused is not None:
+                problems += [] if refused in problems else [refused]  # a folder: once
+                continue
             try:
                 profile_set = load(AcceptanceProfileSet, file)
             except ValidationError as exc:

@@ -28,10 +28,13 @@ from pydantic import (
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from speclens.acceptance.errors import UNRECOGNIZED_KEY
 from speclens.acceptance.quantity import (
+    MAX_NUM_SPEC_TOKENS,
     is_finite_number,
     length_from_rate,
     length_problems,
+    num_spec_tokens_problem,
     rate_problems,
     rates_shape_problems,
     rates_sum_problem,
@@ -122,7 +125,7 @@ def _wording(err: Any) -> str:
     if kind == "missing":
         return "is required"
     if kind == "extra_forbidden":
-        return "is not a recognized key"
+        return UNRECOGNIZED_KEY
     if kind in _EXPECTED:
         return f"expected {_EXPECTED[kind]}, got {_describe(err.get('input'))}"
     if kind == "literal_error":
@@ -143,6 +146,13 @@ class _Model(BaseModel):
         """Problems that involve more than one field, read off the raw mapping."""
         return []
 
+    @classmethod
+    def _own_message(cls, err: Any) -> str:
+        """An unknown key of this model's own mapping lists the keys it expects."""
+        if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+            return f"{UNRECOGNIZED_KEY}: expected one of {', '.join(cls.model_fields)}"
+        return _message(err)
+
     @model_validator(mode="wrap")
     @classmethod
     def _collect_every_problem(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
@@ -151,7 +161,7 @@ class _Model(BaseModel):
         try:
             value = handler(data)
         except PydanticValidationError as exc:
-            errors = [_error(e["loc"], _message(e), e.get("input")) for e in exc.errors()]
+            errors = [_error(e["loc"], cls._own_message(e), e.get("input")) for e in exc.errors()]
         if isinstance(data, dict):
             errors += [_error(loc, msg) for loc, msg in cls._cross_checks(data)]
         if errors:
@@ -202,6 +212,23 @@ def _finite_at_least_one(value: float) -> float:
     return value
 
 
+def _num_spec_tokens(value: int) -> int:
+    problem = num_spec_tokens_problem(value)
+    if problem:
+        raise _fail(problem)
+    return value
+
+
+def _rates_length(value: object) -> object:
+    """Checked before the entries, so a list of a million rates is refused by its length."""
+    if isinstance(value, list) and len(value) > MAX_NUM_SPEC_TOKENS:
+        raise _fail(
+            f"has {len(value):,} entries, over the limit of {MAX_NUM_SPEC_TOKENS} (one per draft "
+            f"position, K <= {MAX_NUM_SPEC_TOKENS})"
+        )
+    return value
+
+
 def _rate(value: float) -> float:
     problems = rate_problems(value)
     if problems:
@@ -240,12 +267,25 @@ def _method(value: object) -> object:
 
 
 NonEmptyStr = Annotated[str, AfterValidator(_non_empty)]
-NumSpecTokens = Annotated[int, AfterValidator(_at_least(1)), Field(description="K, at least 1.")]
+NumSpecTokens = Annotated[
+    int,
+    AfterValidator(_num_spec_tokens),
+    Field(
+        description=f"K, in [1, {MAX_NUM_SPEC_TOKENS}].",
+        json_schema_extra={"minimum": 1, "maximum": MAX_NUM_SPEC_TOKENS},
+    ),
+]
 NonNegativeInt = Annotated[int, AfterValidator(_at_least(0))]
 Category = Annotated[str, AfterValidator(_category), Field(pattern=CATEGORY_PATTERN)]
 Thinking = Annotated[ThinkingMode, BeforeValidator(_thinking)]
 AcceptanceLength = Annotated[float, AfterValidator(_finite_at_least_one)]
 Rate = Annotated[float, AfterValidator(_rate), Field(ge=0, le=1)]
+#: K per-position rates; at most ``MAX_NUM_SPEC_TOKENS`` of them, counted before they are read.
+Rates = Annotated[
+    list[Rate],
+    BeforeValidator(_rates_length),
+    Field(json_schema_extra={"maxItems": MAX_NUM_SPEC_TOKENS}),
+]
 #: The share of decode request-steps that drafted at all (an n-gram drafter often finds no match).
 #: AL counts only the steps that drafted; absent means 1.0, as for forced and model drafters.
 DraftCoverage = Annotated[
@@ -273,14 +313,14 @@ def _given(data: dict[str, Any], name: str) -> bool:
 
 def _k(data: dict[str, Any]) -> int | None:
     k = data.get("num_spec_tokens")
-    return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else None
+    return k if num_spec_tokens_problem(k) is None else None
 
 
 def _rates_checks(data: dict[str, Any], k: int | None) -> list[tuple[Loc, str]]:
     """Count and monotonicity of ``per_position_rates`` (entries are checked field by field)."""
     rates = data.get("per_position_rates")
-    if not isinstance(rates, list):
-        return []
+    if not isinstance(rates, list) or len(rates) > MAX_NUM_SPEC_TOKENS:
+        return []  # the field reports an overlong list
     return [(("per_position_rates",), p.message) for p in rates_shape_problems(rates, k)]
 
 
@@ -356,7 +396,7 @@ class ProfileKey(BaseModel):
 
     model: str
     speculative_method: str
-    num_spec_tokens: int
+    num_spec_tokens: NumSpecTokens
     thinking: str
     category: str
 
@@ -368,12 +408,16 @@ class ProfileKey(BaseModel):
         )
 
 
-COPIED_FROM_PATTERN = r"^[^/\s]+/[^/\s]+/k[1-9][0-9]*/thinking-(on|off)/[a-z0-9_-]+$"
+COPIED_FROM_PATTERN = r"^[^/\s]+/[^/\s]+/k(?P<k>[1-9][0-9]*)/thinking-(on|off)/[a-z0-9_-]+$"
 
 
 def _copied_from(value: str) -> str:
-    if not re.fullmatch(COPIED_FROM_PATTERN, value):
+    match = re.fullmatch(COPIED_FROM_PATTERN, value)
+    if not match:
         raise _fail(f"{_show(value)} is not model/method/k<K>/thinking-<on|off>/category")
+    digits = match["k"]
+    if len(digits) > len(str(MAX_NUM_SPEC_TOKENS)) or int(digits) > MAX_NUM_SPEC_TOKENS:
+        raise _fail(f"names K {_show(digits)}: K must be at most {MAX_NUM_SPEC_TOKENS}")
     return value
 
 
@@ -386,7 +430,7 @@ class Profile(_Model):
     thinking: Thinking
     category: Category = Field(description="The workload category, such as coding.")
     acceptance_length: AcceptanceLength = Field(description="AL, in [1, K + 1].")
-    per_position_rates: list[Rate] | None = Field(
+    per_position_rates: Rates | None = Field(
         None, description="K rates, each in [0, 1], non-increasing, summing to AL - 1 within 0.01."
     )
     draft_coverage: DraftCoverage | None = None
@@ -488,7 +532,7 @@ class AcceptanceValue(_Model):
     num_spec_tokens: NumSpecTokens
     acceptance_length: AcceptanceLength | None = Field(None, description="AL, in [1, K + 1].")
     acceptance_rate: Rate | None = Field(None, description="(AL - 1) / K, in [0, 1].")
-    per_position_rates: list[Rate] | None = Field(None, description="K rates, as for a profile.")
+    per_position_rates: Rates | None = Field(None, description="K rates, as for a profile.")
     draft_coverage: DraftCoverage | None = None
     source: NonEmptyStr | None = Field(None, description="Where the value came from.")
 

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from speclens.acceptance import (
+    MAX_NUM_SPEC_TOKENS,
     AcceptanceValue,
     Problem,
     Registry,
@@ -21,6 +22,7 @@ from speclens.acceptance import (
     ValidationError,
     validate,
 )
+from speclens.acceptance.quantity import num_spec_tokens_problem
 
 # Wide when piped or captured, so tables of long names and URLs are not cut to 80 columns.
 err_console = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)  # ":x:" stays
@@ -34,6 +36,15 @@ REGISTRY_OPTION = typer.Option(
     file_okay=False,
     dir_okay=True,
 )
+
+
+def num_spec_tokens_callback(value: int | None) -> int | None:
+    """A K option's check (``typer.Option(..., callback=num_spec_tokens_callback)``): a K outside
+    [1, MAX_NUM_SPEC_TOKENS] is the command's usage error (exit 2), before any work sizes by it."""
+    problem = None if value is None else num_spec_tokens_problem(value)
+    if problem:
+        raise typer.BadParameter(f"K {problem} (K is in [1, {MAX_NUM_SPEC_TOKENS}])")
+    return value
 
 
 def fail(lines: Iterable[str] | str, code: int = 1) -> NoReturn:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-import math
+import re
+import reprlib
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import yaml
 from rich.table import Table
 
 from speclens.acceptance import (
+    MAX_NUM_SPEC_TOKENS,
     AcceptancePin,
     AcceptanceProfileSet,
     Problem,
@@ -26,6 +28,8 @@ from speclens.acceptance import (
     validate,
 )
 from speclens.acceptance.emit import ENGINES, emit
+from speclens.acceptance.files import key_mark
+from speclens.acceptance.quantity import is_finite_number, num_spec_tokens_problem
 from speclens.cli._common import (
     ACCEPTANCE_LENGTH_OPTION,
     ACCEPTANCE_RATE_OPTION,
@@ -35,6 +39,7 @@ from speclens.cli._common import (
     err_console,
     fail,
     load_registry,
+    num_spec_tokens_callback,
     out_console,
     reported,
 )
@@ -172,7 +177,11 @@ def resolve_cmd(
     model: str = typer.Option(..., "--model", help="The catalog model name."),
     method: str = typer.Option(..., "--method", help="The speculative method (e.g. dspark, mtp)."),
     num_spec_tokens: int = typer.Option(
-        ..., "--num-spec-tokens", "-k", help="K, draft tokens per step."
+        ...,
+        "--num-spec-tokens",
+        "-k",
+        help="K, draft tokens per step, in [1, 64].",
+        callback=num_spec_tokens_callback,
     ),
     thinking: Thinking | None = typer.Option(
         None, "--thinking", help="The workload's thinking mode."
@@ -213,8 +222,6 @@ def resolve_cmd(
     if emit_engine is not None and as_json:
         fail("command line: --emit: prints one line; do not also give --json", code=2)
     with reported():
-        if num_spec_tokens < 1:
-            fail(f"command line: --num-spec-tokens: must be at least 1, got {num_spec_tokens}")
         res = resolve(
             model=model,
             method=method,
@@ -236,42 +243,85 @@ def resolve_cmd(
         print_resolution(res)
 
 
+#: A K key of an InferenceX curve: a plain decimal integer, ASCII digits, no sign, space or
+#: leading zero, so that two spellings (1 and 01, 2 and +2, 2 and the Arabic-Indic digit two)
+#: can never name one K and silently keep the last.
+_K_KEY = re.compile(r"[1-9][0-9]*", re.ASCII)
+_SHAPE = "expected {model: {thinking_on|thinking_off: {K: AL}}}"
+
+
+def _where(mapping: object, key: object, fallback: str) -> str:
+    """A key that is not what it should be is located by its line and column, never quoted:
+    the file may be something else entirely (its lines are then its keys)."""
+    mark = key_mark(mapping, key)
+    return str(mark) if mark is not None else fallback
+
+
 def _parse_inferencex(data: Any, file: str) -> dict[tuple[str, str, int], float]:
     """``{model: {thinking_on|thinking_off: {K: AL}}}`` -> {(model, on|off, K): AL}."""
     if not isinstance(data, dict) or not data:
-        raise ValidationError(
-            [Problem(file, "(document)", "expected {model: {thinking_on|thinking_off: {K: AL}}}")]
-        )
+        raise ValidationError([Problem(file, "(document)", _SHAPE)])
     out: dict[tuple[str, str, int], float] = {}
     problems: list[Problem] = []
-    for model, modes in data.items():
-        if not isinstance(modes, dict) or not modes:
-            problems.append(
-                Problem(file, str(model), "expected a mapping of thinking_on/thinking_off")
-            )
+    for n, (model, modes) in enumerate(data.items(), 1):
+        if not isinstance(model, str) or not isinstance(modes, dict) or not modes:
+            where = _where(data, model, f"model {n}")
+            problems.append(Problem(file, where, f"{_SHAPE}: this key is not a model's curves"))
             continue
+        name = reprlib.repr(model)[1:-1]
         for mode, curve in modes.items():
             if mode not in ("thinking_on", "thinking_off"):
-                problems.append(
-                    Problem(file, f"{model}.{mode}", "expected thinking_on or thinking_off")
-                )
+                where = f"{name}: {_where(modes, mode, 'a key')}"
+                problems.append(Problem(file, where, "expected thinking_on or thinking_off"))
                 continue
             if not isinstance(curve, dict) or not curve:
-                problems.append(Problem(file, f"{model}.{mode}", "expected a mapping of K to AL"))
+                problems.append(Problem(file, f"{name}.{mode}", "expected a mapping of K to AL"))
                 continue
-            for k, al in curve.items():
-                where = f"{model}.{mode}.{k}"
-                try:
-                    k_int = int(str(k))
-                except ValueError:
-                    problems.append(Problem(file, where, f"K {k!r} is not an integer"))
-                    continue
-                if isinstance(al, bool) or not isinstance(al, int | float) or not math.isfinite(al):
-                    problems.append(Problem(file, where, f"AL {al!r} is not a finite number"))
-                    continue
-                out[(str(model), mode.removeprefix("thinking_"), k_int)] = float(al)
+            for k_int, al in _curve(curve, f"{name}.{mode}", file, problems).items():
+                out[(model, mode.removeprefix("thinking_"), k_int)] = al
     if problems:
         raise ValidationError(problems)
+    return out
+
+
+def _curve(
+    curve: dict[Any, Any], path: str, file: str, problems: list[Problem]
+) -> dict[int, float]:
+    """One ``{K: AL}`` curve; each key must be a plain decimal K in [1, MAX_NUM_SPEC_TOKENS],
+    given once. Problems are appended to ``problems``."""
+    out: dict[int, float] = {}
+    first: dict[int, str] = {}
+    for n, (k, al) in enumerate(curve.items(), 1):
+        where = _where(curve, k, f"key {n}")
+        mark = key_mark(curve, k)
+        text = mark.text if mark is not None and mark.text is not None else k
+        if isinstance(k, bool) or not isinstance(k, int | str) or not isinstance(text, int | str):
+            problems.append(
+                Problem(file, f"{path}: {where}", "expected K, a plain decimal integer")
+            )
+            continue
+        text = str(text) if isinstance(text, int) else text
+        if not _K_KEY.fullmatch(text):
+            message = "expected K, a plain decimal integer such as 4 (no sign, space or leading 0)"
+            problems.append(Problem(file, f"{path}: {where}", message))
+            continue
+        too_long = f"must be at most {MAX_NUM_SPEC_TOKENS}, got a {len(text)}-digit number"
+        problem = num_spec_tokens_problem(int(text)) if len(text) <= 4 else too_long
+        if problem:
+            at = f"{path}.{text}" if len(text) <= 4 else f"{path}: {where}"
+            problems.append(Problem(file, at, f"K {problem}"))
+            continue
+        k_int = int(text)
+        if k_int in first:
+            message = f"K {k_int} is given twice (also at {first[k_int]}): give each K once"
+            problems.append(Problem(file, f"{path}.{k_int}", message))
+            continue
+        first[k_int] = where
+        if not is_finite_number(al):
+            message = f"AL {reprlib.repr(al)} is not a finite number"
+            problems.append(Problem(file, f"{path}.{k_int}", message))
+            continue
+        out[k_int] = float(al)
     return out
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from speclens.acceptance import AcceptancePin, AcceptanceValue, Problem, ValidationError, read_yaml
-from speclens.acceptance.files import validate
+from speclens.acceptance.files import inside, validate
 from speclens.acceptance.schema import (
     Category,
     NonEmptyStr,
@@ -176,5 +176,6 @@ def pool_cost(pool: Pool, base: Path) -> StepCostSpec:
         return pool.step_cost
     if pool.step_cost_file is None:
         return StepCostSpec()
-    path = (base / pool.step_cost_file).resolve()
+    # Inside the scenario's folder only: a shared scenario must not read any file the user can.
+    path = inside(base, pool.step_cost_file, "step_cost_file", str(base / pool.step_cost_file))
     return validate(StepCostSpec, read_yaml(path), str(path))

@@ -28,7 +28,9 @@ def test_the_floor_is_min_verify_steps_and_a_pass_names_its_steps() -> None:
     assert not below["passed"] and below["inconclusive"]
     assert at["passed"] and not at["inconclusive"]
     assert f"over {MIN_VERIFY_STEPS} verify steps" in at["reason"]
-    assert at["realized_acceptance_length"] == acceptance_length(2 * MIN_VERIFY_STEPS, MIN_VERIFY_STEPS)
+    assert at["realized_acceptance_length"] == acceptance_length(
+        2 * MIN_VERIFY_STEPS, MIN_VERIFY_STEPS
+    )
 
 
 def _line(verdict: dict[str, Any], requests: int = 3) -> str:

@@ -88,7 +88,10 @@ def test_min_effect_sizes_the_samples() -> None:
         (["--positions", "0,2"], "--positions: expected token positions"),
         (["--positions", "5-2"], "--positions: expected token positions"),
         (["--positions", "1-99999999999"], "--positions: expected token positions"),
-        (["--positions", "2,9", "--max-tokens", "5"], "--positions: position 9 is beyond --max-tokens 5"),
+        (
+            ["--positions", "2,9", "--max-tokens", "5"],
+            "--positions: position 9 is beyond --max-tokens 5",
+        ),
         (["--min-effect", "0"], "--min-effect: expected"),
         (["--min-effect", "1.5"], "--min-effect: expected"),
         (["--min-effect", "0.001"], "--min-effect: 0.001 needs"),

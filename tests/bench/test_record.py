@@ -6,13 +6,14 @@ import math
 from collections import Counter
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from speclens.acceptance import AcceptanceHistogram
-from speclens.bench.record import TOLERANCE, SpecDecodeAcceptanceRecord
+from speclens.bench.record import TOLERANCE, SpecDecodeAcceptanceRecord, from_json, row_problems
 
 FAST = settings(max_examples=200, deadline=None)
 
@@ -311,3 +312,33 @@ def test_records_from_any_per_step_data(
     assert 0.0 <= rec.draft_acceptance_rate <= 1.0
     assert rec.histogram == hist
     assert SpecDecodeAcceptanceRecord.model_validate_json(rec.model_dump_json()) == rec
+
+
+def test_a_record_read_back_from_json_passes_the_same_validator() -> None:
+    """``bench merge`` reads records.jsonl through ``from_json``: a record bench wrote comes back
+    equal (histogram keys were JSON strings), and a contradicting one is refused."""
+    record = SpecDecodeAcceptanceRecord(**fields())
+    raw = orjson.loads(orjson.dumps(record.model_dump(), option=orjson.OPT_NON_STR_KEYS))
+    assert from_json(raw) == record
+    raw["acceptance_histogram"] = {"4": 5}
+    with pytest.raises(ValueError, match="acceptance_histogram"):
+        from_json(raw)
+    raw["acceptance_histogram"], raw["num_draft_tokens"] = record.acceptance_histogram, "15"
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        from_json(raw)
+
+
+def test_every_row_bench_writes_passes_row_problems() -> None:
+    from speclens.bench.client import RequestRecord
+    from speclens.bench.report import record_row
+
+    spec = SpecDecodeAcceptanceRecord(**fields()).model_dump()
+    request = RequestRecord(index=3, category="c", start=0.5, end=1.5, ttft=0.1,
+                            itl_runs=[(0.01, 4)], completion_tokens=9, status=200, spec=spec)  # fmt: skip
+    row = orjson.loads(orjson.dumps(record_row(request), option=orjson.OPT_NON_STR_KEYS))
+    assert row_problems(row) == []
+    assert row_problems({**row, "ttft_s": 2.0}) == [
+        ("ttft_s", "expected at most latency_s (1.0), got 2.0")
+    ]
+    assert row_problems({"index": 3, "row_error": "x"}) == []
+    assert row_problems([]) == [("", "expected a JSON object, got list")]

@@ -17,6 +17,7 @@ import asyncio
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from serverkit import FORCED, ServerProcess, free_port, mtp_stats, running_serve
 from speclens.bench.client import LoadConfig, LoadGenerator, RequestRecord
 from speclens.bench.datasets import random_prompts
 from speclens.bench.run import run_bench
+from speclens.bench.workers import worker_parts
 
 pytestmark = pytest.mark.integration
 
@@ -305,3 +307,27 @@ def test_the_cli_reports_each_replica(canned: str, tmp_path: Path, run_cli: Any)
         other: 3,
     }
     assert {r["replica"] for r in _rows(tmp_path / "records.jsonl")} == {canned, other}
+
+
+def test_worker_parts_of_a_shard_interleave_within_the_shard() -> None:
+    """Kills the mutation: ``workers.worker_parts`` giving worker w part p * W + w instead of
+    p + P * w (of shard p/P), which sends other shards' requests."""
+    config = LoadConfig(url="http://127.0.0.1:1", model="m", part=(1, 2))
+    assert [c.part for c in worker_parts(config, 3)] == [(1, 6), (3, 6), (5, 6)]
+    for p, parts, workers in ((0, 3, 2), (2, 3, 4), (0, 1, 3)):
+        mine = worker_parts(replace(config, part=(p, parts)), workers)
+        owned = sorted(j for c in mine for j in range(60) if j % c.part[1] == c.part[0])
+        assert owned == [j for j in range(60) if j % parts == p]
+
+
+def test_a_shard_with_workers_sends_exactly_its_own_requests(canned: str) -> None:
+    """Kills the mutation: ``workers.worker_parts`` interleaving p * W + w instead of p + P * w,
+    end to end: shard 1/2 of 2 warm-up and 10 measured requests with 2 workers."""
+    config = LoadConfig(
+        url=canned, model="canned", num_requests=10, warmup=2, concurrency=2, max_tokens=1,
+        part=(1, 2),
+    )  # fmt: skip
+    outcome = asyncio.run(run_bench(config, random_prompts(12, 2, 1, seed=0), workers=2))
+    assert sorted(r.index for r in outcome.records) == [1, 3, 5, 7, 9, 11]
+    assert [r.index for r in outcome.records if r.warmup] == [1]
+    assert all(r.success for r in outcome.records)

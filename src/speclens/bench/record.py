@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeGuard
 
+import orjson
+import pydantic
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from speclens.acceptance.histogram import AcceptanceHistogram
@@ -303,3 +306,137 @@ def _sparse(value: dict[int, int]) -> dict[int, int]:
     if bad:
         raise ValueError(f"keys and counts must be integers in [0, 2**63 - 1], got {bad}")
     return {j: n for j, n in sorted(value.items()) if n}
+
+
+# --- records.jsonl rows read back (``bench merge``) ----------------------------------------------
+
+#: The largest time a records.jsonl row may hold, in seconds (a year): a time past it was not
+#: measured by a run.
+MAX_SECONDS = 365 * 86400.0
+
+
+def from_json(raw: object) -> SpecDecodeAcceptanceRecord:
+    """A record from its JSON form (a records.jsonl ``spec_decode_acceptance``), through the
+    same validator every adapter's record passed (JSON object keys are strings: read as JSON so
+    the histogram's keys are counts again, nothing else coerced). Raises ValueError."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"expected an object, got {raw!r:.60}")
+    try:
+        return SpecDecodeAcceptanceRecord.model_validate_json(
+            orjson.dumps(raw, option=orjson.OPT_NON_STR_KEYS)
+        )
+    except pydantic.ValidationError as exc:
+        raise ValueError(
+            "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'record'}: {e['msg']}"
+                for e in exc.errors()
+            )[:300]
+        ) from None
+    except TypeError as exc:  # orjson: a value JSON cannot hold
+        raise ValueError(str(exc)) from None
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def _is_time(value: object, low: float = 0.0) -> TypeGuard[float]:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and low <= value <= MAX_SECONDS
+    )
+
+
+def _optional(test: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda value: value is None or test(value)
+
+
+def _is_str(value: object) -> bool:
+    return isinstance(value, str)
+
+
+_COUNT = "an integer in [0, 2**63 - 1]"
+_SECONDS = f"null or seconds in [0, {MAX_SECONDS:g}]"
+#: Each checked field of a row: (its test, what it must be). ``start_s`` may be a little below
+#: zero: a worker's first send can precede the shared origin by a clock tick.
+_ROW_FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "index": (_is_count, _COUNT),
+    "category": (_is_str, "a string"),
+    "warmup": (lambda v: isinstance(v, bool), "true or false"),
+    "start_s": (lambda v: _is_time(v, -MAX_SECONDS), f"seconds within {MAX_SECONDS:g}"),
+    "scheduled_s": (_optional(_is_time), _SECONDS),
+    "ttft_s": (_optional(_is_time), _SECONDS),
+    "latency_s": (_optional(_is_time), _SECONDS),
+    "prompt_tokens": (_optional(_is_count), f"null or {_COUNT}"),
+    "completion_tokens": (_optional(_is_count), f"null or {_COUNT}"),
+    "status": (_optional(lambda v: _is_count(v) and v <= 999), "null or an HTTP status"),
+    "error": (_optional(_is_str), "null or a string"),
+    "unparsable_events": (_is_count, _COUNT),
+    "anomalies": (lambda v: isinstance(v, list) and all(map(_is_str, v)), "a list of strings"),
+    "raw": (lambda v: isinstance(v, list), "a list"),
+    "spec_decode_status": (_is_str, "a string"),
+    "spec_decode_adapter": (_optional(_is_str), "null or a string"),
+    "spec_decode_message": (_optional(_is_str), "null or a string"),
+}
+
+
+def row_problems(row: object) -> list[tuple[str, str]]:
+    """What is wrong with one records.jsonl row, as (field, what was expected and found):
+    every field a figure reads, and the acceptance records through ``from_json``. A row that
+    says it could not be written (``row_error``) needs only its index."""
+    if not isinstance(row, dict):
+        return [("", f"expected a JSON object, got {type(row).__name__}")]
+    fields = ("index",) if "row_error" in row else tuple(_ROW_FIELDS)
+    out = []
+    for name in fields:
+        test, what = _ROW_FIELDS[name]
+        if name not in row:
+            out.append((name, f"missing: expected {what}"))
+        elif not test(row[name]):
+            out.append((name, f"expected {what}, got {row[name]!r:.60}"))
+    if "row_error" in row:
+        return out
+    out += _itl_problems(row.get("itl_runs_s"))
+    ttft, latency = row.get("ttft_s"), row.get("latency_s")
+    if _is_time(ttft) and _is_time(latency) and ttft > latency:
+        out.append(("ttft_s", f"expected at most latency_s ({latency!r}), got {ttft!r}"))
+    out += _spec_problems(row.get("spec_decode_acceptance"), row.get("spec_decode_choices"))
+    return out
+
+
+def _itl_problems(runs: object) -> list[tuple[str, str]]:
+    what = "a list of [gap seconds, tokens] pairs"
+    if not isinstance(runs, list):
+        return [("itl_runs_s", f"expected {what}, got {runs!r:.60}")]
+    for i, run in enumerate(runs):
+        if not (isinstance(run, list) and len(run) == 2 and _is_time(run[0]) and _is_count(run[1])):
+            return [(f"itl_runs_s[{i}]", f"expected [gap seconds, tokens], got {run!r:.60}")]
+    return []
+
+
+def _spec_problems(spec: object, per_choice: object) -> list[tuple[str, str]]:
+    out = []
+    if spec is not None:
+        try:
+            from_json(spec)
+        except ValueError as exc:
+            out.append(("spec_decode_acceptance", f"not a valid acceptance record: {exc}"))
+    if per_choice is None:
+        return out
+    if not isinstance(per_choice, dict):
+        return [
+            *out,
+            ("spec_decode_choices", f"expected null or an object, got {per_choice!r:.60}"),
+        ]
+    for key, record in per_choice.items():
+        where = f"spec_decode_choices[{key!r:.20}]"
+        if not (isinstance(key, str) and key.isdecimal() and key.isascii()):
+            out.append((where, "expected a choice index as the key"))
+            continue
+        try:
+            from_json(record)
+        except ValueError as exc:
+            out.append((where, f"not a valid acceptance record: {exc}"))
+    return out

@@ -54,6 +54,15 @@ def worker_parts(config: LoadConfig, workers: int) -> list[LoadConfig]:
     return [replace(config, part=(p + parts * w, parts * workers)) for w in range(workers)]
 
 
+def run_duration(records: list[RequestRecord], part_durations: list[float]) -> float:
+    """A run's duration from its parts' records: the latest end of a measured record, or the
+    longest part's duration when none ended. The one meaning for workers (one time origin) and
+    for ``bench merge`` (each shard's records count from its own start, the shards run at once),
+    as one generator's duration is its last measured end."""
+    ends = [r.end for r in records if r.end is not None and not r.warmup]
+    return max(ends) if ends else max(part_durations, default=0.0)
+
+
 def _worker(config: LoadConfig, prompts: list[Prompt], out: Any, start: Any) -> None:
     """A worker process: run one part, sending ("warm"), ("record", r) and ("done", result)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; SIGTERM stops sending
@@ -160,12 +169,11 @@ class WorkerPool:
                 self._take(await self._next(out), records, results)
         finally:
             self._shutdown()
-        ends = [r.end for r in records if r.end is not None and not r.warmup]
         records.sort(key=lambda r: r.index)
         return RunResult(
             records,
             started,
-            max(ends) if ends else max((r.duration for r in results), default=0.0),
+            run_duration(records, [r.duration for r in results]),
             any(r.interrupted for r in results) or self._stopped,
             max((r.sending_s for r in results), default=0.0),
             sum(r.in_flight_at_stop for r in results),

@@ -423,9 +423,14 @@ def merge(
 ) -> None:
     """Merge runs sharded across machines into one report, every figure recomputed from the
     merged records. Exit 1 when the runs are not the shards of one run; 3 when more requests
-    failed than the run's --max-failure-rate allows; 130 when a shard was interrupted."""
+    failed than the run's --max-failure-rate allows; 130 when a shard was interrupted; 2 when
+    --output-dir is one of the shards."""
     from speclens.bench.merge import merge as merge_runs
+    from speclens.bench.merge import output_problem
 
+    problem = output_problem(output_dir, directories)
+    if problem is not None:
+        fail(problem, code=2)
     with reported():
         outcome = merge_runs(directories)
     records_out = open_records(output_dir)

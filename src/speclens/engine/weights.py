@@ -10,6 +10,7 @@ silently, and a caller can refuse it in one line instead of a traceback.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -834,8 +835,18 @@ def model_config(spec: str) -> ModelConfig:
             return DUMMY_TARGET if spec == "dummy" else DUMMY_DRAFT
         path = _model_path(spec)
         if path.suffix == ".gguf" and not path.is_dir():
-            return gguf_config(_gguf_reader(path))
+            if not path.is_file():
+                raise ValueError(f"{path}: no such file")
+            stat = path.stat()
+            return _gguf_file_config(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
         return _hf_checked(path)[0]
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_file_config(path: str, mtime_ns: int, size: int) -> ModelConfig:
+    """A GGUF file's config, kept per (path, modification time, size): reading the header takes
+    seconds for a real vocabulary, and ``serve`` asks for it twice before loading."""
+    return gguf_config(_gguf_reader(path))
 
 
 def default_max_model_len(spec: str, default: int = 2048) -> int:

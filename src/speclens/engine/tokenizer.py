@@ -255,7 +255,9 @@ class HFTokenizer:
         return None if token_id is None else self.backend.id_to_token(token_id)
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
-        ids: list[int] = self.backend.encode(text, add_special_tokens=False).ids
+        # The batch form releases the GIL while it encodes (``encode`` holds it): a long prompt
+        # tokenized on a server thread must not stall the event loop and the engine thread.
+        ids: list[int] = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
         if add_bos:
             if self._bos is None:
                 raise ValueError(f"tokenizer {self._name!r} has no BOS token")

@@ -22,7 +22,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from speclens import __version__
 from speclens.engine import RequestOutput, SamplingError, SamplingParams
 from speclens.server.metrics import ServerMetrics
+from speclens.server.prompts import PromptEncoder
 from speclens.server.protocol import (
+    ApiError,
     ChatCompletionRequest,
     CompletionRequest,
     StatsLevel,
@@ -107,12 +109,6 @@ async def _reply(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-
 def _hardware(device: str) -> str:
     """The chip this server computes on, as a catalog-style name (cpu-x86_64, or the GPU's)."""
     import platform
@@ -141,18 +137,20 @@ def _sse(data: Any) -> bytes:
 def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
     """The app around a runner; the runner's engine thread starts and stops with the app."""
 
+    prompts = PromptEncoder(runner.engine.tokenizer, runner.engine.config.max_model_len)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runner.start(asyncio.get_running_loop())
         try:
             yield
         finally:
+            prompts.close()
             runner.stop()
 
     app = FastAPI(title="speclens", version=__version__, lifespan=lifespan)
     metrics = ServerMetrics(runner, settings.served_model_name)
     engine = runner.engine
-    tokenizer = engine.tokenizer
 
     # ------------------------------------------------------------------ errors and guards
     @app.exception_handler(ApiError)
@@ -252,9 +250,6 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
         except SamplingError as exc:
             raise ApiError(400, str(exc)) from None
 
-    def _encode(text: str) -> list[int]:
-        return tokenizer.encode(text)
-
     async def _final(
         request: Request, q: asyncio.Queue[Item], request_id: str
     ) -> RequestOutput | None:
@@ -314,7 +309,7 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
             raise ApiError(
                 400, "echo and logprobs are not supported", "echo" if body.echo else "logprobs"
             )
-        prompt = body.prompt if isinstance(body.prompt, list) else _encode(body.prompt)
+        prompt = body.prompt if isinstance(body.prompt, list) else await prompts.encode(body.prompt)
         if not prompt:
             raise ApiError(400, "the prompt is empty", "prompt")
         if not all(isinstance(t, int) for t in prompt):
@@ -326,10 +321,9 @@ def create_app(runner: EngineRunner, settings: ServerSettings) -> FastAPI:
         _check_model(body.model)
         try:
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            text = tokenizer.apply_chat_template(messages)
         except ValueError as exc:
             raise ApiError(400, str(exc), "messages") from None
-        return await _generate(request, body, _encode(text), chat=True)
+        return await _generate(request, body, await prompts.encode_chat(messages), chat=True)
 
     async def _generate(
         request: Request,

@@ -200,6 +200,14 @@ def root_metrics(acceptance: RequestAcceptance, level: StatsLevel) -> dict[str, 
     return {"speculative_decoding": spec}
 
 
+class ApiError(Exception):
+    """A request refused with an OpenAI-style error body (``status``, the field ``param``)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
 def error_type(status: int) -> str:
     """OpenAI's error ``type`` for a status: every 4xx is the client's request, except the
     API key (401) and permission (403); a 5xx is the server's."""

@@ -127,8 +127,7 @@ def test_a_secret_file_validated_directly_is_located_never_quoted(tmp_path: Path
 def test_an_unknown_nested_key_is_located_by_line_and_column(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text(
-        "kind: AcceptanceProfileSet\nname: s\nprofiles:\n  - model: m\n"
-        f"    {SECRET}: 1\n"
+        f"kind: AcceptanceProfileSet\nname: s\nprofiles:\n  - model: m\n    {SECRET}: 1\n"
     )
     with pytest.raises(ValidationError) as caught:
         load(AcceptanceProfileSet, path)
@@ -167,9 +166,7 @@ def _scenario(tmp_path: Path, step_cost_file: str) -> Path:
 
 
 @pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink"])
-def test_a_step_cost_file_outside_the_scenario_folder_is_refused(
-    tmp_path: Path, how: str
-) -> None:
+def test_a_step_cost_file_outside_the_scenario_folder_is_refused(tmp_path: Path, how: str) -> None:
     secret = secret_file(tmp_path)
     name = {"dotdot": "../elsewhere/shadow", "absolute": str(secret), "symlink": "cost.yaml"}[how]
     path = _scenario(tmp_path, name)

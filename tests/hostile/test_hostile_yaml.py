@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
-from speclens.acceptance import shipped_registry
+from speclens.acceptance import AcceptanceProfileSet, shipped_registry
 from speclens.acceptance.errors import ValidationError
 from speclens.acceptance.files import parse_yaml
 
@@ -178,3 +179,132 @@ def test_validating_a_shared_huge_structure_never_renders_it() -> None:
     assert problems == 18  # caveats[0..8] and profiles[0..8]: each is a list, not a string/mapping
     assert longest_word < 100
     assert time.monotonic() - start < QUICK_S
+
+
+# --------------------------------------------------------------------------- K out of bounds
+#: A set whose one profile has K = {k}: everything else about it is valid.
+K_SET = """kind: AcceptanceProfileSet
+name: big-k
+profiles:
+  - model: m
+    speculative_method: mtp
+    num_spec_tokens: {k}
+    thinking: "on"
+    category: coding
+    acceptance_length: 1.5
+    method: assumed
+    rationale: a K nobody runs
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("k", ["1e20", str(10**20), str(10**9), "65", "0", "9" * 5000, "٤"])
+def test_resolve_refuses_an_impossible_k_as_a_usage_error(run_cli, k: str) -> None:
+    """``-k 1e20`` used to be an OverflowError traceback and ``-k 10**9`` a MemoryError; a K
+    outside [1, 64] is now the option's usage error, exit 2, before any work is sized by it."""
+    args = ("profiles", "resolve", "--model", "m", "--method", "mtp", "-k", k)
+    code, out, err = run_cli(*args, "--acceptance-length", "2")
+    assert code == 2, (out, err)
+    assert "--num-spec-tokens" in err and "Traceback" not in err + out, err
+    if k.isascii() and k.isdigit() and len(k) < 30:
+        assert "64" in err, err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("k", [65, 10**9, 10**20])
+def test_a_profile_set_with_k_past_the_bound_is_invalid(tmp_path: Path, k: int) -> None:
+    """``validate`` used to say ok to K = 10**20 (what import-inferencex wrote)."""
+    file = tmp_path / "big-k.yaml"
+    file.write_text(K_SET.format(k=k))
+    assert_refused(
+        ("profiles", "validate", file), file, "profiles[0].num_spec_tokens: ", "at most 64"
+    )
+
+
+def test_every_k_field_is_bounded() -> None:
+    from speclens.acceptance import AcceptanceValue, ProfileKey, validate
+
+    with pytest.raises(ValidationError, match="num_spec_tokens: must be at most 64"):
+        validate(AcceptanceValue, {"num_spec_tokens": 10**9, "acceptance_length": 2.0}, "s")
+    with pytest.raises(ValueError, match="must be at most 64"):
+        ProfileKey(
+            model="m", speculative_method="x", num_spec_tokens=65, thinking="on", category="c"
+        )
+    data = yaml.safe_load(K_SET.format(k=3))
+    data["profiles"][0].update(method="copied", copied_from="m/mtp/k100/thinking-on/coding")
+    with pytest.raises(ValidationError, match="copied_from: names K 100: K must be at most 64"):
+        validate(AcceptanceProfileSet, data, "s")
+
+
+@pytest.mark.timeout(60)
+def test_a_million_per_position_rates_are_refused_by_their_count() -> None:
+    from speclens.acceptance import AcceptanceValue, validate
+
+    start = time.monotonic()
+    value = {"num_spec_tokens": 3, "per_position_rates": [0.5] * 1_000_000}
+    with pytest.raises(ValidationError) as caught:
+        validate(AcceptanceValue, value, "s")
+    (problem,) = caught.value.problems
+    assert problem.path == "per_position_rates"
+    assert "has 1,000,000 entries, over the limit of 64" in problem.message
+    assert time.monotonic() - start < QUICK_S
+
+
+def test_the_schema_states_the_k_bound() -> None:
+    schema = AcceptanceProfileSet.model_json_schema()
+    profile = schema["$defs"]["Profile"]["properties"]
+    assert profile["num_spec_tokens"]["maximum"] == 64
+    assert profile["per_position_rates"]["anyOf"][0]["maxItems"] == 64
+
+
+# --------------------------------------------------------------------------- import-inferencex keys
+def _import(run_cli, tmp_path: Path, text: str) -> tuple[int, str, Path]:
+    src = tmp_path / "curves.yaml"
+    src.write_text(text, encoding="utf-8")
+    out = tmp_path / "set.yaml"
+    args = ("profiles", "import-inferencex", src, "--speculative-method", "mtp", "-o", out)
+    code, _, err = run_cli(*args, "--method", "assumed", "--rationale", "r")
+    return code, err, out
+
+
+@pytest.mark.parametrize(
+    "curve",
+    [
+        pytest.param('{"1": 1.5, "01": 1.6}', id="1-and-01"),
+        pytest.param("{01: 1.6}", id="plain-01"),
+        pytest.param('{" 2": 2.0, "+2": 2.1}', id="space-2-and-plus-2"),
+        pytest.param("{+2: 2.1}", id="plain-plus-2"),
+        pytest.param('{2: 2.0, "\u0662": 2.1}', id="arabic-indic-2"),
+        pytest.param('{1: 1.5, "1": 1.6}', id="int-and-string-1"),
+        pytest.param("{0x4: 2.0}", id="hex-4"),
+        pytest.param("{1_0: 2.0}", id="underscore-10"),
+        pytest.param(f"{{{10**20}: 2.0}}", id="k-10-to-the-20"),
+        pytest.param("{65: 2.0}", id="k-65"),
+    ],
+)
+def test_import_refuses_a_k_key_that_is_not_one_plain_decimal(
+    run_cli, tmp_path: Path, curve: str
+) -> None:
+    """Every one of these used to be read as some K, the last spelling silently kept (or
+    K = 10**20 written out as a valid set)."""
+    code, err, out = _import(run_cli, tmp_path, f"m:\n  thinking_on: {curve}\n")
+    assert code == 1, err
+    assert not out.exists()
+    assert "m.thinking_on" in err, err
+    assert any(
+        phrase in err
+        for phrase in ("plain decimal integer", "is given twice", "must be at most 64")
+    ), err
+
+
+def test_import_refuses_a_json_duplicate_k(run_cli, tmp_path: Path) -> None:
+    code, err, out = _import(run_cli, tmp_path, '{"m": {"thinking_on": {"1": 1.5, "1": 1.6}}}')
+    assert code == 1 and not out.exists()
+    assert "line 1" in err and "repeats the key at line 1" in err, err
+
+
+def test_import_keeps_plain_decimal_keys_quoted_or_not(run_cli, tmp_path: Path) -> None:
+    code, err, out = _import(run_cli, tmp_path, 'm:\n  thinking_on: {1: 1.5, "2": 2.0, 10: 2.5}\n')
+    assert code == 0, err
+    ks = [p["num_spec_tokens"] for p in yaml.safe_load(out.read_text())["profiles"]]
+    assert ks == [1, 2, 10]

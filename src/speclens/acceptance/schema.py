@@ -417,7 +417,8 @@ def _copied_from(value: str) -> str:
         raise _fail(f"{_show(value)} is not model/method/k<K>/thinking-<on|off>/category")
     digits = match["k"]
     if len(digits) > len(str(MAX_NUM_SPEC_TOKENS)) or int(digits) > MAX_NUM_SPEC_TOKENS:
-        raise _fail(f"names K {_show(digits)}: K must be at most {MAX_NUM_SPEC_TOKENS}")
+        shown = digits if len(digits) <= _SHOWN else f"of {len(digits):,} digits"
+        raise _fail(f"names K {shown}: K must be at most {MAX_NUM_SPEC_TOKENS}")
     return value
 
 

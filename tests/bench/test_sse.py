@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -59,3 +61,26 @@ def test_any_split_gives_the_same_events(cuts: list[int]) -> None:
     chunks = [STREAM[a:b] for a, b in zip([0, *points], [*points, len(STREAM)], strict=True)]
     assert parse(*chunks) == parse(STREAM)
     assert [e.data for e in parse(STREAM)] == ['{"a": 1}', "caf\u00e9\n\u2603", "[DONE]"]
+
+
+def _parse_seconds(size: int, piece: int = 1024) -> float:
+    """Seconds to parse one ``size``-byte data line sent in ``piece``-byte reads (best of 3)."""
+    line = b"data: " + b"x" * (size - 8) + b"\n\n"
+    pieces = [line[i : i + piece] for i in range(0, len(line), piece)]
+    best = float("inf")
+    for _ in range(3):
+        parser = SSEParser()
+        began = time.perf_counter()
+        events = [e for p in pieces for e in parser.feed(p)]
+        best = min(best, time.perf_counter() - began)
+        assert len(events) == 1 and len(events[0].data) == size - 8
+    return best
+
+
+def test_a_long_line_in_small_reads_costs_linear_time() -> None:
+    """Issue 19 item 12: the unfinished line was rescanned on every read (8 MiB in 1 KiB reads:
+    33.6 s). Eight times the bytes must cost about eight times the time, not 64; the absolute
+    bound is only a guard against a machine too slow to tell."""
+    small, large = _parse_seconds(2**20), _parse_seconds(8 * 2**20)
+    assert large < 5.0
+    assert large < 24 * max(small, 1e-4), (small, large)

@@ -129,6 +129,10 @@ BAD_OPTIONS = [
      "--expect-acceptance-length: expected a number >= 1, got nan"),
     (["--expect-acceptance-length", "9", "--num-spec-tokens", "3"],
      "--expect-acceptance-length: expected a number in [1, 4], got 9"),
+    # issue 19 item 15: K = 10**9 was a MemoryError traceback; one bound, MAX_NUM_SPEC_TOKENS
+    (["--num-spec-tokens", "1000000000", "--expect-acceptance-length", "2"],
+     "--num-spec-tokens: expected an integer in [1, 64], got 1000000000"),
+    (["--num-spec-tokens", "65"], "--num-spec-tokens: expected an integer in [1, 64], got 65"),
 ]  # fmt: skip
 
 

@@ -140,3 +140,27 @@ def test_bench_reads_counts_only_and_takes_al_from_the_counters(
     assert 1.0 <= server_al <= 5.0
     print(f"{spec} {endpoint} stream={stream}: drafted {drafted:.0f}, accepted {accepted:.0f}, "
           f"verify steps {delta['num_drafts']:.0f}, AL from counters {server_al:.4f}")  # fmt: skip
+
+
+def test_no_request_is_lost_when_llama_server_closes_a_kept_alive_connection(
+    llamacpp: Peer, tmp_path: Path
+) -> None:
+    """Issue 19 item 12b: llama-server closes a kept-alive connection while the next request is
+    being written ("ClientOSError: Can not write request body"); that request was never
+    received, so it is sent again. Enough requests at concurrency 2 to meet the race."""
+    base_url, model, _gguf, _spec = llamacpp
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "speclens", "bench", "--url", base_url, "--model", model),
+            *("--endpoint", "chat", "--stream", "--concurrency", "2", "--num-requests", "48"),
+            *("--dataset", "jsonl", "--dataset-path", str(prompts(tmp_path / "prompts.jsonl"))),
+            *("--max-tokens", "16", "--temperature", "0", "--output-dir", str(tmp_path / "run")),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    rows = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").open()]
+    errors = [row["error"] for row in rows if not row["success"]]
+    assert (done.returncode, len(rows), errors) == (0, 48, []), done.stderr[-3000:]

@@ -21,7 +21,7 @@ from speclens.bench.datasets import Prompt
 from speclens.bench.finish import Tally, finish_record
 from speclens.bench.request import RequestRecord, RunResult
 from speclens.bench.sse import SSEError, SSEParser
-from speclens.bench.transport import KEEPALIVE_S, MAX_ERROR_BYTES, MAX_STALE_RETRIES, read_at_most
+from speclens.bench.transport import KEEPALIVE_S, MAX_ERROR_BYTES, read_at_most
 from speclens.bench.wire import LLAMACPP_NATIVE, Backend, Endpoint, Routing, Seen, route, wire_for
 
 logger = logging.getLogger(__name__)
@@ -133,13 +133,17 @@ class LoadGenerator:
         self.replicas = config.replicas
         self.endpoint_urls = [base.rstrip("/") + path for base in self.replicas]
         self.outstanding = [0] * len(self.replicas)  # requests in flight per replica
-        self.headers = {"Content-Type": "application/json"}
+        self.headers = {
+            "Content-Type": "application/json",
+            "Accept-Encoding": transport.ACCEPT_ENCODING,
+        }
         if config.api_key:
             self.headers["Authorization"] = f"Bearer {config.api_key}"
 
     async def _send(
         self, session: aiohttp.ClientSession, record: RequestRecord, prompt: Prompt, t0: float
     ) -> None:
+        """One request, start to finish; whatever happens, its record is finished and kept."""
         config = self.config
         replica = self._route(record.index)
         record.replica = self.replicas[replica]
@@ -150,39 +154,16 @@ class LoadGenerator:
             record, prompt.max_tokens or config.max_tokens, config.stream, seen=Seen(self.wire)
         )
         try:
-            url = self.endpoint_urls[replica]
-            async with await self._post(session, url, body) as resp:
-                record.status = resp.status
-                if resp.status != 200:
-                    raw, _ = await read_at_most(resp, MAX_ERROR_BYTES)
-                    text = raw.decode("utf-8", errors="replace")
-                    record.error = f"HTTP {resp.status}: {text[:500]}"
-                    return
-                if not config.stream:
-                    limit = transport.MAX_BODY_BYTES
-                    raw, longer = await read_at_most(resp, limit)
-                    if longer:
-                        record.error = f"the response body exceeds {limit} bytes"
-                        return
-                    tally.body(raw, time.perf_counter() - t0)
-                else:
-                    parser = SSEParser()
-                    async for chunk in resp.content.iter_any():
-                        now = time.perf_counter() - t0
-                        for event in parser.feed(chunk):
-                            tally.event(event.data, now)
-                    if not tally.ended:
-                        record.error = (
-                            'the stream ended without its final chunk ("stop": true)'
-                            if self.wire is LLAMACPP_NATIVE
-                            else "the stream ended without [DONE]"
-                        )
-                        return
-                record.end = time.perf_counter() - t0
+            await self._exchange(session, self.endpoint_urls[replica], body, tally, t0)
         except asyncio.CancelledError:
             record.error = "cancelled"
             raise
-        except (aiohttp.ClientError, TimeoutError, SSEError) as exc:
+        except TimeoutError:  # aiohttp's total timeout, which says nothing itself
+            where = "waiting for the response" if record.status is None else "reading the body"
+            record.error = f"timed out after {config.timeout:g} s {where}"
+        except transport.BodyError as exc:
+            record.error = str(exc)
+        except (aiohttp.ClientError, SSEError) as exc:
             record.error = f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # one bad response must not take the run down
             logger.debug("request %d failed", record.index, exc_info=True)
@@ -191,20 +172,56 @@ class LoadGenerator:
             self.outstanding[replica] -= 1
             self._finish(record, tally)
 
-    async def _post(
-        self, session: aiohttp.ClientSession, url: str, body: bytes
-    ) -> aiohttp.ClientResponse:
-        """POST, sending again on a fresh connection when the server dropped the connection
-        before any byte of a response: a kept-alive connection it had closed (llama-server
-        advertises keep-alive on a stream, then closes). Nothing was answered, so nothing was
-        served twice; a failure after the response began is never retried."""
-        for attempt in range(MAX_STALE_RETRIES + 1):
-            try:
-                return await session.post(url, data=body, headers=self.headers)
-            except aiohttp.ServerDisconnectedError:
-                if attempt == MAX_STALE_RETRIES:
-                    raise
-        raise AssertionError("unreachable")
+    async def _exchange(
+        self, session: aiohttp.ClientSession, url: str, body: bytes, tally: Tally, t0: float
+    ) -> None:
+        """POST ``body`` and read the response into ``tally`` within the request's deadline; a
+        redirect or a status other than 200 fails the request."""
+        record, config = tally.record, self.config
+        deadline = t0 + record.start + config.timeout
+        async with await transport.post(session, url, body, self.headers) as resp:
+            record.status = resp.status
+            redirect = transport.redirect_problem(resp)
+            if redirect is not None:
+                record.error = redirect
+                return
+            if resp.status != 200:
+                raw, _ = await read_at_most(resp, MAX_ERROR_BYTES, deadline, config.timeout)
+                record.error = f"HTTP {resp.status}: {raw.decode('utf-8', 'replace')[:500]}"
+                return
+            if config.stream:
+                await self._read_stream(resp, tally, t0, deadline)
+                if not tally.ended:
+                    record.error = self._cut_short()
+                    return
+            else:
+                limit = transport.MAX_BODY_BYTES
+                raw, longer = await read_at_most(resp, limit, deadline, config.timeout)
+                if longer:
+                    record.error = f"the response body exceeds {limit} bytes"
+                    return
+                tally.body(raw, time.perf_counter() - t0)
+            record.end = time.perf_counter() - t0
+
+    async def _read_stream(
+        self, resp: aiohttp.ClientResponse, tally: Tally, t0: float, deadline: float
+    ) -> None:
+        """Every SSE event of the stream, each timed as its bytes arrive (decoded in bounded
+        slices: ``transport.body_slices``)."""
+        parser = SSEParser()
+        limit = transport.MAX_STREAM_BYTES
+        slices = transport.body_slices(resp, limit, deadline, self.config.timeout)
+        async with contextlib.aclosing(slices):
+            async for chunk in slices:
+                now = time.perf_counter() - t0
+                for event in parser.feed(chunk):
+                    tally.event(event.data, now)
+
+    def _cut_short(self) -> str:
+        """Why a stream that did not end as its wire ends fails."""
+        if self.wire is LLAMACPP_NATIVE:
+            return 'the stream ended without its final chunk ("stop": true)'
+        return "the stream ended without [DONE]"
 
     def _route(self, index: int) -> int:
         """The replica for request ``index``: round robin by index (the same spread whatever
@@ -334,13 +351,12 @@ class LoadGenerator:
         ``before_measure`` may return (or its coroutine resolve to) a ``time.perf_counter``
         value: the measured phase then starts at that time, shared with other parts."""
         config = self.config
-        timeout = aiohttp.ClientTimeout(total=config.timeout)
         connector = aiohttp.TCPConnector(
             limit=max(config.concurrency or 0, 256),
             force_close=False,
             keepalive_timeout=KEEPALIVE_S,
         )
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        async with transport.session(config.timeout, connector=connector) as session:
             warm: list[RequestRecord] = []
             if config.warmup:
                 warm, *_ = await self._phase(session, config.warmup, None, True, 0)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from speclens.bench.transport import read_at_most
+from speclens.bench import transport
 from speclens.bench.wire import Backend
 
 #: Auto-detection's bounds: all probes of one server together, and each probe's body.
@@ -47,6 +47,18 @@ PROBES: tuple[tuple[str, Backend, Callable[[object], bool]], ...] = (
 )
 
 
+async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, bytes, str | None]:
+    """A probe's status and body, or why it tells nothing (never a redirect followed)."""
+    async with session.get(url, allow_redirects=False) as resp:
+        redirect = transport.redirect_problem(resp)
+        if redirect is not None:
+            return resp.status, b"", redirect
+        raw, longer = await transport.read_at_most(resp, PROBE_BODY_BYTES)
+        if resp.status != 200:
+            return resp.status, b"", f"HTTP {resp.status}"
+        return resp.status, raw, "too long" if longer else None
+
+
 async def probe_backend(url: str, api_key: str | None = None) -> Probe:
     """Which engine serves ``url``: SGLang or llama.cpp by their own info routes, else openai.
     Bounded (``PROBE_TIMEOUT_S`` in all, ``PROBE_BODY_BYTES`` a body) and never raises: a
@@ -54,20 +66,15 @@ async def probe_backend(url: str, api_key: str | None = None) -> Probe:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     misses: list[str] = []
     try:
-        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+        async with transport.session(PROBE_TIMEOUT_S, headers=headers) as session:
             for path, backend, matches in PROBES:
                 try:
-                    async with session.get(url.rstrip("/") + path) as resp:
-                        raw, longer = await read_at_most(resp, PROBE_BODY_BYTES)
-                        status = resp.status
-                except aiohttp.ClientError as exc:
+                    _, raw, miss = await _get(session, url.rstrip("/") + path)
+                except (aiohttp.ClientError, transport.BodyError) as exc:
                     misses.append(f"{path}: {type(exc).__name__}")
                     continue
-                if status != 200 or longer:
-                    misses.append(
-                        f"{path}: HTTP {status}" if status != 200 else f"{path}: too long"
-                    )
+                if miss is not None:
+                    misses.append(f"{path}: {miss}")
                     continue
                 try:
                     body = orjson.loads(raw)

@@ -4,11 +4,15 @@ or Ctrl-C keeps every finished request), then summary.json, summary.csv and PNG 
 from __future__ import annotations
 
 import csv
+import errno
+import io
 import math
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeGuard
+from typing import Any, BinaryIO, TypeGuard
 
 import orjson
 from rich.console import Console
@@ -16,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from speclens.bench.client import RequestRecord
+from speclens.bench.transport import Redactor
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -266,14 +271,16 @@ class RecordStream:
     """``records.jsonl``, one flushed line per finished request, written as it finishes.
 
     Opening it is the check that the output directory is writable, done before the first request.
+    URL credentials (``redactor``) never reach the file.
     A record that cannot be serialized becomes a line saying so; a write that fails (disk full)
     stops the stream and is kept in ``error`` for the caller to report, never raised mid-run.
     """
 
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(self, out_dir: Path, redactor: Redactor | None = None) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "records.jsonl"
-        self._fh = self.path.open("wb")
+        self._fh = open_new(self.path)
+        self._redactor = redactor or Redactor()
         self.count = 0
         self.error: str | None = None
 
@@ -287,7 +294,7 @@ class RecordStream:
                 {"index": record.index, "success": False, "row_error": f"{exc}"[:500]}
             )
         try:
-            self._fh.write(line + b"\n")
+            self._fh.write(self._redactor.raw(line) + b"\n")
             self._fh.flush()
         except OSError as exc:
             self.error = f"{self.path}: {exc.strerror or exc}"
@@ -312,20 +319,41 @@ class RecordStream:
 _JSONL = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
+def open_new(path: Path) -> BinaryIO:
+    """``path`` created or truncated for writing, never through a symbolic link (``O_NOFOLLOW``)
+    and only as a regular file: a link planted in the output directory must not send a run's
+    files elsewhere, nor a FIFO hang it. Raises OSError naming the file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(
+                exc.errno, "is a symbolic link (never written through)", str(path)
+            ) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "wb")
+
+
 def write_files(out_dir: Path, summary: dict[str, Any], records: list[RequestRecord]) -> list[Path]:
     """summary.json, summary.csv and the plots (records.jsonl is a ``RecordStream``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     path = out_dir / "summary.json"
-    path.write_bytes(
-        orjson.dumps(
-            summary,
-            option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
+    with open_new(path) as raw:
+        raw.write(
+            orjson.dumps(
+                summary,
+                option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
+            )
         )
-    )
     written.append(path)
     path = out_dir / "summary.csv"
-    with path.open("w", newline="", encoding="utf-8") as fh:
+    with io.TextIOWrapper(open_new(path), newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(["figure", "value"])
         for key, value in _flatten(summary["figures"]):
@@ -412,6 +440,9 @@ def _save(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with open_new(path) as fh:
+            fig.savefig(fh, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path

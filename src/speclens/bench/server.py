@@ -151,7 +151,7 @@ async def _get(
     """Status and body (status -1 for a body over ``MAX_BODY``); raises ``Unreachable`` when the
     request failed on the way, so callers can tell a dead server from a missing endpoint."""
     try:
-        async with session.get(url, headers=headers) as resp:
+        async with session.get(url, headers=headers, allow_redirects=False) as resp:
             body = bytearray()
             async for chunk in resp.content.iter_chunked(64 * 1024):
                 body += chunk

@@ -6,6 +6,10 @@ next); ``data`` lines join with newlines; a single space after the colon is drop
 are not UTF-8 become U+FFFD, as the standard says, and the events do not depend on how the bytes
 were split into reads. An event (or an unfinished line) longer than ``max_event_chars`` raises
 ``SSEError``, so a server cannot make the client buffer without bound.
+
+Each character is scanned once: a read without a line end is only appended to the unfinished
+line (a list of pieces, joined when its line ends), so a long line sent in small reads costs time
+in proportion to its length, not its square.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ class Event(NamedTuple):
 class SSEParser:
     def __init__(self, max_event_chars: int = MAX_EVENT_CHARS) -> None:
         self.max_event_chars = max_event_chars
-        self._buffer = ""
+        self._pieces: list[str] = []  # the unfinished line, in pieces
+        self._pending = 0  # characters in self._pieces
         self._pending_cr = False
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._data: list[str] = []
@@ -54,13 +59,23 @@ class SSEParser:
         if self._pending_cr and text.startswith("\n"):
             text = text[1:]
         self._pending_cr = text.endswith("\r")
-        self._buffer += text
+        if "\n" not in text and "\r" not in text:  # the unfinished line goes on: scan no more
+            self._pieces.append(text)
+            self._pending += len(text)
+            if self._pending > self.max_event_chars:
+                raise SSEError(f"an SSE event exceeds {self.max_event_chars} characters")
+            return []
+        if self._pieces:
+            self._pieces.append(text)
+            text = "".join(self._pieces)
+            self._pieces.clear()
+        if "\r" in text:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        lines = text.split("\n")
+        rest = lines.pop()  # the unfinished line
+        self._pieces = [rest] if rest else []
+        self._pending = len(rest)
         events: list[Event] = []
-        buffer = self._buffer
-        if "\r" in buffer:
-            buffer = buffer.replace("\r\n", "\n").replace("\r", "\n")
-        lines = buffer.split("\n")
-        self._buffer = lines.pop()  # the unfinished line
         data = self._data
         for line in lines:
             if line.startswith("data: "):  # the common cases first
@@ -74,7 +89,7 @@ class SSEParser:
             event = self._line(line)
             if event is not None:
                 events.append(event)
-        if max(len(self._buffer), self._size) > self.max_event_chars:
+        if max(self._pending, self._size) > self.max_event_chars:
             raise SSEError(f"an SSE event exceeds {self.max_event_chars} characters")
         return events
 

@@ -5,16 +5,21 @@ Every option is checked before the first request (exit 2, one line naming the fl
 range): a run that can only fail at the end is minutes lost. Exit codes: 0 the run met its
 verdict (or had none) within ``--max-failure-rate``; 1 a failed verdict; 2 bad options; 3 more
 failed requests than ``--max-failure-rate`` allows; 130 interrupted (Ctrl-C), files still written.
+
+The command is three steps: ``BenchOptions`` (the flags as fields, as vLLM's ``EngineArgs``),
+checked once and turned into the run's ``LoadConfig``, settings, prompts and expectation; the
+run (``run``); and the report (``report``), shared with ``bench merge``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
@@ -28,9 +33,11 @@ from speclens.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from speclens.bench.client import Backend
+    from speclens.bench.client import Backend, LoadConfig, RequestRecord
+    from speclens.bench.datasets import Prompt
     from speclens.bench.report import RecordStream
-    from speclens.bench.run import BenchOutcome
+    from speclens.bench.run import BenchOutcome, Expectation
+    from speclens.bench.transport import Redactor
 
 
 def range_problem(
@@ -49,19 +56,54 @@ def range_problem(
     if ok and (high is None or value <= high):
         return None
     bound = f"in [{low:g}, {high:g}]" if high is not None else f"{'>' if above else '>='} {low:g}"
-    return f"command line: {flag}: expected {kind} {bound}, got {value:g}"
+    got = value if isinstance(value, int) else f"{value:g}"
+    return f"command line: {flag}: expected {kind} {bound}, got {got}"
+
+
+def checked_url(url: str, api_key: str | None) -> tuple[str | None, str, str | None]:
+    """``--url`` as (why it is refused or None, the base URL the client uses, a note to print).
+
+    A base URL is http(s)://[USER:PASSWORD@]HOST[:PORT][/PREFIX]: the client adds the ``/v1/...``
+    routes itself, so a trailing ``/v1`` (the usual OpenAI base URL) is dropped with a note; a
+    query, a fragment and port 0 are refused, and so are URL credentials with ``--api-key``
+    (both would be an Authorization header). Messages show the URL with its password redacted.
+    """
+    from speclens.bench.transport import redact
+
+    shown = redact(url)
+    expected = f"command line: --url: expected http(s)://HOST[:PORT], got {shown!r}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a bad port
+    except ValueError as exc:
+        return f"{expected} ({exc})", url, None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return expected, url, None
+    for what, value in (("a query", parts.query), ("a fragment", parts.fragment)):
+        if value or (what == "a query" and url.endswith("?")):
+            return f"{expected} ({what} is not part of a base URL)", url, None
+    if port == 0:
+        return f"{expected} (port 0 is not a server's port)", url, None
+    if parts.username is not None and api_key:
+        return (
+            f"command line: --url: {shown!r} carries credentials and --api-key is given; "
+            "use one of them",
+            url,
+            None,
+        )
+    path = parts.path.rstrip("/")
+    if not path.endswith("/v1"):
+        return None, url, None
+    base = urlunsplit(parts._replace(path=path.removesuffix("/v1")))
+    note = (
+        f"bench: --url: dropped the trailing /v1 of {shown!r}; requests go to {redact(base)}/v1/..."
+    )
+    return None, base, note
 
 
 def url_problem(url: str) -> str | None:
-    """One line when ``--url`` is not an http(s) URL with a host (and a valid port)."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 (raises on a bad port)
-    except ValueError as exc:
-        return f"command line: --url: expected http(s)://HOST[:PORT], got {url!r} ({exc})"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"command line: --url: expected http(s)://HOST[:PORT], got {url!r}"
-    return None
+    """One line when ``--url`` is not a base URL ``checked_url`` accepts (no ``--api-key``)."""
+    return checked_url(url, None)[0]
 
 
 def check(problems: list[str | None]) -> None:
@@ -71,17 +113,18 @@ def check(problems: list[str | None]) -> None:
         fail(lines, code=2)
 
 
-def open_records(output_dir: Path) -> RecordStream:
+def open_records(output_dir: Path, redactor: Redactor | None = None) -> RecordStream:
     """The records stream in ``output_dir``: creating it is the writability check, before the
-    first request (exit 2 when the directory cannot be created or written)."""
+    first request (exit 2 when the directory cannot be created or written, or records.jsonl is
+    a symbolic link)."""
     from speclens.bench.report import RecordStream
 
     try:
-        return RecordStream(output_dir)
+        return RecordStream(output_dir, redactor)
     except OSError as exc:
+        where = exc.filename or output_dir
         fail(
-            f"command line: --output-dir: cannot write to {str(output_dir)!r}: "
-            f"{exc.strerror or exc}",
+            f"command line: --output-dir: cannot write to {str(where)!r}: {exc.strerror or exc}",
             code=2,
         )
 
@@ -114,6 +157,9 @@ class RoutingChoice(StrEnum):
 
 #: The most worker processes ``--workers`` starts.
 MAX_WORKERS = 256
+#: Closed-loop concurrency and measured requests when neither is given.
+DEFAULT_CONCURRENCY = 8
+DEFAULT_NUM_REQUESTS = 100
 
 app = typer.Typer(
     help="Benchmark an OpenAI-compatible server and its speculative decoding.",
@@ -139,11 +185,12 @@ def resolve_backend(
     of its measured time). Exit 2 when replicas differ or native has no engine to go to."""
     if backend is not BackendChoice.auto:
         return backend.value, None  # type: ignore[return-value]
-    from speclens.bench.client import probe_backend
+    from speclens.bench.probe import probe_backend
+    from speclens.bench.transport import redact
 
     found = [asyncio.run(probe_backend(u, api_key)) for u in urls]
     if len({p.backend for p in found}) > 1:
-        seen = ", ".join(f"{u}: {p.backend}" for u, p in zip(urls, found, strict=True))
+        seen = ", ".join(f"{redact(u)}: {p.backend}" for u, p in zip(urls, found, strict=True))
         fail(
             f"command line: --backend: auto found different engines ({seen}); pass --backend",
             code=2,
@@ -151,11 +198,215 @@ def resolve_backend(
     probe = found[0]
     if endpoint is EndpointChoice.native and probe.backend == "openai":
         fail(
-            f"command line: --endpoint: native needs an SGLang or llama.cpp server; {urls[0]}: "
-            f"{probe.evidence}",
+            f"command line: --endpoint: native needs an SGLang or llama.cpp server; "
+            f"{redact(urls[0])}: {probe.evidence}",
             code=2,
         )
     return probe.backend, probe.evidence
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """The command line as fields, one per flag (vLLM's ``EngineArgs`` shape): ``problems``
+    checks them all before anything runs, and the methods below build what the run needs."""
+
+    url: list[str]
+    routing: RoutingChoice
+    workers: int
+    shard: str | None
+    api_key: str | None
+    model: str | None
+    endpoint: EndpointChoice
+    backend: BackendChoice
+    dataset: str
+    dataset_path: Path | None
+    category: list[str]
+    input_len: int
+    num_requests: int | None
+    duration: float | None
+    concurrency: int | None
+    request_rate: float | None
+    burstiness: float
+    warmup: int
+    max_tokens: int
+    ignore_eos: bool
+    temperature: float
+    seed: int
+    stream: bool
+    slo: str | None
+    expect_acceptance_length: float | None
+    expect_profile: bool
+    method: str | None
+    num_spec_tokens: int | None
+    thinking: str | None
+    registry: list[Path]
+    output_dir: Path | None
+    timeout: float
+    max_failure_rate: float
+
+    @property
+    def part(self) -> tuple[int, int]:
+        return shard_problem(self.shard)[1]
+
+    @property
+    def count(self) -> int | None:
+        """Measured requests: ``--num-requests``, else 100 unless ``--duration``."""
+        if self.num_requests is not None:
+            return self.num_requests
+        return None if self.duration else DEFAULT_NUM_REQUESTS
+
+    def range_problems(self) -> list[str | None]:
+        """Every flag outside its range, one line each."""
+        from speclens.acceptance import MAX_NUM_SPEC_TOKENS
+
+        number = "a number"
+        k = self.num_spec_tokens
+        return [
+            shard_problem(self.shard)[0],
+            range_problem("--workers", self.workers, 1, high=MAX_WORKERS),
+            range_problem("--input-len", self.input_len, 1),
+            range_problem("--num-requests", self.num_requests, 1),
+            range_problem("--duration", self.duration, 0, above=True, kind=number),
+            range_problem("--concurrency", self.concurrency, 1),
+            range_problem("--request-rate", self.request_rate, 0, above=True, kind=number),
+            range_problem("--burstiness", self.burstiness, 0, above=True, kind=number),
+            range_problem("--warmup", self.warmup, 0),
+            range_problem("--max-tokens", self.max_tokens, 1),
+            range_problem("--temperature", self.temperature, 0, kind=number),
+            range_problem("--seed", self.seed, 0),
+            range_problem("--num-spec-tokens", k, 1, high=MAX_NUM_SPEC_TOKENS),
+            range_problem("--timeout", self.timeout, 0, above=True, kind=number),
+            range_problem("--max-failure-rate", self.max_failure_rate, 0, high=1, kind=number),
+            range_problem(
+                "--expect-acceptance-length", self.expect_acceptance_length, 1,
+                high=None if k is None or k > MAX_NUM_SPEC_TOKENS else k + 1, kind=number,
+            ),
+        ]  # fmt: skip
+
+    def conflicts(self) -> str | None:
+        """The first pair of flags that cannot go together, or a missing one."""
+        parts = self.part[1] * self.workers
+        if self.model is None:
+            return "command line: --model: required (the served model name)"
+        if len(set(self.url)) < len(self.url):
+            return "command line: --url: a replica is given twice"
+        if self.request_rate is None and (self.concurrency or DEFAULT_CONCURRENCY) < parts:
+            return (
+                f"command line: --concurrency: expected at least one request per worker and "
+                f"shard ({parts}), got {self.concurrency}"
+            )
+        pairs = [
+            (self.num_requests is not None and self.duration is not None,
+             "give --num-requests or --duration, not both"),
+            (self.concurrency is not None and self.request_rate is not None,
+             "give --concurrency or --request-rate, not both"),
+            (self.expect_profile and self.expect_acceptance_length is not None,
+             "give --expect-acceptance-length or --expect-profile, not both"),
+            (self.endpoint is EndpointChoice.native and self.backend is BackendChoice.openai,
+             "command line: --endpoint: native needs --backend sglang, llamacpp or auto, "
+             "got --backend openai"),
+        ]  # fmt: skip
+        return next((why for bad, why in pairs if bad), None)
+
+    def checked(self) -> BenchOptions:
+        """These options with each ``--url`` as the client uses it; exit 2 on any problem."""
+        urls = [checked_url(u, self.api_key) for u in self.url]
+        check([*(why for why, _, _ in urls), *self.range_problems()])
+        check([self.conflicts()])
+        for _, _, note in urls:
+            if note:
+                err_console.print(note, markup=False, highlight=False)
+        return replace(self, url=[base for _, base, _ in urls])
+
+    def prompts(self) -> list[Prompt]:
+        from speclens.bench.datasets import jsonl_prompts, random_prompts
+
+        with reported():
+            if self.dataset == "jsonl":
+                if self.dataset_path is None:
+                    fail("--dataset jsonl needs --dataset-path", code=2)
+                return jsonl_prompts(self.dataset_path, self.category or None)
+            if self.dataset == "random":
+                size = max(self.count or 256, 1)
+                return random_prompts(size, self.input_len, self.max_tokens, self.seed)
+        fail(f"--dataset must be random or jsonl, got {self.dataset!r}", code=2)
+
+    def expectation(self) -> Expectation | None:
+        """What the run is judged against: ``--expect-acceptance-length``, or the registry's
+        profile for the model, method and K (``--expect-profile``), or nothing."""
+        from speclens.bench.run import Expectation
+
+        if self.expect_acceptance_length is not None:
+            return Expectation(
+                self.expect_acceptance_length,
+                self.num_spec_tokens,
+                {"cli": "--expect-acceptance-length"},
+            )
+        if not self.expect_profile:
+            return None
+        return self._profile_expectation()
+
+    def _profile_expectation(self) -> Expectation:
+        from speclens.acceptance import WorkloadAcceptance, resolve
+        from speclens.bench.run import Expectation
+        from speclens.bench.server import served_speculation, server_info
+
+        served = served_speculation(asyncio.run(server_info(self.url[0], self.api_key)))
+        spec_method = self.method or served.get("method")
+        k = self.num_spec_tokens or served.get("num_speculative_tokens")
+        if not spec_method or not k:
+            fail(
+                "--expect-profile needs --method and --num-spec-tokens (the server does not "
+                "report them)",
+                code=2,
+            )
+        workload = {"thinking": self.thinking, "category": self.category[0] if self.category else None}  # fmt: skip
+        with reported():
+            res = resolve(
+                model=str(self.model), method=spec_method, num_spec_tokens=int(k),
+                registry=load_registry(self.registry),
+                workload=WorkloadAcceptance.model_validate(workload),
+            )  # fmt: skip
+        return Expectation(res.acceptance_length, res.num_spec_tokens, res.model_dump())
+
+    def load_config(self, backend: Backend) -> LoadConfig:
+        """The flags that are the load generator's fields, under their field names."""
+        from speclens.bench.client import LoadConfig
+
+        return LoadConfig(
+            url=self.url[0], urls=tuple(self.url), routing=self.routing.value, part=self.part,
+            model=str(self.model), endpoint=self.endpoint.value, backend=backend,
+            api_key=self.api_key, num_requests=self.count, duration=self.duration,
+            concurrency=None if self.request_rate else (self.concurrency or DEFAULT_CONCURRENCY),
+            request_rate=self.request_rate, burstiness=self.burstiness, warmup=self.warmup,
+            max_tokens=self.max_tokens, ignore_eos=self.ignore_eos,
+            temperature=self.temperature, seed=self.seed, stream=self.stream,
+            timeout=self.timeout,
+        )  # fmt: skip
+
+    def settings(self, config: LoadConfig, evidence: str | None) -> dict[str, Any]:
+        """The run's settings as summary.json records them: no API key, no URL password."""
+        from speclens.bench.transport import redact
+
+        fields = {**config.__dict__, "dataset": self.dataset, "dataset_path": self.dataset_path,
+                  "categories": self.category, "slo": self.slo}  # fmt: skip
+        settings = {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in fields.items() if k != "api_key"
+        }
+        settings["url"] = redact(config.url)
+        settings["urls"] = tuple(redact(u) for u in config.urls)
+        settings["backend_requested"] = self.backend.value
+        settings["backend_evidence"] = evidence
+        settings["max_failure_rate"] = self.max_failure_rate
+        settings["workers"] = self.workers
+        settings["shard"] = list(self.part) if self.shard is not None else None
+        return settings
+
+    def expected_records(self) -> int | None:
+        """This shard's records (warm-up and measured), for the progress bar; None: a duration."""
+        p, n = self.part
+        count = self.count
+        return len(range(p, self.warmup, n)) + len(range(p, count, n)) if count else None
 
 
 @app.callback()
@@ -164,7 +415,8 @@ def bench(
     url: list[str] = typer.Option(
         ["http://127.0.0.1:8000"],
         "--url",
-        help="The server's base URL; repeat it for several replicas (see --routing).",
+        help="The server's base URL; repeat it for several replicas (see --routing). A trailing "
+        "/v1 is dropped; USER:PASSWORD@ is sent as basic auth (and never written).",
     ),
     routing: RoutingChoice = typer.Option(
         RoutingChoice.round_robin,
@@ -250,7 +502,9 @@ def bench(
         None, "--method", help="Speculative method for --expect-profile (default: the server's)."
     ),
     num_spec_tokens: int | None = typer.Option(
-        None, "--num-spec-tokens", help="K for the verdict (default: what the requests report)."
+        None,
+        "--num-spec-tokens",
+        help="K for the verdict, in [1, 64] (default: what the requests report).",
     ),
     thinking: str | None = typer.Option(None, "--thinking"),
     registry: list[Path] = REGISTRY_OPTION,
@@ -261,134 +515,52 @@ def bench(
     max_failure_rate: float = MAX_FAILURE_RATE_OPTION,
 ) -> None:
     """Benchmark an OpenAI-compatible server and its speculative decoding."""
+    flags = {k: v for k, v in locals().items() if k != "ctx"}
     if ctx.invoked_subcommand is not None:
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from speclens.bench.client import LoadConfig, RequestRecord
-    from speclens.bench.datasets import jsonl_prompts, random_prompts
+    options = BenchOptions(**flags).checked()
     from speclens.bench.figures import parse_slo
-    from speclens.bench.run import Expectation, run_bench
-    from speclens.bench.server import served_speculation, server_info
-    from speclens.bench.workers import WorkerFailed
 
-    number = "a number"
-    why_shard, part = shard_problem(shard)
-    check([
-        *(url_problem(u) for u in url),
-        why_shard,
-        range_problem("--workers", workers, 1, high=MAX_WORKERS),
-        range_problem("--input-len", input_len, 1),
-        range_problem("--num-requests", num_requests, 1),
-        range_problem("--duration", duration, 0, above=True, kind=number),
-        range_problem("--concurrency", concurrency, 1),
-        range_problem("--request-rate", request_rate, 0, above=True, kind=number),
-        range_problem("--burstiness", burstiness, 0, above=True, kind=number),
-        range_problem("--warmup", warmup, 0),
-        range_problem("--max-tokens", max_tokens, 1),
-        range_problem("--temperature", temperature, 0, kind=number),
-        range_problem("--seed", seed, 0),
-        range_problem("--num-spec-tokens", num_spec_tokens, 1),
-        range_problem("--timeout", timeout, 0, above=True, kind=number),
-        range_problem("--max-failure-rate", max_failure_rate, 0, high=1, kind=number),
-        range_problem(
-            "--expect-acceptance-length", expect_acceptance_length, 1,
-            high=None if num_spec_tokens is None else num_spec_tokens + 1, kind=number,
-        ),
-    ])  # fmt: skip
-    if model is None:
-        fail("command line: --model: required (the served model name)", code=2)
-    if len(set(url)) < len(url):
-        fail("command line: --url: a replica is given twice", code=2)
-    parts = part[1] * workers
-    if request_rate is None and (concurrency or 8) < parts:
-        fail(
-            f"command line: --concurrency: expected at least one request per worker and shard "
-            f"({parts}), got {concurrency}",
-            code=2,
-        )
-    if num_requests is not None and duration is not None:
-        fail("give --num-requests or --duration, not both", code=2)
-    if concurrency is not None and request_rate is not None:
-        fail("give --concurrency or --request-rate, not both", code=2)
-    if expect_profile and expect_acceptance_length is not None:
-        fail("give --expect-acceptance-length or --expect-profile, not both", code=2)
-    if endpoint is EndpointChoice.native and backend is BackendChoice.openai:
-        fail(
-            "command line: --endpoint: native needs --backend sglang, llamacpp or auto, "
-            "got --backend openai",
-            code=2,
-        )
     try:
-        slos = parse_slo(slo)
+        slos = parse_slo(options.slo)
     except ValueError as exc:
         fail(str(exc), code=2)
-    count = num_requests if num_requests is not None else (None if duration else 100)
-    with reported():
-        if dataset == "jsonl":
-            if dataset_path is None:
-                fail("--dataset jsonl needs --dataset-path", code=2)
-            prompts = jsonl_prompts(dataset_path, category or None)
-        elif dataset == "random":
-            prompts = random_prompts(max(count or 256, 1), input_len, max_tokens, seed)
-        else:
-            fail(f"--dataset must be random or jsonl, got {dataset!r}", code=2)
-    expectation = None
-    if expect_acceptance_length is not None:
-        expectation = Expectation(
-            expect_acceptance_length, num_spec_tokens, {"cli": "--expect-acceptance-length"}
-        )
-    elif expect_profile:
-        served = served_speculation(asyncio.run(server_info(url[0], api_key)))
-        spec_method = method or served.get("method")
-        k = num_spec_tokens or served.get("num_speculative_tokens")
-        if not spec_method or not k:
-            fail(
-                "--expect-profile needs --method and --num-spec-tokens (the server does not report them)",
-                code=2,
-            )
-        from speclens.acceptance import WorkloadAcceptance, resolve
+    prompts = options.prompts()
+    expectation = options.expectation()
+    chosen, evidence = resolve_backend(options.backend, options.endpoint, options.url, api_key)
+    config = options.load_config(chosen)
+    outcome, records_out = run(
+        options, config, prompts, expectation, slos, options.settings(config, evidence)
+    )
+    report(outcome, records_out)
 
-        with reported():
-            res = resolve(
-                model=model, method=spec_method, num_spec_tokens=int(k), registry=load_registry(registry),
-                workload=WorkloadAcceptance.model_validate({"thinking": thinking, "category": category[0] if category else None}),
-            )  # fmt: skip
-        expectation = Expectation(res.acceptance_length, res.num_spec_tokens, res.model_dump())
-    chosen, evidence = resolve_backend(backend, endpoint, url, api_key)
-    config = LoadConfig(
-        url=url[0], urls=tuple(url), routing=routing.value, part=part,
-        model=model, endpoint=endpoint.value, backend=chosen, api_key=api_key,
-        num_requests=count, duration=duration,
-        concurrency=None if request_rate else (concurrency or 8), request_rate=request_rate,
-        burstiness=burstiness, warmup=warmup, max_tokens=max_tokens, ignore_eos=ignore_eos,
-        temperature=temperature, seed=seed, stream=stream, timeout=timeout,
-    )  # fmt: skip
-    settings: dict[str, Any] = {
-        k: (str(v) if isinstance(v, Path) else v)
-        for k, v in {
-            **config.__dict__,
-            "dataset": dataset,
-            "dataset_path": dataset_path,
-            "categories": category,
-            "slo": slo,
-        }.items()
-        if k != "api_key"
-    }
-    settings["backend_requested"] = backend.value
-    settings["backend_evidence"] = evidence
-    settings["max_failure_rate"] = max_failure_rate
-    settings["workers"] = workers
-    settings["shard"] = list(part) if shard is not None else None
-    share = len(range(part[0], warmup, part[1])) + len(range(part[0], count or 0, part[1]))
-    total = share if count else None
-    records_out = open_records(output_dir) if output_dir is not None else None
+
+def run(
+    options: BenchOptions,
+    config: LoadConfig,
+    prompts: list[Prompt],
+    expectation: Expectation | None,
+    slos: dict[str, float],
+    settings: dict[str, Any],
+) -> tuple[BenchOutcome, RecordStream | None]:
+    """The run, with a progress bar and records.jsonl streamed as requests finish; exit 130 on
+    a second Ctrl-C (the finished requests are on disk), 1 when a worker process failed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from speclens.bench.run import run_bench
+    from speclens.bench.transport import Redactor
+    from speclens.bench.workers import WorkerFailed
+
+    redactor = Redactor.for_urls(config.replicas)
+    records_out = None
+    if options.output_dir is not None:
+        records_out = open_records(options.output_dir, redactor)
     try:
         with Progress(
             TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=err_console, transient=True,
         ) as progress:  # fmt: skip
-            task = progress.add_task("requests", total=total)
+            task = progress.add_task("requests", total=options.expected_records())
 
             def done(record: RequestRecord) -> None:
                 progress.advance(task)
@@ -398,18 +570,20 @@ def bench(
             outcome = asyncio.run(
                 run_bench(
                     config, prompts, expectation, slos, expect_spec=expectation is not None,
-                    on_done=done, settings=settings, max_failure_rate=max_failure_rate,
-                    workers=workers,
+                    on_done=done, settings=settings, max_failure_rate=options.max_failure_rate,
+                    workers=options.workers,
                 )
             )  # fmt: skip
     except WorkerFailed as exc:
-        fail(str(exc).splitlines()[0])
+        fail(redactor.text(str(exc).splitlines()[0]))
     except KeyboardInterrupt:  # a second Ctrl-C, or one outside the load phase
-        fail("bench: interrupted" + (f"; finished requests are in {records_out.path}" if records_out else ""), code=130)  # fmt: skip
+        where = f"; finished requests are in {records_out.path}" if records_out else ""
+        fail(f"bench: interrupted{where}", code=130)
     finally:
         if records_out is not None:
             records_out.close()
-    report(outcome, records_out)
+    outcome.summary = redactor.data(outcome.summary)
+    return outcome, records_out
 
 
 @app.command("merge")

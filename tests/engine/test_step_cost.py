@@ -116,3 +116,55 @@ def test_fit_recovers_known_coefficients_through_timing_noise() -> None:
         assert want is not None and got is not None, name
         assert 4.5 * se < 0.15 * want, (name, se, want)  # the band can tell a wrong fit
         assert abs(got - want) < 4.5 * se, (name, got, want, se)
+
+
+def test_one_type_one_formula() -> None:
+    """The engine's StepCost is the scenario's and the fast path's (one type, one block size),
+    and a decode step's price, evaluated on a step's sums, is the part it pays once plus each
+    request's share: the split the fast path adds up, elementwise over numpy arrays."""
+    from speclens.engine import EngineConfig
+    from speclens.sim import cost, fast, scenario
+
+    assert scenario.StepCostSpec is StepCost is cost.StepCost
+    assert EngineConfig().block_size == cost.BLOCK_SIZE == fast.BLOCK_SIZE
+    price = StepCost(base=3e-3, per_token=4e-5, per_seq=2e-5, per_context_token=3e-8,
+                     draft_base=7e-4, draft_per_token=6e-6)  # fmt: skip
+    rng = np.random.default_rng(0)
+    k = 5
+    for _ in range(20):
+        n = int(rng.integers(1, 9))
+        drafts = rng.integers(0, 2, n)  # which requests draft this step
+        queries = 1 + k * drafts
+        contexts = rng.integers(1, 4000, n) + k * drafts
+        whole = price.decode(queries.sum(), n, contexts.sum(), drafts.sum(), k)
+        shares = price.decode_share(queries, contexts, drafts, k).sum()
+        assert whole == pytest.approx(price.decode_fixed(drafts.sum(), k) + shares, rel=1e-12)
+        drafter = k * price.draft(drafts.sum()) if drafts.any() else 0.0
+        assert whole == pytest.approx(
+            price.verify(queries.sum(), n, contexts.sum()) + drafter, rel=1e-12
+        )
+    steps = np.array([0, 3, 1])  # drafting requests in each of three steps
+    assert price.decode_fixed(steps, k).tolist() == [
+        price.base,
+        price.base + k * price.draft_base,
+        price.base + k * price.draft_base,
+    ]
+
+
+def test_a_step_cost_validates_as_a_scenario_field() -> None:
+    """Validated from a mapping, every problem at once, in the wording ``serve --step-cost``
+    uses; built in code, it checks nothing until ``problems`` (``EngineConfig.validate``)."""
+    from speclens.acceptance import ValidationError
+    from speclens.acceptance.files import validate
+
+    assert validate(StepCost, {"base": 1, "prefill_base": None}, "c.yaml") == StepCost(base=1.0)
+    with pytest.raises(ValidationError) as info:
+        validate(StepCost, {"base": float("inf"), "per_seq": -1, "per_token": True}, "c.yaml")
+    assert sorted(str(p) for p in info.value.problems) == [
+        "c.yaml: base: expected a finite number >= 0 (seconds), got inf",
+        "c.yaml: per_seq: expected a finite number >= 0 (seconds), got -1.0",
+        "c.yaml: per_token: expected a number, got a boolean (True)",
+    ]
+    assert StepCost(base=float("inf")).problems() == [
+        "base: expected a finite number >= 0 (seconds), got inf"
+    ]

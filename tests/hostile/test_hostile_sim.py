@@ -222,8 +222,8 @@ def test_a_huge_k_is_refused(tmp_path: Path) -> None:
     )
     code, err, _, seconds = _sim(path, "--acceptance-length", "2.0", timeout=30)
     assert (code, err) == (1, [
-        f"{path}: deployment.pools[0].engine.speculative.num_spec_tokens: is 100000000, over the "
-        "limit of 64 the simulator runs"
+        f"{path}: deployment.pools[0].engine.speculative.num_spec_tokens: must be at most 64, "
+        "got 100000000"
     ])  # fmt: skip
     assert seconds < 5.0
 
@@ -327,3 +327,86 @@ def test_the_example_gives_the_numbers_it_gave_before() -> None:
     assert result["throughput"]["output_tokens_per_s"] == pytest.approx(
         3432.1768207263904, rel=1e-9
     )
+
+
+# ----------------------------------------------------------------- step costs that cannot price
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
+def test_an_infinite_step_cost_is_refused(tmp_path: Path, value: str) -> None:
+    """A price of ``.inf`` (or NaN) is refused as ``serve --step-cost`` refuses it, naming the
+    field: before, ``.inf`` printed a makespan of 1e-12 s and 8e12 requests a second, exit 0."""
+    path = _scenario(tmp_path, deployment__pools__step_cost={"base": 1.0})
+    path.write_text(path.read_text().replace("base: 1.0", f"base: {value}"))
+    code, err, out, _ = _sim(path, "--json", timeout=30)
+    shown = {".inf": "inf", "-.inf": "-inf", ".nan": "nan"}[value]
+    assert (code, err, out) == (1, [
+        f"{path}: deployment.pools[0].step_cost.base: expected a finite number >= 0 (seconds), "
+        f"got {shown}"
+    ], "")  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+def test_an_infinite_step_cost_in_a_step_cost_file_is_refused(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, deployment__pools__step_cost_file="cost.yaml")
+    cost = tmp_path / "cost.yaml"
+    cost.write_text("per_seq: .inf\n")
+    code, err, out, _ = _sim(path, "--json", timeout=30)
+    assert code == 1 and out == ""
+    assert len(err) == 1 and err[0].endswith(
+        "cost.yaml: per_seq: expected a finite number >= 0 (seconds), got inf"
+    ), err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_step_cost_that_overflows_the_clock_is_refused(tmp_path: Path, exact: bool) -> None:
+    """``base: 1e308`` is finite, but two steps of it overflow: before, the run printed
+    makespan 1e-12 and numpy's overflow warnings, exit 0. Now it is refused before any step,
+    naming the pool's step cost; nothing is printed on stdout."""
+    path = _scenario(tmp_path, deployment__pools__step_cost={"base": 1e308})
+    code, err, out, _ = _sim(path, "--json", *(["--exact"] if exact else []), timeout=30)
+    assert (code, out) == (1, "")
+    assert err == [
+        f"{path}: deployment.pools[0].step_cost: prices a step at up to 1e+308 s, and the run "
+        "may take 256 steps: the clock would overflow (past 1e+300 s); expected prices in "
+        "seconds"
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_an_all_zero_step_cost_is_refused(tmp_path: Path) -> None:
+    """Every price 0: the clock never moves. Before, the run printed makespan 1e-12 s and
+    2.56e14 output tokens a second, exit 0."""
+    zero = dict.fromkeys(
+        ("base", "per_token", "per_seq", "per_context_token", "draft_base", "draft_per_token"), 0
+    )
+    path = _scenario(tmp_path, deployment__pools__step_cost=zero)
+    code, err, out, _ = _sim(path, "--json", timeout=30)
+    assert (code, out) == (1, "")
+    assert err == [
+        f"{path}: deployment.pools[0].step_cost: prices a decode step at 0 s (base, per_token, "
+        "per_seq and per_context_token are all 0): expected a positive price, or the clock "
+        "never moves"
+    ]
+
+
+def test_a_run_of_zero_seconds_is_refused_not_printed() -> None:
+    """Decode priced, prefill free, every request one token (done at its prefill): the run
+    takes 0 s of virtual time, and no throughput can be computed from it."""
+    from speclens.acceptance import ValidationError, minimum_variance_rates
+    from speclens.sim.scenario import Scenario
+    from speclens.sim.simulate import simulate
+
+    data = copy.deepcopy(SMALL)
+    data["workload"].update(output_tokens=1)
+    data["deployment"]["pools"][0]["step_cost"] = {"prefill_base": 0.0, "prefill_per_token": 0.0}
+    for fast in (False, True):
+        with pytest.raises(ValidationError) as info:
+            simulate(
+                Scenario.model_validate(data), Path("."), minimum_variance_rates(3.0, 7),
+                source="s.yaml", fast=fast,
+            )  # fmt: skip
+        assert [str(p) for p in info.value.problems] == [
+            "s.yaml: deployment.pools: the run took 0 s of virtual time (every step it ran was "
+            "priced at 0 s): no throughput can be computed; price the steps (step_cost)"
+        ]

@@ -14,9 +14,11 @@ import yaml
 
 from speclens.acceptance import minimum_variance_rates
 from speclens.sim import simulate as simulate_module
+from speclens.sim.cost import StepCost
+from speclens.sim.fast import run_replica
 from speclens.sim.scenario import Scenario
 from speclens.sim.simulate import simulate
-from speclens.sim.sketch import RESOLUTION, Sketch
+from speclens.sim.sketch import RESOLUTION, Sketch, Tally, Totals
 
 EXAMPLE = {
     "model": "kimi-k3",
@@ -98,10 +100,42 @@ def test_fast_path_matches_the_step_exact_loop(
             assert abs(got.mean() / want - 1) < 0.01, (path, got.mean(), want)
         checked += 1
     assert checked >= 12
-    if coverage < 1:
-        se = math.sqrt(coverage * (1 - coverage) / 1e4)  # over 10k decode request-steps
-        assert abs(fast[0]["draft_coverage"] - coverage) < 4 * se
-        assert abs(exact["draft_coverage"] - coverage) < 4 * se
+    if coverage < 1:  # each decode request-step drafts with probability `coverage`
+        for run in (fast[0], exact):
+            se = math.sqrt(coverage * (1 - coverage) / run["decode_request_steps"])
+            assert abs(run["draft_coverage"] - coverage) < 4 * se, (run["draft_coverage"], se)
+
+
+@pytest.mark.parametrize("coverage", [0.3, 0.8])
+def test_a_decode_step_without_drafts_pays_no_drafter(coverage: float) -> None:
+    """One request at a time (each decode step holds one request), most steps drafting
+    nothing: the clock is exactly the sum of each step's price, so the makespan is
+    prefills x prefill_base + request-steps x (base + per_token + per_seq) + drafting steps x
+    K x (draft_base + per_token + draft_per_token), with the counts the run reports.
+
+    Kills the mutation: ``sim/fast.py`` charging the drafter's fixed price (K x draft_base)
+    on every decode step when coverage < 1 (``cost.decode_fixed(1, k)`` for
+    ``cost.decode_fixed(drafting[...], k)``), which a run of 16 concurrent sequences hides
+    because nearly every step then has a request that drafts."""
+    k = 7
+    cost = StepCost(base=1e-3, per_token=2e-5, per_seq=3e-5, per_context_token=0.0,
+                    draft_base=0.1, draft_per_token=4e-6, prefill_base=0.5,
+                    prefill_per_token=0.0)  # fmt: skip
+    tally, pooled = Tally(), Totals()
+    requests = [(i, 0.0, 16, 40 + i % 7) for i in range(60)]
+    counts = run_replica(
+        requests, k, minimum_variance_rates(3.0, k), coverage, cost, 8, 8192, 46, 1,
+        np.random.default_rng(3), tally, pooled,
+    )  # fmt: skip
+    assert 0 < counts.drafting_steps < counts.request_steps  # steps with and without drafts
+    without = counts.request_steps - counts.drafting_steps
+    assert without > 0.15 * counts.request_steps
+    expected = (
+        len(requests) * cost.prefill_base  # type: ignore[operator]
+        + counts.request_steps * (cost.base + cost.per_token + cost.per_seq)
+        + counts.drafting_steps * k * (cost.draft_base + cost.per_token + cost.draft_per_token)
+    )
+    assert tally.end - tally.start == pytest.approx(expected, rel=1e-9)
 
 
 def test_fast_path_falls_back_where_the_kv_cache_may_preempt(tmp_path: Path) -> None:

@@ -11,15 +11,23 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 import yaml
-from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from speclens.acceptance.errors import UNRECOGNIZED_KEY, Problem, ValidationError
 
-M = TypeVar("M", bound=BaseModel)
+
+class Validated(Protocol):
+    """What ``validate`` reads: a pydantic model, or a type that validates as one does
+    (``speclens.sim.cost.StepCost``)."""
+
+    @classmethod
+    def model_validate(cls, obj: Any) -> Self: ...
+
+
+M = TypeVar("M", bound=Validated)
 
 
 def format_loc(loc: tuple[str | int, ...], prefix: str = "") -> str:

@@ -138,7 +138,7 @@ def sim(
         fallbacks = [] if exact else [fast_fallback(scenario, [], k) for k in ks]
         fast = not exact and not any(fallbacks)
         budget = max_request_steps or (MAX_FAST_REQUEST_STEPS if fast else MAX_REQUEST_STEPS)
-        check(scenario, str(scenario_path), ks, budget, runs=len(points))
+        check(scenario, str(scenario_path), ks, budget, runs=len(points), base=scenario_path.parent)
         reg = load_registry(registry)
 
     pools = scenario.speculating

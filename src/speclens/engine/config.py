@@ -8,9 +8,8 @@ reads the spellings again. Every refusal is a ``ConfigError`` with its own messa
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from speclens.acceptance import (
     MAX_NUM_SPEC_TOKENS,
@@ -20,6 +19,8 @@ from speclens.acceptance import (
     length_from_rates,
     minimum_variance_rates,
 )
+from speclens.sim.cost import BLOCK_SIZE
+from speclens.sim.cost import StepCost as StepCost  # the sim executor's prices, torch-free
 
 #: Drafters this engine can run with real forward passes.
 TORCH_METHODS = ("draft_model", "ngram")
@@ -264,132 +265,6 @@ class SpeculativeConfig:
         )
 
 
-@dataclass
-class StepCost:
-    """The ``sim`` executor's price of a step, in seconds (fit from a ``torch`` run).
-
-    verify/prefill: ``base + per_token * query_tokens + per_seq * requests
-    + per_context_token * context_tokens``; drafting: ``draft_base + draft_per_token *
-    requests`` per drafter forward, K forwards per step. ``draft_per_token`` is per request
-    drafting (each drafter forward after the first queries one token per request): ``fit``
-    regresses the drafter's seconds per forward on the request count, and the sim drafter
-    prices it so.
-    """
-
-    base: float = 2e-3
-    per_token: float = 2e-5
-    per_seq: float = 1e-5
-    per_context_token: float = 1e-8
-    draft_base: float = 5e-4
-    draft_per_token: float = 5e-6
-    #: Prefill steps, when priced apart from verification (None: priced as a verify step).
-    prefill_base: float | None = None
-    prefill_per_token: float | None = None
-
-    def problems(self) -> list[str]:
-        """``<field>: <what is wrong>`` for each field that is not a finite number >= 0 (the
-        prefill pair may also be null): a bad price kills the engine thread mid-run."""
-        found = []
-        for name, value in vars(self).items():
-            if value is None and name.startswith("prefill_"):
-                continue
-            if not _is_number(value) or not math.isfinite(value) or value < 0:
-                found.append(f"{name}: expected a finite number >= 0 (seconds), got {value!r}")
-        return found
-
-    def prefill(self, query_tokens: int, requests: int, context_tokens: int) -> float:
-        if self.prefill_base is None or self.prefill_per_token is None:
-            return self.verify(query_tokens, requests, context_tokens)
-        return self.prefill_base + self.prefill_per_token * query_tokens
-
-    def verify(self, query_tokens: int, requests: int, context_tokens: int) -> float:
-        return (
-            self.base
-            + self.per_token * query_tokens
-            + self.per_seq * requests
-            + self.per_context_token * context_tokens
-        )
-
-    def draft(self, requests: int) -> float:
-        """One drafter forward over ``requests`` drafting requests."""
-        return self.draft_base + self.draft_per_token * requests
-
-    @classmethod
-    def fit(cls, steps: Sequence[StepLike], num_spec_tokens: int) -> StepCost:
-        """Least-squares fit to the steps of a ``torch`` run (``Engine.steps``).
-
-        The target's share of every step (its seconds less the drafter's) prices the verify
-        terms; the drafter's share of decode steps, over K forwards, prices the draft terms.
-        Coefficients come out non-negative (a term the data cannot see is dropped to 0).
-        """
-        import numpy as np
-
-        rows = [s for s in steps if s.num_requests > 0]
-        if len(rows) < 4:
-            raise ValueError(f"need at least 4 steps to fit a step cost, got {len(rows)}")
-        prefills = [s for s in rows if s.kind == "prefill"]
-        decodes = [s for s in rows if s.kind != "prefill"]
-        prefill: list[float | None] = [None, None]
-        if len(decodes) >= 4 and len(prefills) >= 3:
-            # Enough of both: a prefill (one long query) and a verify step cost differently.
-            xp = np.array([[1.0, s.query_tokens] for s in prefills], dtype=float)
-            yp = np.array([s.seconds for s in prefills], dtype=float)
-            prefill = list(_nonnegative_lstsq(xp, yp))
-            rows = decodes
-        x = np.array(
-            [[1.0, s.query_tokens, s.num_requests, s.context_tokens] for s in rows], dtype=float
-        )
-        y = np.array([s.seconds - s.draft_seconds for s in rows], dtype=float)
-        verify = _nonnegative_lstsq(x, y)
-        drafting = [s for s in rows if s.kind == "decode" and s.draft_seconds > 0]
-        draft = [cls.draft_base, cls.draft_per_token]
-        if num_spec_tokens and len(drafting) >= 2:
-            xd = np.array([[1.0, s.num_requests] for s in drafting], dtype=float)
-            yd = np.array([s.draft_seconds / num_spec_tokens for s in drafting], dtype=float)
-            draft = list(_nonnegative_lstsq(xd, yd))
-        return cls(
-            base=verify[0],
-            per_token=verify[1],
-            per_seq=verify[2],
-            per_context_token=verify[3],
-            draft_base=float(draft[0]),
-            draft_per_token=float(draft[1]),
-            prefill_base=prefill[0],
-            prefill_per_token=prefill[1],
-        )
-
-
-class StepLike(Protocol):
-    """What ``StepCost.fit`` reads of a step record."""
-
-    kind: str
-    num_requests: int
-    query_tokens: int
-    context_tokens: int
-    seconds: float
-    draft_seconds: float
-
-
-def _nonnegative_lstsq(x: Any, y: Any) -> list[float]:
-    """Least squares with non-negative coefficients: refit without any term that came out
-    negative (small problems; at most one pass per term)."""
-    import numpy as np
-
-    active = list(range(x.shape[1]))
-    # A term whose regressor barely varies cannot be told from the intercept: leave it at 0.
-    spread = x.std(axis=0) / (abs(x).mean(axis=0) + 1e-12)
-    active = [a for a in active if a == 0 or spread[a] > 0.05]
-    while True:
-        coef, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
-        negative = [a for a, c in zip(active, coef, strict=True) if c < 0]
-        if not negative:
-            out = [0.0] * x.shape[1]
-            for a, c in zip(active, coef, strict=True):
-                out[a] = float(c)
-            return out
-        active.remove(min(negative, key=lambda a: coef[active.index(a)]))
-
-
 def check_device(device: Any, dtype: Any = "float32") -> None:
     """Refuse a device torch cannot parse or this machine does not have, and a dtype that is
     not a torch floating type, before any model is built on them."""
@@ -428,7 +303,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 8192
     max_model_len: int = 2048
-    block_size: int = 16
+    block_size: int = BLOCK_SIZE
     #: KV capacity in tokens (per model); the block pool holds this many slots.
     kv_cache_tokens: int = 131072
     device: str = "cpu"

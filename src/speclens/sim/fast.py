@@ -25,11 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speclens.sim.scenario import StepCostSpec
+from speclens.sim.cost import BLOCK_SIZE, StepCost
 from speclens.sim.sketch import Tally, Totals
 
-#: Block size of the engine's KV cache (``EngineConfig.block_size``), for the preemption check.
-BLOCK_SIZE = 16
 #: Most request-step draws held at a time (a group of admitted requests is drawn together).
 DRAW_STEPS = 1 << 20
 
@@ -74,14 +72,14 @@ class Counts:
 
 class _Draws:
     """Trajectories for admitted requests: per decode step the tokens gained (uncapped), whether
-    it drafted, and the price terms it adds to its steps."""
+    it drafted, and its share of the step's price (``StepCost.decode_share``)."""
 
     def __init__(
         self,
         k: int,
         rates: list[float] | None,
         coverage: float,
-        cost: StepCostSpec,
+        cost: StepCost,
         rng: np.random.Generator,
     ) -> None:
         self.k = k
@@ -112,7 +110,7 @@ class _Draws:
         self, inputs: np.ndarray, outputs: np.ndarray
     ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Each request's decode steps, drawn together: tokens emitted (the last step's capped
-        at the request's length), the linear price terms of each step, and whether it drafted.
+        at the request's length), its share of each step's price, and whether it drafted.
         The draws are counted in the statistics."""
         need = np.maximum(outputs - 1, 0)  # the prefill emits the first token
         lengths = np.minimum(need, (need / self.mean_tokens + 6 * np.sqrt(need) + 8).astype(int))
@@ -140,20 +138,14 @@ class _Draws:
         emitted[last] -= (total[last + 1] - before[done]) - need[done]
         context = inputs[request] + 1 + total[:-1] - before[request]
         drafts = drafting * self.k
-        c = self.cost
-        linear = (
-            c.per_token * (drafts + 1)
-            + c.per_seq
-            + c.per_context_token * (context + drafts)
-            + self.k * c.draft_per_token * drafting
-        )
+        share = self.cost.decode_share(drafts + 1, context + drafts, drafting, self.k)
         if self.k:
             counted = taken & drafting
             self.histogram += np.bincount(accepted[counted], minlength=self.k + 1)
             self.request_steps += int(steps.sum())
             self.drafting_steps += int(counted.sum())
         for first, n in zip(starts.tolist(), steps.tolist(), strict=True):
-            yield emitted[first : first + n], linear[first : first + n], drafting[first : first + n]
+            yield emitted[first : first + n], share[first : first + n], drafting[first : first + n]
 
 
 def _prepared(
@@ -209,7 +201,7 @@ def run_replica(
     k: int,
     rates: list[float] | None,
     coverage: float,
-    cost: StepCostSpec,
+    cost: StepCost,
     max_num_seqs: int,
     max_num_batched_tokens: int,
     longest_output: int,
@@ -224,15 +216,11 @@ def run_replica(
     draws = _Draws(k, rates, coverage, cost, rng)
     span = longest_output + 2
     width = 4 * span
-    linear = np.zeros(width)  # per decode step, the sum of its requests' linear price terms
+    shares = np.zeros(width)  # per decode step, the sum of its requests' price shares
     drafting = np.zeros(width, dtype=np.int64)  # per decode step, its requests that draft
     tokens = np.zeros((width, k + 2), dtype=np.int64)  # its later-step requests by tokens
     base = 0  # the decode step at index 0 of the window
     decoded = 0  # decode steps run so far
-    # The drafter's fixed price is paid on a step where any request drafts: every step at
-    # coverage 1, only some below.
-    partial = bool(k) and coverage < 1.0
-    fixed = cost.base + (k * cost.draft_base if k and not partial else 0.0)
     clock = 0.0
     last_decode = 0.0  # when the latest decode step ended
     stream: Iterator[Item] = _prepared(requests, draws, longest_output)
@@ -265,27 +253,21 @@ def run_replica(
                 batch.append(waiting.popleft())
             assert batch, "a prompt never exceeds the token budget (max_model_len at most)"
             prompt = sum(r[2] for r in batch)
-            if cost.prefill_base is not None and cost.prefill_per_token is not None:
-                clock += cost.prefill_base + cost.prefill_per_token * prompt
-            else:
-                clock += (
-                    cost.base + cost.per_token * prompt + cost.per_seq * len(batch)
-                    + cost.per_context_token * prompt
-                )  # fmt: skip
+            clock += cost.prefill(prompt, len(batch), prompt)  # as the sim executor's prefill
             if decoded - base >= 2 * span:  # slide the window: no live request reaches back
                 shift = decoded - base
-                for array in (linear, drafting, tokens):
+                for array in (shares, drafting, tokens):
                     array[: width - shift] = array[shift:]
                     array[width - shift :] = 0
                 base = decoded
-            for index, arrival, _, outputs, emitted, lin, drafted in batch:
+            for index, arrival, _, outputs, emitted, share, drafted in batch:
                 n = emitted.size
                 if not n:  # one output token: done at its prefill
                     tally.add(arrival, clock, clock, outputs)
                     pooled.record(arrival, clock, outputs)
                     continue
                 at = decoded - base
-                linear[at : at + n] += lin
+                shares[at : at + n] += share
                 drafting[at : at + n] += drafted
                 tokens[np.arange(at + 1, at + n), emitted[1:]] += 1
                 r = _Live(arrival, outputs, clock, int(emitted[0]))
@@ -297,9 +279,7 @@ def run_replica(
         # next arrival when it could be admitted at once (open loop, a sequence free).
         at = decoded - base
         m = running[0][0] - decoded + 1
-        prices = linear[at : at + m] + fixed
-        if partial:
-            prices += k * cost.draft_base * (drafting[at : at + m] > 0)
+        prices = shares[at : at + m] + cost.decode_fixed(drafting[at : at + m], k)
         prices[0] += clock
         times = prices.cumsum()  # the clock after each step, added step by step
         if concurrency is None and upcoming is not None and len(running) < max_num_seqs:

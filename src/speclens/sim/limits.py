@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from pathlib import Path
 
 from speclens.acceptance import MAX_NUM_SPEC_TOKENS as _MAX_K
 from speclens.acceptance import Problem, ValidationError
-from speclens.sim.scenario import Lengths, Pool, Scenario
+from speclens.sim.cost import StepCost
+from speclens.sim.scenario import Lengths, Pool, Scenario, pool_cost
 
 #: Most request-steps a run may take, estimated as requests x the longest output (every step
 #: of a request emits at least one token). The simulator prices about 20-200k request-steps a
@@ -33,11 +35,20 @@ MAX_SWEEP_POINTS = 64
 #: Most simulated replicas (the sum over the pools that decode): each runs its own engine and
 #: re-draws the arrival stream to take its share, so set-up and draws grow with the count.
 MAX_REPLICAS = 1024
+#: Latest virtual time a run may reach, in seconds: far from float overflow (about 1.8e308), so
+#: no sum of prices and arrival gaps (each bounded by it) turns into inf or NaN.
+MAX_CLOCK_S = 1e300
 
 
 def longest(spec: int | Lengths) -> int:
     """The most tokens a length spec can draw."""
     return spec if isinstance(spec, int) else spec.max
+
+
+def batched_tokens(pool: Pool) -> int:
+    """The token budget of a step the simulator gives a pool's engine
+    (``EngineConfig.max_num_batched_tokens``): a whole prompt at its longest, 8192 at least."""
+    return max(pool.engine.max_model_len, 8192)
 
 
 def simulated_pools(scenario: Scenario) -> list[tuple[int, Pool]]:
@@ -125,14 +136,60 @@ def problems(
     return out
 
 
+def cost_problems(
+    scenario: Scenario, file: str, base: Path, num_spec_tokens: Iterable[int | None] = (None,)
+) -> list[Problem]:
+    """Each simulated pool's step cost (inline or from its file, which must be valid) must
+    move the clock, and the dearest step times the most steps the run can take must stay far
+    from overflow: otherwise every figure would be computed from 0, inf or NaN."""
+    out: list[Problem] = []
+    workload = scenario.workload
+    sweep_ks = [k for k in num_spec_tokens if k is not None]
+    inputs, outputs = longest(workload.input_tokens), longest(workload.output_tokens)
+    for index, pool in simulated_pools(scenario):
+        cost = pool_cost(pool, base)
+        field = "step_cost_file" if pool.step_cost_file is not None else "step_cost"
+        where = f"deployment.pools[{index}].{field}"
+        if cost.verify(1, 1, 1) <= 0:
+            out.append(Problem(file, where, (
+                "prices a decode step at 0 s (base, per_token, per_seq and per_context_token "
+                "are all 0): expected a positive price, or the clock never moves"
+            )))  # fmt: skip
+            continue
+        spec = pool.engine.speculative
+        k = 0 if spec is None else max(sweep_ks, default=spec.num_spec_tokens)
+        dearest = _dearest_step(cost, pool, k, inputs + outputs, workload.requests)
+        steps = workload.requests * outputs  # each step emits a token for each of its requests
+        if not (math.isfinite(dearest) and dearest * steps <= MAX_CLOCK_S):
+            out.append(Problem(file, where, (
+                f"prices a step at up to {dearest:g} s, and the run may take {steps:,} steps: "
+                f"the clock would overflow (past {MAX_CLOCK_S:g} s); expected prices in seconds"
+            )))  # fmt: skip
+    return out
+
+
+def _dearest_step(cost: StepCost, pool: Pool, k: int, tokens: int, requests: int) -> float:
+    """The most a step of ``pool`` can cost: its most requests, each at its longest and
+    drafting (a decode step), or a prefill of its whole token budget."""
+    engine = pool.engine
+    seqs = max(1, min(engine.max_num_seqs, requests))
+    budget = batched_tokens(pool)
+    decode = cost.decode(seqs * (k + 1), seqs, seqs * (tokens + k), seqs, k)
+    return float(max(decode, cost.prefill(budget, seqs, budget)))
+
+
 def check(
     scenario: Scenario,
     file: str,
     num_spec_tokens: Iterable[int | None] = (None,),
     max_request_steps: int = MAX_REQUEST_STEPS,
     runs: int = 1,
+    base: Path | None = None,
 ) -> None:
-    """Raise ``ValidationError`` with every problem ``problems`` finds."""
+    """Raise ``ValidationError`` with every problem ``problems`` finds, and, given the folder
+    ``base`` that a ``step_cost_file`` is read from, every one ``cost_problems`` finds."""
     found = problems(scenario, file, num_spec_tokens, max_request_steps, runs)
+    if base is not None:
+        found += cost_problems(scenario, file, base, num_spec_tokens)
     if found:
         raise ValidationError(found)

@@ -20,6 +20,7 @@ from speclens.acceptance.schema import (
     Thinking,
     _Model,
 )
+from speclens.sim.cost import StepCost
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +39,9 @@ class PoolEngine(_Model):
     kv_cache_tokens: PositiveInt = 4_000_000
 
 
-class StepCostSpec(_Model):
-    """Seconds: see ``speclens.engine.StepCost``."""
-
-    base: Annotated[float, Field(ge=0)] = 2e-3
-    per_token: Annotated[float, Field(ge=0)] = 2e-5
-    per_seq: Annotated[float, Field(ge=0)] = 1e-5
-    per_context_token: Annotated[float, Field(ge=0)] = 1e-8
-    draft_base: Annotated[float, Field(ge=0)] = 5e-4
-    draft_per_token: Annotated[float, Field(ge=0)] = 5e-6
-    prefill_base: Annotated[float, Field(ge=0)] | None = None
-    prefill_per_token: Annotated[float, Field(ge=0)] | None = None
+#: A pool's step cost (``step_cost``, or the file ``step_cost_file`` names): the engine's own
+#: ``StepCost``, validated here as the rest of the file is.
+StepCostSpec = StepCost
 
 
 class Pool(_Model):
@@ -57,7 +50,7 @@ class Pool(_Model):
     parallel: PositiveInt = 1
     replicas: PositiveInt = 1
     engine: PoolEngine = Field(default_factory=PoolEngine)
-    step_cost: StepCostSpec | None = None
+    step_cost: StepCost | None = None
     step_cost_file: NonEmptyStr | None = None
 
 

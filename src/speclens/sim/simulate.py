@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from speclens.acceptance import AcceptanceHistogram
+from speclens.acceptance import AcceptanceHistogram, Problem, ValidationError, acceptance_length
 from speclens.sim import fast as fast_path
 from speclens.sim import limits
 from speclens.sim.scenario import Lengths, Pool, Scenario, Workload, pool_cost
@@ -90,7 +90,7 @@ def _engine(
     """One replica's engine with the pool's stated limits. The KV pool is allocated only up to
     what this replica can ever hold (``share`` requests, or ``max_num_seqs`` of them, of at most
     ``longest`` tokens plus verify slots): a bound that cannot bind, so results are as stated."""
-    from speclens.engine import Engine, EngineConfig, SpeculativeConfig, StepCost
+    from speclens.engine import Engine, EngineConfig, SpeculativeConfig
     from speclens.engine.kv_cache import blocks_for
 
     spec = pool.engine.speculative
@@ -116,10 +116,10 @@ def _engine(
             speculative=speculative,
             max_num_seqs=pool.engine.max_num_seqs,
             max_model_len=min(pool.engine.max_model_len, longest),
-            max_num_batched_tokens=max(pool.engine.max_model_len, 8192),
+            max_num_batched_tokens=limits.batched_tokens(pool),
             kv_cache_tokens=min(pool.engine.kv_cache_tokens, held),
             seed=seed,
-            step_cost=StepCost(**cost.model_dump()),
+            step_cost=cost,
             detokenize=False,
         ),
         target=target,
@@ -208,11 +208,6 @@ def _k(pool: Pool) -> int:
     return spec.num_spec_tokens if spec is not None else 0
 
 
-def _batched_tokens(pool: Pool) -> int:
-    """The engine's token budget of a step (``EngineConfig.max_num_batched_tokens``)."""
-    return max(pool.engine.max_model_len, 8192)
-
-
 def fast_fallback(
     scenario: Scenario, rates: list[float] | None, num_spec_tokens: int | None = None
 ) -> str | None:
@@ -226,7 +221,7 @@ def fast_fallback(
         engine = pool.engine
         reason = fast_path.unsupported(
             _k(pool), rates, engine.max_num_seqs, engine.kv_cache_tokens,
-            _batched_tokens(pool), longest, share,
+            limits.batched_tokens(pool), longest, share,
         )  # fmt: skip
         if reason is not None:
             return f"deployment.pools[{index}]: {reason}"
@@ -251,7 +246,7 @@ def simulate(
     path (``speclens.sim.fast``) where it applies, the step-exact loop otherwise; ``loop`` and
     ``fallback`` in the result say which ran and why. Raises ``ValidationError`` (naming
     ``source``) for what ``limits`` refuses, before any work."""
-    limits.check(scenario, source, [num_spec_tokens], max_request_steps)
+    limits.check(scenario, source, [num_spec_tokens], max_request_steps, base=base)
     workload = scenario.workload
     count = workload.requests
     longest = limits.longest(workload.input_tokens) + limits.longest(workload.output_tokens)
@@ -275,7 +270,7 @@ def simulate(
             counts = fast_path.run_replica(
                 ((r.index, r.arrival, r.input_tokens, r.output_tokens) for r in requests),
                 k, rates, draft_coverage, pool_cost(pool, base), pool.engine.max_num_seqs,
-                _batched_tokens(pool), limits.longest(workload.output_tokens), per_replica,
+                limits.batched_tokens(pool), limits.longest(workload.output_tokens), per_replica,
                 np.random.default_rng([FAST_STREAM, seed, slot]), tally, pooled,
             )  # fmt: skip
             if k:
@@ -301,7 +296,7 @@ def simulate(
             request_steps += drafted.request_steps
             drafting_steps += drafted.drafting_steps
             accepted += engine.stats.num_accepted_tokens
-    makespan = max(tally.end - tally.start, 1e-12)
+    makespan = _makespan(tally, source)
     return {
         "requests": count,
         "loop": "fast" if use_fast else "exact",
@@ -317,13 +312,38 @@ def simulate(
         # Speculating replicas only: the share of decode request-steps that drafted, and the
         # tokens each gained (AL counts only the steps that drafted; this counts them all).
         "draft_coverage": drafting_steps / request_steps if request_steps else None,
-        "tokens_per_step": 1 + accepted / request_steps if request_steps else None,
+        "decode_request_steps": request_steps if request_steps else None,
+        "tokens_per_step": acceptance_length(accepted, request_steps) if request_steps else None,
         "pools": {
             str(index): {
                 "requests": s.requests,
-                "output_tokens_per_s": s.output_tokens / max(s.end - s.start, 1e-12),
-                "requests_per_s": s.requests / max(s.end - s.start, 1e-12),
+                "output_tokens_per_s": _per_second(s.output_tokens, s),
+                "requests_per_s": _per_second(s.requests, s),
             }
             for index, s in sorted(per_pool.items())
         },
     }
+
+
+def _makespan(tally: Tally, source: str) -> float:
+    """First arrival to last finish, refused unless it is a positive, finite time: a figure
+    divided by 0 s or by an overflowed clock would be printed as a throughput."""
+    makespan = tally.end - tally.start
+    if math.isfinite(makespan) and makespan > 0:
+        return makespan
+    if makespan == 0:
+        why = "the run took 0 s of virtual time (every step it ran was priced at 0 s)"
+    else:
+        why = f"the run's virtual time is {makespan!r} s (its clock overflowed)"
+    raise ValidationError([Problem(source, "deployment.pools", (
+        f"{why}: no throughput can be computed; price the steps (step_cost)"
+    ))])  # fmt: skip
+
+
+def _per_second(count: int, pooled: Totals) -> float | None:
+    """``count`` over the pool's span; 0.0 for a pool that ran nothing, None for one whose
+    requests all finished in no time (the whole run's makespan is checked apart)."""
+    span = pooled.end - pooled.start
+    if not pooled.requests:
+        return 0.0
+    return count / span if span > 0 else None

@@ -11,6 +11,7 @@ import json
 import logging
 import signal
 import sys
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -280,61 +281,152 @@ def serve(
     ),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API."""
-    from speclens.acceptance import AcceptancePin, WorkloadAcceptance, resolve
-    from speclens.cli._common import reported
+    ServeArgs(**locals()).run()
 
-    _server_flags(port, max_queue, api_key)
-    _check_k(num_speculative_tokens)
-    spec_json = _speculative_json(speculative_config)
-    try:
-        workload = validate(WorkloadAcceptance, {"thinking": thinking, "category": category})
-    except ValidationError as exc:
-        fail((f"--{p.path}: {p.message}" for p in exc.problems), code=2)
-    method = _merge(method, "method", spec_json, "--method")
-    k = _merge(
-        num_speculative_tokens, "num_speculative_tokens", spec_json, "--num-speculative-tokens"
-    )
-    draft_model = _merge(draft_model, "model", spec_json, "--draft-model")
-    length = _merge(
-        acceptance_length,
-        "synthetic_acceptance_length",
-        spec_json,
-        "--spec-decode-acceptance-length",
-    )
-    rate = _merge(
-        acceptance_rate, "synthetic_acceptance_rate", spec_json, "--spec-decode-acceptance-rate"
-    )
-    rates = spec_json.get("synthetic_acceptance_rates")
-    name = served_model_name or model
-    resolution = None
-    if acceptance_profile is not None:
-        if length is not None or rate is not None or rates is not None:
+
+@dataclass
+class _Speculation:
+    """The speculative settings once flags and ``--speculative-config`` are merged."""
+
+    method: str | None
+    k: int | None
+    draft_model: str | None
+    length: float | None
+    rate: float | None
+    rates: list[float] | None
+
+
+@dataclass
+class ServeArgs:
+    """``serve``'s options, one field per flag (as vLLM's ``EngineArgs``): the command only
+    collects them; the methods check them, in order, and build what runs."""
+
+    model: str
+    draft_model: str | None
+    method: str | None
+    num_speculative_tokens: int | None
+    acceptance_length: float | None
+    acceptance_rate: float | None
+    speculative_config: str | None
+    confidence_schedule: bool
+    acceptance_profile: str | None
+    thinking: str | None
+    category: str | None
+    hardware: str | None
+    registry: list[Path]
+    stats_level: StatsChoice
+    force_include_usage: bool
+    executor: ExecutorChoice
+    host: str
+    port: int
+    api_key: str | None
+    served_model_name: str | None
+    max_model_len: int | None
+    max_num_seqs: int
+    max_num_batched_tokens: int | None
+    kv_cache_tokens: int
+    max_queue: int
+    seed: int
+    device: str
+    step_cost: str | None
+
+    @property
+    def name(self) -> str:
+        """The model name clients use."""
+        return self.served_model_name or self.model
+
+    def run(self) -> None:
+        """Check every flag, resolve acceptance, check the engine's configuration, then serve;
+        every refusal exits before a port is bound."""
+        _server_flags(self.port, self.max_queue, self.api_key)
+        _check_k(self.num_speculative_tokens)
+        spec_json = _speculative_json(self.speculative_config)
+        workload = self._workload()
+        spec = self._speculation(spec_json)
+        resolution = self._resolution(spec, workload)
+        # The engine (and torch) load only once the command line is known to be well formed;
+        # the server's modules load here too, so a Ctrl-C meanwhile is held, not swallowed.
+        with interrupt_deferred():
+            import uvicorn  # noqa: F401
+
+            import speclens.server  # noqa: F401
+            from speclens.engine.config import ModelLoadError
+        config = self._engine_config(spec, spec_json)
+        if resolution is not None:
+            _log_resolution(resolution)
+        _warn_if_exposed(self.host, self.api_key)
+        try:
+            run_server(
+                config, self.name, self.host, self.port, self.api_key, self.stats_level.value,
+                self.max_queue, resolution, force_include_usage=self.force_include_usage,
+            )  # fmt: skip
+        except ModelLoadError as exc:  # what the headers could not show (a tensor, the tokenizer)
+            fail(_model_refusal(exc, self.model))
+
+    def _speculation(self, spec_json: dict[str, Any]) -> _Speculation:
+        """The flags merged with ``--speculative-config`` (a contradiction exits 2)."""
+
+        def merged(flag: Any, key: str, name: str) -> Any:
+            return _merge(flag, key, spec_json, name)
+
+        return _Speculation(
+            method=merged(self.method, "method", "--method"),
+            k=merged(
+                self.num_speculative_tokens, "num_speculative_tokens", "--num-speculative-tokens"
+            ),
+            draft_model=merged(self.draft_model, "model", "--draft-model"),
+            length=merged(
+                self.acceptance_length,
+                "synthetic_acceptance_length",
+                "--spec-decode-acceptance-length",
+            ),
+            rate=merged(
+                self.acceptance_rate, "synthetic_acceptance_rate", "--spec-decode-acceptance-rate"
+            ),
+            rates=spec_json.get("synthetic_acceptance_rates"),
+        )
+
+    def _workload(self) -> Any:
+        """``--thinking`` and ``--category`` (checked even without a profile: exit 2)."""
+        from speclens.acceptance import WorkloadAcceptance
+
+        try:
+            return validate(
+                WorkloadAcceptance, {"thinking": self.thinking, "category": self.category}
+            )
+        except ValidationError as exc:
+            fail((f"--{p.path}: {p.message}" for p in exc.problems), code=2)
+
+    def _resolution(self, spec: _Speculation, workload: Any) -> Any:
+        """``--acceptance-profile``'s resolution (its rates replace ``spec.rates``), or None."""
+        from speclens.acceptance import AcceptancePin, resolve
+        from speclens.cli._common import reported
+
+        if self.acceptance_profile is None:
+            return None
+        if spec.length is not None or spec.rate is not None or spec.rates is not None:
             fail(
                 "--acceptance-profile replays the registry's value: do not also force a length or rate",
                 code=2,
             )
-        if not method or not k:
+        if not spec.method or not spec.k:
             fail(
                 "--acceptance-profile needs --method and --num-speculative-tokens (the profile key)",
                 code=2,
             )
+        profile = self.acceptance_profile
         with reported():
-            pin = (
-                None
-                if acceptance_profile == "registry"
-                else AcceptancePin(profiles=acceptance_profile)
-            )
+            pin = None if profile == "registry" else AcceptancePin(profiles=profile)
             resolution = resolve(
-                model=name, method=method, num_spec_tokens=k, hardware=hardware,
-                registry=load_registry(registry), workload=workload, scenario=pin,
+                model=self.name, method=spec.method, num_spec_tokens=spec.k,
+                hardware=self.hardware, registry=load_registry(self.registry),
+                workload=workload, scenario=pin,
             )  # fmt: skip
-        rates = resolution.per_position_rates
-    # The engine (and torch) load only once the command line is known to be well formed; the
-    # server's modules load here too, so that a Ctrl-C meanwhile is held rather than swallowed.
-    with interrupt_deferred():
-        import uvicorn  # noqa: F401
+        spec.rates = resolution.per_position_rates
+        return resolution
 
-        import speclens.server  # noqa: F401
+    def _engine_config(self, spec: _Speculation, spec_json: dict[str, Any]) -> Any:
+        """The checked ``EngineConfig`` (models' headers read too); a refusal exits 1."""
         from speclens.engine.config import (
             ConfigError,
             EngineConfig,
@@ -344,58 +436,55 @@ def serve(
         )
         from speclens.engine.weights import check_models, default_max_model_len
 
-    cost = _step_cost(step_cost, StepCost)
-    lookup_min, lookup_max = _prompt_lookup(
-        spec_json, (SpeculativeConfig.ngram_min, SpeculativeConfig.ngram_max)
-    )
-    try:
-        if max_model_len is None:
-            max_model_len = 2048 if executor.value == "sim" else default_max_model_len(model)
-        spec = SpeculativeConfig(
-            method=method,
-            num_speculative_tokens=k or 0,
-            acceptance_length=length if rates is None else None,
-            acceptance_rate=rate,
-            acceptance_rates=rates,
-            confidence_schedule=confidence_schedule,
-            draft_model=draft_model,
-            ngram_max=lookup_max,
-            ngram_min=lookup_min,
-            seed=seed,
+        cost = _step_cost(self.step_cost, StepCost)
+        lookup_min, lookup_max = _prompt_lookup(
+            spec_json, (SpeculativeConfig.ngram_min, SpeculativeConfig.ngram_max)
         )
-        config = EngineConfig(
-            model=model,
-            speculative=spec,
-            executor=executor.value,
-            max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=max_num_batched_tokens or max(8192, max_model_len),
-            kv_cache_tokens=kv_cache_tokens,
-            device=device,
-            seed=seed,
-            step_cost=cost,
-        )
-        config.validate()
-        check_models(config)
-    except ModelLoadError as exc:
-        fail(_model_refusal(exc, model))
-    except ConfigError as exc:
-        fail(f"refused: {exc}")
-    if resolution is not None:
-        log.info(
-            "Acceptance profile: %s from the %s layer (%s: %s, method %s); source: %s%s",
-            f"{resolution.acceptance_length:g}", resolution.layer, resolution.profile_set,
-            resolution.profile, resolution.method, resolution.source or "(none)",
-            f"; measured on {resolution.measured_on}" if resolution.measured_on else "",
-        )  # fmt: skip
-    _warn_if_exposed(host, api_key)
-    try:
-        run_server(
-            config, name, host, port, api_key, stats_level.value, max_queue, resolution,
-            force_include_usage=force_include_usage,
-        )  # fmt: skip
-    except ModelLoadError as exc:  # what the headers could not show (a tensor, the tokenizer)
-        fail(_model_refusal(exc, model))
+        try:
+            max_model_len = self.max_model_len
+            if max_model_len is None:
+                sim = self.executor.value == "sim"
+                max_model_len = 2048 if sim else default_max_model_len(self.model)
+            speculative = SpeculativeConfig(
+                method=spec.method,
+                num_speculative_tokens=spec.k or 0,
+                acceptance_length=spec.length if spec.rates is None else None,
+                acceptance_rate=spec.rate,
+                acceptance_rates=spec.rates,
+                confidence_schedule=self.confidence_schedule,
+                draft_model=spec.draft_model,
+                ngram_max=lookup_max,
+                ngram_min=lookup_min,
+                seed=self.seed,
+            )
+            config = EngineConfig(
+                model=self.model,
+                speculative=speculative,
+                executor=self.executor.value,
+                max_num_seqs=self.max_num_seqs,
+                max_model_len=max_model_len,
+                max_num_batched_tokens=self.max_num_batched_tokens or max(8192, max_model_len),
+                kv_cache_tokens=self.kv_cache_tokens,
+                device=self.device,
+                seed=self.seed,
+                step_cost=cost,
+            )
+            config.validate()
+            check_models(config)
+        except ModelLoadError as exc:
+            fail(_model_refusal(exc, self.model))
+        except ConfigError as exc:
+            fail(f"refused: {exc}")
+        return config
+
+
+def _log_resolution(resolution: Any) -> None:
+    log.info(
+        "Acceptance profile: %s from the %s layer (%s: %s, method %s); source: %s%s",
+        f"{resolution.acceptance_length:g}", resolution.layer, resolution.profile_set,
+        resolution.profile, resolution.method, resolution.source or "(none)",
+        f"; measured on {resolution.measured_on}" if resolution.measured_on else "",
+    )  # fmt: skip
 
 
 def run_server(

@@ -112,7 +112,7 @@ class StepCost:
     def decode_fixed(self, drafting: Count, k: int) -> Any:
         """The part of a decode step's price paid once, whatever its requests: the verify
         forward's base, and the drafter forwards' base when any of its requests drafts."""
-        return self.verify(0, 0, 0) + k * (drafting > 0) * self.draft(0)
+        return self.verify(0, 0, 0) + k * self.draft(0) * (drafting > 0)  # scalars first
 
     def decode_share(
         self, query_tokens: Count, context_tokens: Count, drafts: Count, k: int
@@ -121,7 +121,7 @@ class StepCost:
         ``context_tokens``, and its requests' term in K drafter forwards when it ``drafts``
         (0 or 1)."""
         verify = self.verify(query_tokens, 1, context_tokens) - self.verify(0, 0, 0)
-        return verify + k * drafts * (self.draft(1) - self.draft(0))
+        return verify + k * (self.draft(1) - self.draft(0)) * drafts
 
     @classmethod
     def fit(cls, steps: Sequence[StepLike], num_spec_tokens: int) -> StepCost:

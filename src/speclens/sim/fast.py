@@ -221,6 +221,9 @@ def run_replica(
     tokens = np.zeros((width, k + 2), dtype=np.int64)  # its later-step requests by tokens
     base = 0  # the decode step at index 0 of the window
     decoded = 0  # decode steps run so far
+    # A step's once-paid price: one number when every request drafts on every step (or none
+    # ever does), else per step from how many of its requests draft.
+    fixed = cost.decode_fixed(1, k) if coverage >= 1.0 or not k else None
     clock = 0.0
     last_decode = 0.0  # when the latest decode step ended
     stream: Iterator[Item] = _prepared(requests, draws, longest_output)
@@ -279,7 +282,8 @@ def run_replica(
         # next arrival when it could be admitted at once (open loop, a sequence free).
         at = decoded - base
         m = running[0][0] - decoded + 1
-        prices = shares[at : at + m] + cost.decode_fixed(drafting[at : at + m], k)
+        once = fixed if fixed is not None else cost.decode_fixed(drafting[at : at + m], k)
+        prices = shares[at : at + m] + once
         prices[0] += clock
         times = prices.cumsum()  # the clock after each step, added step by step
         if concurrency is None and upcoming is not None and len(running) < max_num_seqs:

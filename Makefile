@@ -19,8 +19,12 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(BIN)/speclens demo
 
+# Test files run in parallel (one file stays on one worker, so module fixtures start once);
+# most of the suite waits on real servers it starts, so more workers than cores pay off.
+TEST_JOBS ?= 3
+
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
 
 # The peer tier: speclens against a real vLLM (CPU build) and a real llama.cpp server, separate from
 # `test` because it builds a pinned vLLM environment and llama.cpp (once each, cached outside the

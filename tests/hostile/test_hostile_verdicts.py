@@ -113,3 +113,20 @@ def test_positions_are_for_a_sampled_test_only() -> None:
     )  # fmt: skip
     assert code == 2
     assert "command line: --positions: expected only with a sampled test" in output
+
+
+def test_lossless_follows_no_redirect_and_names_it() -> None:
+    """lossless sends its prompts as bench does: a 307 to another origin is a failed request
+    naming the Location (exit 3, no verdict), and the other origin receives nothing. Before:
+    aiohttp followed it and the other server's answers were judged."""
+    with GarbageServer(_seeded) as other:
+        moved = Reply(307, headers={"Location": other.url + "/v1/completions"}, body=b"")
+        with GarbageServer(moved) as server, GarbageServer(_seeded) as reference:
+            code, report, output = _lossless(
+                "--url", server.url, "--reference-url", reference.url, "--prompt", "hi",
+                "--temperature", "1", "--samples", "20", "--max-tokens", "2", "--json",
+            )  # fmt: skip
+        reached = list(other.requests)
+    assert reached == []
+    assert code == 3, output
+    assert f"a redirect to '{other.url}/v1/completions', not followed" in output

@@ -177,7 +177,11 @@ def test_totals_consistent(load: dict[str, Any]) -> None:
     generated = metric(m, "vllm:generation_tokens_total")
     done = len(completed)
     assert generated >= done * MAX_TOKENS
-    assert labelled(m, "vllm:request_success_total", "finished_reason") == {"length": float(done)}
+    # A cancelled stream the engine finished before the client's close arrived (a loaded
+    # machine) is a success on the server's side: at most the cancelled ones join the completed.
+    succeeded = labelled(m, "vllm:request_success_total", "finished_reason")
+    assert set(succeeded) == {"length"}, succeeded
+    assert done <= succeeded["length"] <= done + CONCURRENCY // CANCEL_EVERY
 
 
 def test_server_log_clean(server: ServerProcess, load: dict[str, Any]) -> None:

@@ -17,8 +17,6 @@ proportion to a number it claims.
 
 from __future__ import annotations
 
-import aiohttp
-
 from speclens.bench.finish import Tally, finish_record
 from speclens.bench.load import LoadConfig, LoadGenerator
 from speclens.bench.probe import PROBE_BODY_BYTES, PROBE_TIMEOUT_S, PROBES, Probe, probe_backend
@@ -50,12 +48,6 @@ from speclens.bench.wire import (
     token_bound,
     wire_for,
 )
-
-
-async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
-    """``read_at_most`` for a session that decodes bodies itself (aiohttp's default)."""
-    return await read_at_most(resp, limit, decode=False)
-
 
 __all__ = [
     "KEEPALIVE_S", "LLAMACPP_NATIVE", "MAX_ANOMALIES", "MAX_BODY_BYTES", "MAX_ERROR_BYTES",

@@ -37,11 +37,11 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
+from speclens.bench import transport
 from speclens.bench.client import (
     MAX_BODY_BYTES,
     MAX_ERROR_BYTES,
     Endpoint,
-    _read_at_most,
     chunk_problem,
 )
 
@@ -312,19 +312,19 @@ class Sampler:
         self._probed = False
 
     async def _post(self, body: dict[str, Any]) -> tuple[int, bytes]:
-        """One request, sent again once if the server closed a kept-alive connection as it went
-        out (the same seed asks for the same sample, so the retry does not bias anything)."""
-        try:
-            return await self._post_once(body)
-        except aiohttp.ServerDisconnectedError:
-            return await self._post_once(body)
-
-    async def _post_once(self, body: dict[str, Any]) -> tuple[int, bytes]:
-        async with self.session.post(
-            self.url, data=orjson.dumps(body), headers=self.headers
-        ) as resp:
+        """One request, as the bench client sends it: no redirect followed, sent again when the
+        server never received it (the same seed asks for the same sample, so a resend biases
+        nothing), the body decoded within its bound. Status 0 carries a failure's message."""
+        resp = await transport.post(self.session, self.url, orjson.dumps(body), self.headers)
+        async with resp:
+            problem = transport.redirect_problem(resp)
+            if problem:
+                return 0, problem.encode()
             limit = MAX_BODY_BYTES if resp.status == 200 else MAX_ERROR_BYTES
-            raw, longer = await _read_at_most(resp, limit)
+            try:
+                raw, longer = await transport.read_at_most(resp, limit)
+            except transport.BodyError as exc:
+                return 0, str(exc).encode()
             if longer and resp.status == 200:
                 return 0, f"the response body exceeds {MAX_BODY_BYTES} bytes".encode()
             return resp.status, raw
@@ -507,10 +507,9 @@ async def _collect(
     config: LosslessConfig, on_done: Callable[[], None] | None
 ) -> tuple[list[list[Sample]], list[list[Sample]]]:
     """Each prompt's samples from the server and from the reference, in seed order."""
-    timeout = aiohttp.ClientTimeout(total=config.timeout)
     greedy = config.temperature == 0
     n = 1 if greedy else config.samples
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with transport.session(config.timeout) as session:
         sides = [
             Sampler(t, config.endpoint, session, config.concurrency)
             for t in (config.server, config.reference)

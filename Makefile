@@ -6,7 +6,7 @@ EXTRAS ?= dev,engine
 # The CPU build of PyTorch; override (e.g. TORCH=torch) to let pip choose.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-peers lint format clean
+.PHONY: demo test test-models test-peers lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,12 @@ demo: $(VENV)/.installed
 TEST_JOBS ?= 3
 
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not model"
+
+# The model tier: checks that run the real SmolLM2 model (its forward passes against
+# transformers, greedy equivalence on real text, the simulator against a real engine run).
+test-models: $(VENV)/.installed
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m model
 
 # The peer tier: speclens against a real vLLM (CPU build) and a real llama.cpp server, separate from
 # `test` because it builds a pinned vLLM environment and llama.cpp (once each, cached outside the

@@ -239,7 +239,7 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any
     yield model, tokenizer, directory
 
 
-@pytest.mark.slow
+@pytest.mark.model
 def test_smollm2_export_runs_in_transformers_as_in_speclens(smollm2: Any) -> None:
     model, tokenizer, directory = smollm2
     assert_same_as_speclens("smollm2", model, tokenizer, directory)
@@ -249,7 +249,7 @@ def test_smollm2_export_runs_in_transformers_as_in_speclens(smollm2: Any) -> Non
     assert len(names) == 2 + 9 * 30
 
 
-@pytest.mark.slow
+@pytest.mark.model
 def test_smollm2_tokenizer_encodes_every_spec_bench_prompt_alike(smollm2: Any) -> None:
     _, tokenizer, directory = smollm2
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)

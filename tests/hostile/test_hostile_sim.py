@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from childtime import within
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "kimi-k3-dspark.yaml"
 
 SMALL = {
@@ -103,7 +105,7 @@ def test_a_billion_requests_is_refused_at_once_in_bounded_memory(tmp_path: Path)
         "input tokens = 32,000,000,000 prompt tokens, over the limit of 200,000,000: lower "
         "workload.requests or workload.input_tokens",
     ]
-    assert seconds < 2.0
+    assert seconds < within(1.5)
     assert peak_kib < 600 * 1024  # nothing was built per request
 
 
@@ -115,7 +117,7 @@ def test_a_million_replicas_is_refused(tmp_path: Path) -> None:
         f"{path}: deployment.pools[0].replicas: 1,000,000 simulated replicas in all, over the "
         "limit of 1,024 (one engine each): simulate fewer replicas and scale the throughput"
     ])  # fmt: skip
-    assert seconds < 5.0
+    assert seconds < within(4.5)
 
 
 @pytest.mark.timeout(60)
@@ -130,7 +132,7 @@ def test_a_hundred_million_output_tokens_is_refused(tmp_path: Path) -> None:
         "(workload.output_tokens) = 100,000,000 request-steps, over the budget of 10,000,000: "
         "lower workload.requests or workload.output_tokens, or raise --max-request-steps",
     ])  # fmt: skip
-    assert seconds < 5.0
+    assert seconds < within(4.5)
 
 
 @pytest.mark.timeout(60)
@@ -225,7 +227,7 @@ def test_a_huge_k_is_refused(tmp_path: Path) -> None:
         f"{path}: deployment.pools[0].engine.speculative.num_spec_tokens: must be at most 64, "
         "got 100000000"
     ])  # fmt: skip
-    assert seconds < 5.0
+    assert seconds < within(4.5)
 
 
 @pytest.mark.timeout(60)
@@ -239,7 +241,7 @@ def test_a_huge_k_is_refused(tmp_path: Path) -> None:
 def test_a_sweep_is_bounded(tmp_path: Path, sweep: str, message: str) -> None:
     code, err, out, seconds = _sim(_scenario(tmp_path), "--sweep", sweep, timeout=30)
     assert (code, err, out) == (2, [message], "")
-    assert seconds < 5.0
+    assert seconds < within(4.5)
 
 
 @pytest.mark.timeout(60)

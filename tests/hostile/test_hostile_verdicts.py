@@ -122,7 +122,7 @@ def test_lossless_follows_no_redirect_and_names_it() -> None:
     with GarbageServer(_seeded) as other:
         moved = Reply(307, headers={"Location": other.url + "/v1/completions"}, body=b"")
         with GarbageServer(moved) as server, GarbageServer(_seeded) as reference:
-            code, report, output = _lossless(
+            code, _, output = _lossless(
                 "--url", server.url, "--reference-url", reference.url, "--prompt", "hi",
                 "--temperature", "1", "--samples", "20", "--max-tokens", "2", "--json",
             )  # fmt: skip

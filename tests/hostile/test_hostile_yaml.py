@@ -4,7 +4,6 @@ so a regression fails the test instead of hanging the suite."""
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import sys
@@ -14,26 +13,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from childtime import startup_s, within
 from speclens.acceptance import AcceptanceProfileSet, shipped_registry
 from speclens.acceptance.errors import ValidationError
 from speclens.acceptance.files import parse_yaml
 
-#: A refusal must come within this of the child's own start-up (``speclens --version`` in the
-#: same environment, measured once per module: a parallel run on a shared machine can make the
-#: start-up alone take seconds). An unbounded parse of these inputs takes minutes.
+#: A refusal's own work must fit in this, beyond the child's start-up (``childtime``).
 QUICK_MARGIN_S = 1.5
 
 
-@functools.cache
-def startup_s() -> float:
-    start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "speclens", "--version"], capture_output=True, check=True)
-    return time.monotonic() - start
-
-
 def quick_s() -> float:
-    """How long a refusal may take: twice the child's start-up, plus the margin."""
-    return 2 * startup_s() + QUICK_MARGIN_S
+    return within(QUICK_MARGIN_S)
 
 
 def speclens(*args: str | Path, timeout: float = 30) -> tuple[int, list[str], float]:

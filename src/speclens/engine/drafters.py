@@ -23,6 +23,7 @@ from speclens.engine.batch import build_batch
 from speclens.engine.kv_cache import BlockManager
 from speclens.engine.model import KVPool, LlamaModel
 from speclens.engine.request import Request
+from speclens.sim.cost import StepCost
 
 
 @dataclass
@@ -215,14 +216,11 @@ class DraftModelDrafter:
 class SimDrafter:
     """Seeded random proposals, K per request, priced by the step-cost model."""
 
-    def __init__(
-        self, k: int, vocab_size: int, seed: int, draft_cost: float, per_token: float
-    ) -> None:
+    def __init__(self, k: int, vocab_size: int, seed: int, cost: StepCost) -> None:
         self.k = k
         self.vocab_size = vocab_size
         self.generator = torch.Generator().manual_seed(seed)
-        self.draft_cost = draft_cost
-        self.per_token = per_token
+        self.cost = cost
 
     def prefill(self, requests: Sequence[Request]) -> None:
         """Nothing to compute."""
@@ -233,5 +231,5 @@ class SimDrafter:
         batch = len(requests)
         ids = torch.randint(0, self.vocab_size, (batch, self.k), generator=self.generator)
         counts = torch.full((batch,), self.k, dtype=torch.int64)
-        seconds = self.k * (self.draft_cost + self.per_token * batch)
+        seconds = self.k * self.cost.draft(batch)
         return Proposal(ids.to(device), counts.to(device), None, seconds)

@@ -113,9 +113,7 @@ class Engine:
         spec = self.config.speculative
         if self.config.executor == "sim":
             cost = self.config.step_cost
-            return SimDrafter(
-                self.k, self.vocab_size, self.config.seed + 1, cost.draft_base, cost.draft_per_token
-            )
+            return SimDrafter(self.k, self.vocab_size, self.config.seed + 1, cost)
         if spec.method == "ngram":
             # Forced acceptance needs K drafts every step: fill a short lookup up to K.
             return NgramDrafter(

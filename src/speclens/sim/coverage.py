@@ -46,9 +46,8 @@ class CoveredDrafter(SimDrafter):
     def __init__(
         self, inner: SimDrafter, cost: StepCost, coverage: float, rng: np.random.Generator
     ) -> None:
-        super().__init__(inner.k, inner.vocab_size, 0, inner.draft_cost, inner.per_token)
+        super().__init__(inner.k, inner.vocab_size, 0, cost)
         self.generator = inner.generator  # the same proposals as the engine's own drafter
-        self.cost = cost
         self.coverage = coverage
         self.rng = rng
         self.tally = Coverage()

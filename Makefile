@@ -20,12 +20,11 @@ demo: $(VENV)/.installed
 	$(BIN)/speclens demo
 
 # Test files run in parallel (one file stays on one worker, so module fixtures start once);
-# part of the suite waits on real servers it starts, so more workers than cores pay off, each
-# with one OpenMP thread (two per worker would oversubscribe the cores).
+# part of the suite waits on real servers it starts, so more workers than cores pay off.
 TEST_JOBS ?= 3
 
 test: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not model"
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not model"
 
 # The model tier: checks that run the real SmolLM2 model (its forward passes against
 # transformers, greedy equivalence on real text, the simulator against a real engine run).

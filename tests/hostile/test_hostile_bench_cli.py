@@ -96,9 +96,12 @@ def bench_popen(*args: str | Path, out: Path) -> subprocess.Popen[bytes]:
 
 
 def rows(path: Path) -> list[dict[str, Any]]:
+    """The file's complete lines: one still being written (no newline yet) is not a row."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    complete = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 # ---------------------------------------------------------------------------- options: exit 2

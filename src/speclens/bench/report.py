@@ -268,7 +268,10 @@ def _choices(raw: Any) -> dict[int, dict[str, Any]] | None:
 
 
 class RecordStream:
-    """``records.jsonl``, one flushed line per finished request, written as it finishes.
+    """``records.jsonl``, one line per finished request, written as it finishes.
+
+    Each line goes to the file unbuffered, whole (one ``write`` per line, repeated only for what
+    a short write left), so a reader following the run never sees half a line followed by more.
 
     Opening it is the check that the output directory is writable, done before the first request.
     URL credentials (``redactor``) never reach the file.
@@ -279,7 +282,7 @@ class RecordStream:
     def __init__(self, out_dir: Path, redactor: Redactor | None = None) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "records.jsonl"
-        self._fh = open_new(self.path)
+        self._fh = open_new(self.path, buffering=0)
         self._redactor = redactor or Redactor()
         self.count = 0
         self.error: str | None = None
@@ -294,8 +297,12 @@ class RecordStream:
                 {"index": record.index, "success": False, "row_error": f"{exc}"[:500]}
             )
         try:
-            self._fh.write(self._redactor.raw(line) + b"\n")
-            self._fh.flush()
+            data = memoryview(self._redactor.raw(line) + b"\n")
+            while data:
+                written = self._fh.write(data)
+                if not written:
+                    raise OSError(errno.EIO, "the file took no bytes")
+                data = data[written:]
         except OSError as exc:
             self.error = f"{self.path}: {exc.strerror or exc}"
             return
@@ -319,7 +326,7 @@ class RecordStream:
 _JSONL = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
-def open_new(path: Path) -> BinaryIO:
+def open_new(path: Path, buffering: int = -1) -> BinaryIO:
     """``path`` created or truncated for writing, never through a symbolic link (``O_NOFOLLOW``)
     and only as a regular file: a link planted in the output directory must not send a run's
     files elsewhere, nor a FIFO hang it. Raises OSError naming the file."""
@@ -336,7 +343,7 @@ def open_new(path: Path) -> BinaryIO:
         os.close(fd)
         raise OSError(errno.EINVAL, "not a regular file", str(path))
     os.set_blocking(fd, True)
-    return os.fdopen(fd, "wb")
+    return os.fdopen(fd, "wb", buffering=buffering)
 
 
 def write_files(out_dir: Path, summary: dict[str, Any], records: list[RequestRecord]) -> list[Path]:

@@ -27,6 +27,10 @@ TORCH_METHODS = ("draft_model", "ngram")
 ExecutorName = Literal["torch", "sim"]
 
 
+#: The most tensor-parallel ranks a run may ask for (a sanity bound far above TP 8).
+MAX_TENSOR_PARALLEL = 64
+
+
 class ConfigError(ValueError):
     """A configuration refused at startup."""
 
@@ -312,6 +316,11 @@ class EngineConfig:
     step_cost: StepCost = field(default_factory=StepCost)
     #: Decode text as tokens arrive (off for the simulator: only counts and times matter).
     detokenize: bool = True
+    #: Rank processes the model is split over (vLLM's ``--tensor-parallel-size``); see
+    #: ``speclens.engine.parallel``.
+    tensor_parallel_size: int = 1
+    #: Ranks compare a checksum of their accepted counts every decode step (one all-reduce).
+    debug_lockstep: bool = False
 
     def validate(self) -> None:
         spec = self.speculative
@@ -338,6 +347,7 @@ class EngineConfig:
         for problem in self.step_cost.problems():
             raise ConfigError(f"step_cost.{problem}")
         check_device(self.device, self.dtype)
+        self._check_parallel()
         k = spec.num_speculative_tokens if spec.enabled else 0
         if self.max_num_batched_tokens < self.max_model_len:
             raise ConfigError(
@@ -349,3 +359,18 @@ class EngineConfig:
                 f"kv_cache_tokens {self.kv_cache_tokens} cannot hold one request of "
                 f"max_model_len {self.max_model_len} plus its {k + 1} verify slots"
             )
+
+    def _check_parallel(self) -> None:
+        size = self.tensor_parallel_size
+        if not _is_int(size) or not 1 <= size <= MAX_TENSOR_PARALLEL:
+            raise ConfigError(
+                f"--tensor-parallel-size: expected an integer from 1 to {MAX_TENSOR_PARALLEL}, "
+                f"got {size!r}"
+            )
+        if size > 1 and self.executor != "torch":
+            raise ConfigError(
+                f"--tensor-parallel-size {size}: expected the torch executor (the sim executor "
+                f"runs no model to split)"
+            )
+        if not isinstance(self.debug_lockstep, bool):
+            raise ConfigError(f"--debug-lockstep: expected a boolean, got {self.debug_lockstep!r}")

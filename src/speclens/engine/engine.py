@@ -12,12 +12,19 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from speclens.engine import logits as logits_ops
 from speclens.engine.config import ConfigError, EngineConfig, layer_subset
-from speclens.engine.drafters import DraftModelDrafter, NgramDrafter, Proposal, SimDrafter
+from speclens.engine.drafters import (
+    DraftModelDrafter,
+    NgramDrafter,
+    Proposal,
+    SimDrafter,
+)
+from speclens.engine.drafters import _one_hot as one_hot
 from speclens.engine.executor import SimExecutor, TorchExecutor
 from speclens.engine.kv_cache import BlockManager, blocks_for
 from speclens.engine.model import KVPool, LlamaModel
@@ -28,10 +35,16 @@ from speclens.engine.request import (
     SamplingError,
     SamplingParams,
 )
-from speclens.engine.scheduler import Scheduler
+from speclens.engine.parallel import LockstepError, synthetic_for
+from speclens.engine.parallel import close as close_group
+from speclens.engine.scheduler import ScheduledBatch, Scheduler
 from speclens.engine.tokenizer import IncrementalDecoder, Tokenizer
 from speclens.engine.weights import load_model
-from speclens.sampling import SpecDecodeStats, SyntheticAcceptance, rejection_sample
+from speclens.sampling import SpecDecodeStats, rejection_sample
+from speclens.sampling.rejection import SamplerOutput
+
+if TYPE_CHECKING:
+    from speclens.engine.parallel import Rank
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +74,28 @@ class Engine:
         target: LlamaModel | None = None,
         draft: LlamaModel | None = None,
         tokenizer: Tokenizer | None = None,
+        parallel: Rank | None = None,
     ) -> None:
+        """``parallel``: this process's tensor-parallel rank (``speclens.engine.parallel``
+        builds it; an engine of ``tensor_parallel_size`` > 1 is started with ``launch``)."""
         self.config = config = config or EngineConfig()
         config.validate()
+        self.parallel = parallel
+        if parallel is None and config.tensor_parallel_size > 1:
+            raise ConfigError(
+                f"tensor_parallel_size {config.tensor_parallel_size}: start the ranks with "
+                f"speclens.engine.parallel.launch(config), not Engine(config)"
+            )
         spec = config.speculative
         self.k = spec.num_speculative_tokens if spec.enabled else 0
-        self.device = torch.device(config.device)
+        self.device = parallel.device if parallel else torch.device(config.device)
         self.dtype = getattr(torch, config.dtype)
         if target is None or tokenizer is None:
             loaded, loaded_tokenizer = load_model(config.model, seed=config.seed)
             target, tokenizer = target or loaded, tokenizer or loaded_tokenizer
         self.target = target.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+        if parallel is not None:
+            parallel.shard(self.target)
         self.tokenizer = tokenizer
         self.vocab_size = target.config.vocab_size
         num_blocks = blocks_for(config.kv_cache_tokens, config.block_size)
@@ -88,14 +112,19 @@ class Engine:
             self.executor = TorchExecutor(self.target, kv, self.blocks)
         self.drafter: Drafter | None = self._drafter(draft) if self.k else None
         rates = spec.per_position_rates
-        self.synthetic = SyntheticAcceptance(rates, spec.seed) if rates is not None else None
+        size = config.tensor_parallel_size
+        self.synthetic = synthetic_for(rates, spec.seed, size) if rates is not None else None
         self.stats = SpecDecodeStats(self.k, enabled=spec.enabled)
         self.clock = 0.0
         self.steps: list[StepRecord] = []
         self._draft_seconds = 0.0
         self._groups: dict[str, list[Request]] = {}
         self._emitted: dict[str, tuple[int, int]] = {}  # request -> (tokens, chars) sent
-        if spec.forced:
+        #: Rank 0 of a tensor-parallel group: the other ranks see every add and abort.
+        self._leader = parallel is not None and parallel.leader
+        #: A follower's expected batch (rank 0's plan) for the step it is about to run.
+        self._expected: tuple[str, list[str]] | None = None
+        if spec.forced and (parallel is None or parallel.leader):
             log.info("%s", spec.log_line())
 
     # ------------------------------------------------------------------ set-up
@@ -107,6 +136,7 @@ class Engine:
             self.blocks.block_size,
             self.dtype,
             self.device,
+            model.num_local_kv_heads,
         )
 
     def _drafter(self, draft: LlamaModel | None) -> Drafter:
@@ -139,6 +169,8 @@ class Engine:
             assert name is not None
             draft, _ = load_model(name, seed=self.config.seed + 1)
         draft = draft.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+        if self.parallel is not None and draft is not self.target:
+            self.parallel.shard(draft)  # sharded like the target (a layer subset already is)
         if draft.config.vocab_size != self.vocab_size:
             raise ValueError(
                 f"the draft model's vocabulary ({draft.config.vocab_size}) differs from the "
@@ -193,6 +225,9 @@ class Engine:
             self._emitted[child.request_id] = (0, 0)
             self.scheduler.add(child)
         self._groups[request_id] = children
+        if self._leader:
+            assert self.parallel is not None
+            self.parallel.note_add(ids, params, request_id)
         return request_id
 
     def abort(self, request_id: str) -> bool:
@@ -200,6 +235,9 @@ class Engine:
         children = self._groups.pop(request_id, None)
         if children is None:
             return False
+        if self._leader:
+            assert self.parallel is not None
+            self.parallel.note_abort(request_id)
         for child in children:
             if not child.finished:
                 self.scheduler.finish(child, "abort")
@@ -222,7 +260,7 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one step; return the requests that progressed (cumulative, with the new part)."""
         started = time.perf_counter()
-        batch = self.scheduler.schedule()
+        batch = self._schedule()
         if batch.kind == "idle":
             return []
         if batch.kind == "prefill":
@@ -251,6 +289,47 @@ class Engine:
         )
         return self._outputs(batch.requests)
 
+    def _schedule(self) -> ScheduledBatch:
+        """This step's batch; on a tensor-parallel rank, the same batch on every rank."""
+        if self.parallel is not None:
+            self.parallel.check()
+        batch = self.scheduler.schedule()
+        ids = [r.request_id for r in batch.requests]
+        if self._leader and batch.kind != "idle":
+            assert self.parallel is not None
+            self.parallel.send_plan(batch.kind, ids)
+        elif self._expected is not None and self._expected != (batch.kind, ids):
+            assert self.parallel is not None
+            raise LockstepError(
+                f"rank {self.parallel.rank}: scheduled {batch.kind} {ids}, but rank 0 scheduled "
+                f"{self._expected[0]} {self._expected[1]}: the ranks are out of step"
+            )
+        return batch
+
+    def check_alive(self) -> None:
+        """Raise ``RankDied`` when a tensor-parallel rank has ended (a no-op otherwise)."""
+        if self.parallel is not None:
+            self.parallel.check()
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (rank 0; a no-op otherwise). Idempotent."""
+        if self._leader:
+            close_group(self.parallel)
+
+    def follow(self, plan: dict[str, Any]) -> None:
+        """A follower rank: apply rank 0's adds and aborts, then run the step it planned."""
+        for event in plan["events"]:
+            if event[0] == "add":
+                _, ids, params, request_id = event
+                self.add_request(ids, SamplingParams(**params), request_id)
+            else:
+                self.abort(event[1])
+        self._expected = (plan["kind"], list(plan["ids"]))
+        try:
+            self.step()
+        finally:
+            self._expected = None
+
     def _prefill(self, requests: list[Request]) -> float:
         if isinstance(self.drafter, DraftModelDrafter):
             self.drafter.prefill(requests)
@@ -265,6 +344,8 @@ class Engine:
         else:
             assert forward.argmax is not None
             tokens = forward.argmax
+        if self.parallel is not None:  # rank 0's samples, so every rank appends the same token
+            tokens = self.parallel.share_tokens(tokens)
         for r, token in zip(requests, tokens.tolist(), strict=True):
             self._append(r, [token])
         return forward.seconds
@@ -276,7 +357,7 @@ class Engine:
         method = "synthetic" if self.synthetic else "greedy" if greedy else "probabilistic"
         if self.drafter is not None:
             drafting = time.perf_counter()
-            proposal = self.drafter.propose(requests, method == "probabilistic", self.device)
+            proposal = self._propose(requests, method == "probabilistic")
             self._draft_seconds = proposal.seconds or time.perf_counter() - drafting
         else:
             empty = torch.zeros((batch, 0), dtype=torch.int64, device=self.device)
@@ -314,9 +395,13 @@ class Engine:
             synthetic=self.synthetic,
             generator=[r.generator or self.generator for r in requests],
         )
+        if self.parallel is not None:
+            out = self._share_sampled(out, method == "synthetic")
         emitted = out.output_token_ids.tolist()
         accepted = out.num_accepted.tolist()
         drafted = num_drafts.tolist()
+        if self.parallel is not None:
+            self.parallel.record(accepted)
         self.stats.record(drafted, accepted)
         for r, ids, n_acc, n_draft in zip(requests, emitted, accepted, drafted, strict=True):
             before = r.num_tokens
@@ -326,6 +411,32 @@ class Engine:
                 self.drafter.accepted(r, before, n_acc)
             self._append(r, ids[: n_acc + 1])
         return forward.seconds + proposal.seconds
+
+    def _propose(self, requests: list[Request], want_probs: bool) -> Proposal:
+        """The drafter's proposal; across tensor-parallel ranks rank 0's, broadcast (the
+        n-gram drafter runs on rank 0 alone, a draft model on every rank's shard)."""
+        assert self.drafter is not None
+        parallel = self.parallel
+        if parallel is None:
+            return self.drafter.propose(requests, want_probs, self.device)
+        local = None
+        if parallel.leader or not isinstance(self.drafter, NgramDrafter):
+            local = self.drafter.propose(requests, want_probs, self.device)
+        packed = parallel.share_proposal(local, len(requests), self.k)
+        ids, counts = packed[:, :-1], packed[:, -1]
+        if local is not None:
+            return Proposal(ids, counts, local.probs, local.seconds)
+        probs = one_hot(ids, self.vocab_size) if want_probs else None
+        return Proposal(ids, counts, probs)
+
+    def _share_sampled(self, out: SamplerOutput, forced: bool) -> SamplerOutput:
+        """Rank 0's tokens (accepted counts stay local when forced); with ``debug_lockstep``,
+        the ranks' accepted counts compared. No host read unless the check is on."""
+        assert self.parallel is not None
+        out = self.parallel.share_sampled(out, forced)
+        if self.parallel.debug_lockstep:
+            self.parallel.check_lockstep(out.num_accepted)
+        return out
 
     # ------------------------------------------------------------------ postprocess
     def _append(self, request: Request, tokens: list[int]) -> None:

@@ -185,10 +185,13 @@ class KVPool:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        kv_heads: int | None = None,
     ) -> None:
+        """``kv_heads``: the key/value heads this process holds (a tensor-parallel shard's)."""
         self.block_size = block_size
         self.num_slots = num_blocks * block_size
-        shape = (num_layers, self.num_slots + 1, config.num_key_value_heads, config.head_dim)
+        heads = config.num_key_value_heads if kv_heads is None else kv_heads
+        shape = (num_layers, self.num_slots + 1, heads, config.head_dim)
         self.k = lazy_zeros(shape, dtype, device)
         self.v = lazy_zeros(shape, dtype, device)
 
@@ -499,6 +502,8 @@ class LlamaModel(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = Rotary(config.head_dim, config.rope_theta)
+        #: Key/value heads this process computes (fewer on a tensor-parallel rank).
+        self.num_local_kv_heads = config.num_key_value_heads
 
     @property
     def num_layers(self) -> int:

@@ -274,6 +274,17 @@ def serve(
     ),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("cpu", "--device"),
+    tensor_parallel_size: int = typer.Option(
+        1,
+        "--tensor-parallel-size",
+        "-tp",
+        help="Rank processes the model is split over (gloo on a CPU, NCCL on CUDA).",
+    ),
+    debug_lockstep: bool = typer.Option(
+        False,
+        "--debug-lockstep",
+        help="Ranks compare a checksum of their accepted counts every step (one all-reduce).",
+    ),
     step_cost: str | None = typer.Option(
         None,
         "--step-cost",
@@ -328,6 +339,8 @@ class ServeArgs:
     max_queue: int
     seed: int
     device: str
+    tensor_parallel_size: int
+    debug_lockstep: bool
     step_cost: str | None
 
     @property
@@ -468,14 +481,42 @@ class ServeArgs:
                 device=self.device,
                 seed=self.seed,
                 step_cost=cost,
+                tensor_parallel_size=self.tensor_parallel_size,
+                debug_lockstep=self.debug_lockstep,
             )
             config.validate()
             check_models(config)
+            _check_parallel(config)
         except ModelLoadError as exc:
             fail(_model_refusal(exc, self.model))
         except ConfigError as exc:
             fail(f"refused: {exc}")
         return config
+
+
+def _check_parallel(config: Any) -> None:
+    """Refuse a tensor-parallel size the models or the machine cannot take, before any rank
+    starts (``ConfigError``, one line)."""
+    if config.tensor_parallel_size == 1:
+        return
+    from speclens.engine.config import ConfigError
+    from speclens.engine.parallel import capacity_problem, shard_problem
+    from speclens.engine.weights import model_config
+
+    size = config.tensor_parallel_size
+    names = [("--model", config.model)]
+    draft = config.speculative.draft_model
+    if config.speculative.method == "draft_model" and draft and not draft.startswith("layers:"):
+        names.append(("--draft-model", draft))
+    elif config.speculative.method == "draft_model" and draft is None and config.model == "dummy":
+        names.append(("--draft-model", "dummy-draft"))
+    for flag, name in names:
+        problem = shard_problem(model_config(name), size, f"{flag} {name}")
+        if problem is not None:
+            raise ConfigError(problem)
+    problem = capacity_problem(size, config.device)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def _log_resolution(resolution: Any) -> None:
@@ -501,14 +542,39 @@ def run_server(
 ) -> None:
     """Bind, build the engine and app, then serve until SIGINT/SIGTERM (exit 0) or until the
     engine fails (exit 1, after its traceback is logged once)."""
-    from speclens.server import EngineRunner, ServerSettings, build_engine, create_app
-    from speclens.server.serving import bind, serve
+    from speclens.server import build_engine
+    from speclens.server.serving import bind
 
     try:
         sock = bind(host, port)
     except OSError as exc:
         fail(f"--port: cannot listen on {host}:{port}: {exc.strerror or exc}")
     engine = build_engine(config)
+    try:
+        _serve_engine(engine, config, served_model_name, host, sock, api_key, stats_level,
+                      max_queue, resolution, idle_timeout_s, force_include_usage)  # fmt: skip
+    finally:
+        engine.close()  # the other tensor-parallel ranks, if any
+
+
+def _serve_engine(
+    engine: Any,
+    config: Any,
+    served_model_name: str,
+    host: str,
+    sock: Any,
+    api_key: str | None,
+    stats_level: str,
+    max_queue: int,
+    resolution: Any,
+    idle_timeout_s: float,
+    force_include_usage: bool,
+) -> None:
+    """Serve a built engine on the bound socket until a signal or the engine's death."""
+    from speclens.server import EngineRunner, ServerSettings, create_app
+    from speclens.server.serving import serve
+
+    port = sock.getsockname()[1]
     spec = config.speculative
     acceptance: dict[str, Any] = {
         "method": spec.method,

@@ -28,6 +28,8 @@ from speclens.engine.drafters import _one_hot as one_hot
 from speclens.engine.executor import SimExecutor, TorchExecutor
 from speclens.engine.kv_cache import BlockManager, blocks_for
 from speclens.engine.model import KVPool, LlamaModel
+from speclens.engine.parallel import LockstepError, synthetic_for
+from speclens.engine.parallel import close as close_group
 from speclens.engine.request import (
     CompletionOutput,
     Request,
@@ -35,8 +37,6 @@ from speclens.engine.request import (
     SamplingError,
     SamplingParams,
 )
-from speclens.engine.parallel import LockstepError, synthetic_for
-from speclens.engine.parallel import close as close_group
 from speclens.engine.scheduler import ScheduledBatch, Scheduler
 from speclens.engine.tokenizer import IncrementalDecoder, Tokenizer
 from speclens.engine.weights import load_model

@@ -38,8 +38,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from speclens.engine.config import MAX_TENSOR_PARALLEL, ConfigError, EngineConfig
-from speclens.engine.model import LlamaModel, ModelConfig
+from speclens.engine.config import ConfigError, EngineConfig
+from speclens.engine.model import DecoderLayer, LlamaModel, ModelConfig
 from speclens.engine.request import SamplingParams
 from speclens.sampling import SyntheticAcceptance
 from speclens.sampling.rejection import SamplerOutput
@@ -188,6 +188,7 @@ def shard_model(model: LlamaModel, rank: int, size: int, comm: Comm) -> None:
     kv_rows = slice(kv_start * d, kv_stop * d)
     cols = slice(*split(config.intermediate_size, size, rank))
     for layer in model.model.layers:
+        assert isinstance(layer, DecoderLayer)
         attn, mlp = layer.self_attn, layer.mlp
         _keep(attn.q_proj, attn.q_proj.weight[q_rows])
         _keep(attn.k_proj, attn.k_proj.weight[kv_rows])
@@ -368,17 +369,22 @@ def _threads_per_rank(size: int) -> int:
 
 
 def launch(config: EngineConfig) -> Engine:
-    """Rank 0's engine with ranks 1..N-1 started beside it and joined. Refuses (``ConfigError``,
-    one line) a size the machine or the model cannot take and a rank that fails to start; on
-    any failure the ranks already started are stopped."""
-    from speclens.engine.engine import Engine
+    """Rank 0's engine with ranks 1..N-1 started beside it and joined: ``join(start(config))``."""
+    return join(config, start(config))
 
+
+def start(config: EngineConfig) -> Rank:
+    """Start ranks 1..N-1 (they load their shards meanwhile); refuses (``ConfigError``, one line)
+    a size this machine cannot take. Call it on a thread that outlives the ranks (the main
+    thread): Linux's parent-death signal fires when the thread that started a process ends."""
     size = config.tensor_parallel_size
     problem = capacity_problem(size, config.device)
     if problem is not None:
         raise ConfigError(problem)
-    store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))  # fmt: skip
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", 0, size, is_master=True, wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
+    )  # fmt: skip
     group = _Group(store, [], threads=torch.get_num_threads())
     rank = Rank(0, size, torch.device(_rank_device(config, 0)), config.debug_lockstep)
     rank.group = group
@@ -386,19 +392,35 @@ def launch(config: EngineConfig) -> Engine:
         payload = pickle.dumps(config)
         for r in range(1, size):
             group.processes.append(_start_rank(r, size, store.port, payload))
+    except BaseException:
+        _stop_ranks(group)
+        raise
+    atexit.register(close, rank)
+    return rank
+
+
+def join(config: EngineConfig, rank: Rank) -> Engine:
+    """Build rank 0's engine and join the ranks ``start`` began; a rank that fails to start is
+    refused (``ConfigError``, one line), and on any failure every rank is stopped."""
+    from speclens.engine.engine import Engine
+
+    group = rank.group
+    assert group is not None
+    size = config.tensor_parallel_size
+    try:
         torch.set_num_threads(_threads_per_rank(size))
         engine = Engine(config, parallel=rank)
         _wait_for_ranks(group, size)
         dist.init_process_group(
-            _backend(rank.device), store=store, rank=0, world_size=size,
+            _backend(rank.device), store=group.store, rank=0, world_size=size,
             timeout=COLLECTIVE_TIMEOUT,
         )  # fmt: skip
     except BaseException:
         _stop_ranks(group)
+        torch.set_num_threads(group.threads)
         raise
     group.monitor = threading.Thread(target=_watch, args=(rank,), daemon=True, name="tp-watch")
     group.monitor.start()
-    atexit.register(close, rank)
     log.info(
         "tensor parallel: %d ranks (%s), rank pids %s", size, _backend(rank.device),
         [os.getpid(), *(p.pid for p in group.processes)],
@@ -507,8 +529,10 @@ def follower_main(argv: Sequence[str]) -> int:
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches rank 0, which stops us
     logging.basicConfig(level=logging.WARNING, format=f"rank {rank_no}: %(message)s")
-    store = dist.TCPStore("127.0.0.1", port, size, is_master=False,
-                          timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))  # fmt: skip
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", port, size, is_master=False,
+        timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
+    )  # fmt: skip
     try:
         config: EngineConfig = pickle.loads(sys.stdin.buffer.read())
         if os.environ.get(FAIL_RANK_ENV) == str(rank_no):

@@ -4,6 +4,9 @@ One thread owns the engine: it drains an inbox of adds and aborts, runs ``step()
 each request's outputs to that request's asyncio queue. With the ``sim`` executor it sleeps each
 step's priced cost in real time, so a mock server paces tokens like the real thing.
 
+A tensor-parallel engine (``build_engine`` starts its ranks) dies the same way when one of its
+ranks ends: the runner checks between steps, idle or not.
+
 If the engine thread fails, the runner is dead for good (an engine's state after a failed step
 cannot be trusted): every waiting and running request gets ``EngineDead`` at once, new ones are
 refused, and ``on_dead`` tells the server to shut down (as vLLM does when its engine core dies).
@@ -69,10 +72,15 @@ def build_engine(config: EngineConfig) -> Engine:
     """
     built: list[Engine] = []
     failed: list[BaseException] = []
+    rank = None
+    if config.tensor_parallel_size > 1:  # started here: a rank dies with the thread starting it
+        from speclens.engine.parallel import join, start
+
+        rank = start(config)
 
     def build() -> None:
         try:
-            built.append(Engine(config))
+            built.append(join(config, rank) if rank is not None else Engine(config))
         except BaseException as exc:  # re-raised on the caller's thread
             failed.append(exc)
 
@@ -231,6 +239,7 @@ class EngineRunner:
         while not self._stop.is_set():
             self._drain()
             if not self.engine.has_unfinished():
+                self.engine.check_alive()  # a tensor-parallel rank that died stops the server
                 self._wake.wait(timeout=0.1)
                 self._wake.clear()
                 continue

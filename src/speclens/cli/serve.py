@@ -549,7 +549,12 @@ def run_server(
         sock = bind(host, port)
     except OSError as exc:
         fail(f"--port: cannot listen on {host}:{port}: {exc.strerror or exc}")
-    engine = build_engine(config)
+    from speclens.engine.config import ConfigError
+
+    try:
+        engine = build_engine(config)
+    except ConfigError as exc:  # a tensor-parallel rank that could not start
+        fail(f"refused: {exc}")
     try:
         _serve_engine(engine, config, served_model_name, host, sock, api_key, stats_level,
                       max_queue, resolution, idle_timeout_s, force_include_usage)  # fmt: skip

@@ -34,7 +34,7 @@ from speclens.engine.parallel import FAIL_RANK_ENV
 FORCED_NGRAM = ["--method", "ngram", "--num-speculative-tokens", str(K),
                 "--spec-decode-acceptance-length", str(AL), "--seed", "5"]  # fmt: skip
 CORES = len(os.sched_getaffinity(0))
-PROMPTS = ["the cat sat on the mat. the cat sat on", "one two three one two", "abcabcabcabc"]
+PROMPTS = ["the cat sat on the mat. the cat sat on", "abcabcabcabc"]
 
 
 def rank_pids(parent: int) -> list[int]:
@@ -105,7 +105,7 @@ def test_forced_tp2_distribution_equals_tp1_and_ctrl_c_leaves_no_rank(tmp_path: 
         ranks = rank_pids(two.pid)
         assert len(ranks) == 1
         for prompt in PROMPTS:  # one at a time, the same requests on both
-            body = {"model": "dummy", "prompt": prompt, "max_tokens": 48, "temperature": 0}
+            body = {"model": "dummy", "prompt": prompt, "max_tokens": 32, "temperature": 0}
             answers = [post(s.url + "/v1/completions", body) for s in (one, two)]
             assert [a.status_code for a in answers] == [200, 200]
             texts = [a.json()["choices"][0]["text"] for a in answers]

@@ -7,8 +7,8 @@ template (byte prompts for the dummy). Each row runs the engine in this process 
 starts one rank process beside it, gloo): a warm-up request, then ``--rounds`` rounds of
 ``concurrency`` requests submitted together; tokens/s is output tokens over wall time (prefill
 included), the median over rounds. The communication share is rank 0's host time inside
-collectives (plan, token broadcast, the all-reduces after o_proj and down) over the decode
-steps' time; on a CPU a gloo collective blocks, so that time is the step's wait for the other
+collectives (plan, token broadcast, the all-reduces after o_proj and down) over the steps'
+time (prefill and decode); on a CPU a gloo collective blocks, so that time is the step's wait for the other
 rank plus the transfer.
 
     python benchmarks/bench_tp.py [--model smollm2|dummy] [--max-tokens 64] [--rounds 3]

@@ -1,0 +1,225 @@
+"""Start ``python -m speclens ...`` processes for the tests, without paying the import each time.
+
+A test suite that starts a hundred servers and refused start-ups spends most of its CPU importing
+torch. ``popen`` and ``run`` hand such a command to one warm start-up server per test process
+(``zygote.py``), which forks it: a real process with its own pid, signals, exit status, output
+files and interpreter exit. Anything else (another program, an environment that changes what an
+import reads, ``SPECLENS_TEST_FRESH=1``) goes to ``subprocess`` as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+ZYGOTE = Path(__file__).with_name("zygote.py")
+#: Variables read when a library loads (OpenMP reads its thread count as it is loaded): a
+#: command whose value differs from the start-up server's gets a fresh interpreter.
+_READ_AT_IMPORT = ("OMP_", "MKL_", "KMP_", "PYTHON", "TORCH", "CUDA", "LD_", "GOMP")
+
+
+def _import_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_READ_AT_IMPORT)}
+
+
+class _Zygote:
+    """One start-up server and the exit codes it reports, shared by a test process's threads."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = _import_env(env)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ZYGOTE)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=dict(env),
+            start_new_session=True,  # a Ctrl-C meant for the tests is not one for it
+        )
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.pids: dict[int, int] = {}
+        self.codes: dict[int, int] = {}
+        self.next_id = 0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            reply = json.loads(line)
+            with self.changed:
+                if "id" in reply:
+                    self.pids[reply["id"]] = reply["pid"]
+                else:
+                    self.codes[reply["pid"]] = reply["code"]
+                self.changed.notify_all()
+        with self.changed:  # it died: nothing more will be reported
+            self.proc.wait()
+            self.changed.notify_all()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def fork(self, request: dict[str, Any]) -> int:
+        with self.changed:
+            request_id = self.next_id
+            self.next_id += 1
+            assert self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps({**request, "id": request_id}) + "\n").encode())
+            self.proc.stdin.flush()
+            while request_id not in self.pids:
+                if not self.alive:
+                    raise RuntimeError("the tests' start-up server died")
+                self.changed.wait(1.0)
+            return self.pids.pop(request_id)
+
+    def wait(self, pid: int, timeout: float | None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.changed:
+            while pid not in self.codes:
+                left = None if deadline is None else deadline - time.monotonic()
+                if (left is not None and left <= 0) or not self.alive:
+                    return None
+                self.changed.wait(0.5 if left is None else min(left, 0.5))
+            return self.codes[pid]
+
+
+_zygote: _Zygote | None = None
+_zygote_lock = threading.Lock()
+
+
+def _warm(env: Mapping[str, str]) -> _Zygote | None:
+    """The start-up server for commands run with ``env``, or None when they need a fresh one."""
+    global _zygote
+    if env.get("SPECLENS_TEST_FRESH") == "1" or sys.platform != "linux":
+        return None
+    with _zygote_lock:
+        if _zygote is None or not _zygote.alive:
+            _zygote = _Zygote(env)
+        zygote = _zygote
+    return zygote if _import_env(env) == zygote.env else None
+
+
+class Child:
+    """A forked command, with the part of ``subprocess.Popen`` the tests use."""
+
+    def __init__(self, zygote: _Zygote, pid: int, args: list[str]) -> None:
+        self.zygote, self.pid, self.args = zygote, pid, args
+        self.returncode: int | None = None
+        self.stdout: IO[bytes] | None = None
+        self.stderr: IO[bytes] | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.zygote.wait(self.pid, 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self.zygote.wait(self.pid, timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _speclens_args(command: Sequence[str]) -> list[str] | None:
+    """The arguments after ``python -m speclens``, or None for any other command."""
+    if (
+        len(command) >= 3
+        and command[0] == sys.executable
+        and list(command[1:3]) == ["-m", "speclens"]
+    ):
+        return [str(a) for a in command[3:]]
+    return None
+
+
+def _name(stream: IO[Any] | None) -> dict[str, Any] | None:
+    """Where a child's stream goes: a file by its path (and whether it appends), or nowhere."""
+    if stream is None:
+        return None
+    return {"path": str(stream.name), "append": "a" in stream.mode}
+
+
+def _by_name(*streams: Any) -> bool:
+    """Only files with a path can be handed over (not pipes, not ``subprocess.STDOUT``)."""
+    return all(s is None or isinstance(getattr(s, "name", None), str) for s in streams)
+
+
+def popen(
+    command: Sequence[str | Path],
+    *,
+    stdout: IO[Any] | None = None,
+    stderr: IO[Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    start_new_session: bool = False,
+) -> Child | subprocess.Popen[bytes]:
+    """``subprocess.Popen`` for a command whose output goes to files (or nowhere)."""
+    command = [str(c) for c in command]
+    env = dict(os.environ if env is None else env)
+    args = _speclens_args(command)
+    zygote = _warm(env) if args is not None and _by_name(stdout, stderr) else None
+    if zygote is None or args is None:
+        return subprocess.Popen(
+            command, stdout=stdout, stderr=stderr, env=env, cwd=cwd,
+            start_new_session=start_new_session,
+        )  # fmt: skip
+    request = {
+        "args": args,
+        "env": env,
+        "cwd": str(cwd or os.getcwd()),
+        "stdout": _name(stdout),
+        "stderr": _name(stderr),
+        "new_session": start_new_session,
+    }
+    return Child(zygote, zygote.fork(request), command)
+
+
+def run(
+    command: Sequence[str | Path],
+    *,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(..., capture_output=True, text=True)``; on timeout the command is killed
+    and ``subprocess.TimeoutExpired`` carries what it wrote."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path, err_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        with out_path.open("wb") as out, err_path.open("wb") as err:
+            proc = popen(command, stdout=out, stderr=err, env=env, cwd=cwd)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            raise subprocess.TimeoutExpired(
+                [str(c) for c in command], timeout,
+                output=out_path.read_text(errors="replace"),
+                stderr=err_path.read_text(errors="replace"),
+            ) from None  # fmt: skip
+        return subprocess.CompletedProcess(
+            [str(c) for c in command], code,
+            out_path.read_text(errors="replace"), err_path.read_text(errors="replace"),
+        )  # fmt: skip

@@ -1,0 +1,98 @@
+"""The intervals cover what they claim, checked by simulation with fixed seeds.
+
+Coverage over T trials is a binomial proportion: at 95% nominal its standard error is
+sqrt(0.95 * 0.05 / T); each check allows four of them (the percentile bootstrap and the delta
+method are asymptotic, so their small-sample coverage is checked against a looser floor).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from speclens.runs.stats import bootstrap_interval, mean_interval, realized_al, t_interval
+
+TRIALS = 2000
+SE = math.sqrt(0.95 * 0.05 / TRIALS)
+
+
+def test_t_interval_covers_the_mean_at_95_percent_with_three_rounds() -> None:
+    rng = np.random.default_rng(1)
+    hits = sum(t_interval(rng.normal(10.0, 2.0, size=3)).contains(10.0) for _ in range(TRIALS))
+    assert abs(hits / TRIALS - 0.95) < 4 * SE
+
+
+def test_a_normal_quantile_instead_of_t_undercovers_and_is_caught() -> None:
+    """The mutation a t interval guards against: z = 1.96 at 3 rounds covers about 0.85."""
+    rng = np.random.default_rng(1)
+    z_hits = 0
+    for _ in range(TRIALS):
+        x = rng.normal(10.0, 2.0, size=3)
+        half = 1.96 * x.std(ddof=1) / math.sqrt(3)
+        z_hits += abs(x.mean() - 10.0) <= half
+    assert z_hits / TRIALS < 0.95 - 4 * SE
+
+
+def test_one_value_gives_no_interval_not_a_zero_width_one() -> None:
+    one = t_interval([3.0])
+    assert one.method == "none" and math.isnan(one.low) and one.mean == 3.0
+    assert one.to_json()["low"] is None
+
+
+def test_bootstrap_of_a_mean_covers_at_about_95_percent() -> None:
+    rng = np.random.default_rng(2)
+    trials = 500
+    hits = sum(
+        bootstrap_interval(rng.exponential(1.0, size=60), lambda m: m.mean(-1), resamples=1000,
+                           seed=i).contains(1.0)
+        for i in range(trials)
+    )  # fmt: skip
+    se = math.sqrt(0.95 * 0.05 / trials)
+    assert 0.95 - 0.03 - 4 * se < hits / trials < 0.95 + 4 * se  # percentile bootstrap runs low
+
+
+def test_bootstrap_is_seeded_and_says_so() -> None:
+    x = np.arange(20.0)
+    a, b = mean_interval(x, seed=5), mean_interval(x, seed=5)
+    assert a == b and a.method == "bootstrap" and a.n == 20
+    assert a.low < a.mean < a.high
+
+
+def test_bootstrap_of_a_ratio_statistic_over_request_rows() -> None:
+    """Throughput = total tokens / duration: a statistic over (n, k) rows."""
+    rows = np.array([[10.0, 1.0], [30.0, 1.0], [20.0, 1.0], [40.0, 1.0]])
+    iv = bootstrap_interval(rows, lambda m: m[..., 0].sum(-1) / 2.0)
+    assert iv.mean == pytest.approx(50.0)
+    assert iv.low < 50.0 < iv.high
+
+
+def test_realized_al_is_the_pooled_ratio() -> None:
+    r = realized_al([10, 30], [10, 10])
+    assert r.al == pytest.approx(1 + 40 / 20) and r.verify_steps == 20 and r.requests == 2
+
+
+def test_realized_al_standard_error_covers_the_true_al() -> None:
+    """Requests of random length, each accepting Binomial(K, p) per step: true AL = 1 + K p."""
+    rng = np.random.default_rng(3)
+    k, p, trials = 7, 0.4, 1000
+    hits = 0
+    for _ in range(trials):
+        steps = rng.poisson(15, size=40) + 1
+        accepted = rng.binomial(k * steps, p)
+        hits += realized_al(accepted.tolist(), steps.tolist()).interval().contains(1 + k * p)
+    se = math.sqrt(0.95 * 0.05 / trials)
+    assert abs(hits / trials - 0.95) < 4 * se
+
+
+def test_the_se_of_per_request_als_would_be_wrong_when_lengths_differ() -> None:
+    """Mutation guard: dropping the ratio form (SE of mean per-request AL) is a different,
+    smaller number when short requests are noisier; the pooled SE is checked against it."""
+    steps = [1, 1, 1, 50, 50]
+    accepted = [0, 7, 0, 150, 160]
+    pooled = realized_al(accepted, steps)
+    per_request = np.array([1 + a / s for a, s in zip(accepted, steps, strict=True)])
+    naive = per_request.std(ddof=1) / math.sqrt(len(per_request))
+    assert pooled.se < naive / 2
+    assert realized_al([5], [3]).se != realized_al([5], [3]).se  # NaN under two requests

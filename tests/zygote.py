@@ -1,0 +1,154 @@
+"""A start-up server for the tests' ``python -m speclens`` processes (see ``launch.py``).
+
+It imports torch and speclens once, then forks one child per request. The child is the command
+as a fresh interpreter runs it: its own argv, environment, working directory and output files,
+``runpy`` on ``speclens.__main__``, and the interpreter's exit steps (non-daemon threads joined,
+atexit handlers, output flushed, the exit status or the death by SIGINT an uncaught Ctrl-C gives).
+It skips only the teardown of every module (over a second of copy-on-write faults in a fork) and
+the import (about 4 s of CPU each), paid here once.
+
+Requests arrive on stdin, one JSON object per line; replies go to stdout, one per line:
+``{"id": n, "pid": p}`` when a child is started and ``{"pid": p, "code": c}`` when it ends, with
+``c`` as ``subprocess`` gives it (the exit status, or minus the signal). EOF on stdin ends it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import random
+import runpy
+import select
+import signal
+import sys
+import threading
+import traceback
+from typing import Any
+
+# What every command needs; imported before any fork so children start warm.
+import numpy as np
+import torch  # noqa: F401
+
+import speclens.bench.client
+import speclens.bench.run
+import speclens.cli
+import speclens.engine
+import speclens.engine.weights
+import speclens.server.app  # noqa: F401
+
+PRELOADED = [name for name in sys.modules if name.startswith(("speclens", "torch"))]
+
+
+def _reseed() -> None:
+    """A fresh interpreter seeds numpy's global generator from the OS; a fork would share ours."""
+    np.random.seed(int.from_bytes(os.urandom(4), "little"))
+    random.seed()
+
+
+os.register_at_fork(after_in_child=_reseed)
+
+
+def _reply(obj: dict[str, Any]) -> None:
+    os.write(1, (json.dumps(obj) + "\n").encode())
+
+
+def _open(target: dict[str, Any] | None) -> int:
+    if target is None:
+        return os.open(os.devnull, os.O_WRONLY)
+    mode = os.O_APPEND if target["append"] else os.O_TRUNC
+    return os.open(target["path"], os.O_WRONLY | os.O_CREAT | mode, 0o644)
+
+
+def _become(request: dict[str, Any]) -> None:
+    """In the child: turn into the command, then leave through the interpreter's normal exit."""
+    if request.get("new_session"):
+        os.setsid()
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    out = _open(request.get("stdout"))
+    err = out if request.get("stderr") == request.get("stdout") else _open(request.get("stderr"))
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    for fd in {out, err}:
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.argv = ["-m", *request["args"]]
+    code, interrupted = 0, False
+    try:
+        runpy.run_module("speclens", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = _status(exc.code)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        interrupted = True
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    _exit(code, interrupted)
+
+
+def _status(code: object) -> int:
+    """What the interpreter makes of ``SystemExit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _exit(code: int, interrupted: bool) -> None:
+    """The interpreter's exit, less the module teardown."""
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # what the interpreter calls first
+    except KeyboardInterrupt:
+        interrupted = True
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if interrupted:  # as the interpreter does for an uncaught KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _reply({"pid": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def main() -> None:
+    pending = b""
+    while True:
+        ready, _, _ = select.select([0], [], [], 0.05)
+        _reap()
+        if not ready:
+            continue
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            return
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            request = json.loads(line)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _become(request)  # never returns: the child ends as the interpreter does
+            _reply({"id": request["id"], "pid": pid})
+
+
+if __name__ == "__main__":
+    main()

@@ -34,7 +34,7 @@ from speclens.bench.adapters._common import (
     pooled,
     present_keys,
 )
-from speclens.bench.record import DRAFT_UNITS, SpecDecodeAcceptanceRecord
+from speclens.runs.record import DRAFT_UNITS, SpecDecodeAcceptanceRecord
 
 Responses = list[dict[str, Any]]
 BY_NAME = {a.name: a for a in BUILTIN_ADAPTERS}

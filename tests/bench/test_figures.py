@@ -9,9 +9,9 @@ import pytest
 from speclens.acceptance import ValidationError
 from speclens.bench.client import RequestRecord, RunResult
 from speclens.bench.datasets import jsonl_prompts, random_prompts
-from speclens.bench.figures import consistency_problem, parse_slo, summarize
 from speclens.bench.server import cross_check, parse_metrics
-from speclens.bench.verify import verify
+from speclens.runs.figures import consistency_problem, parse_slo, summarize
+from speclens.runs.verify import verify
 
 
 def _record(

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from speclens.acceptance import AcceptanceHistogram
-from speclens.bench.record import TOLERANCE, SpecDecodeAcceptanceRecord, from_json, row_problems
+from speclens.runs.record import TOLERANCE, SpecDecodeAcceptanceRecord, from_json, row_problems
 
 FAST = settings(max_examples=200, deadline=None)
 
@@ -330,7 +330,7 @@ def test_a_record_read_back_from_json_passes_the_same_validator() -> None:
 
 def test_every_row_bench_writes_passes_row_problems() -> None:
     from speclens.bench.client import RequestRecord
-    from speclens.bench.report import record_row
+    from speclens.runs.report import record_row
 
     spec = SpecDecodeAcceptanceRecord(**fields()).model_dump()
     request = RequestRecord(index=3, category="c", start=0.5, end=1.5, ttft=0.1,

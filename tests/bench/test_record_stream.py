@@ -7,8 +7,8 @@ from pathlib import Path
 
 import orjson
 
-from speclens.bench.report import RecordStream
-from speclens.bench.request import RequestRecord
+from speclens.runs.report import RecordStream
+from speclens.runs.request import RequestRecord
 
 
 class ShortWrites(io.RawIOBase):

@@ -7,9 +7,9 @@ from typing import Any
 from rich.console import Console
 
 from speclens.acceptance import acceptance_length
-from speclens.bench.report import print_verdict
 from speclens.bench.run import EXIT_VERDICT_FAILED, BenchOutcome
-from speclens.bench.verify import MIN_VERIFY_STEPS, verify
+from speclens.runs.report import print_verdict
+from speclens.runs.verify import MIN_VERIFY_STEPS, verify
 
 
 def test_one_verify_step_that_matches_is_inconclusive_not_pass() -> None:

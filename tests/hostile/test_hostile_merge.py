@@ -16,8 +16,8 @@ import orjson
 import pytest
 
 from speclens.bench.client import RequestRecord
-from speclens.bench.record import SpecDecodeAcceptanceRecord
-from speclens.bench.report import record_row
+from speclens.runs.record import SpecDecodeAcceptanceRecord
+from speclens.runs.report import record_row
 
 pytestmark = pytest.mark.timeout(60)
 

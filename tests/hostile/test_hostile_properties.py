@@ -26,9 +26,9 @@ from speclens.bench.client import (
     finish_record,
     token_bound,
 )
-from speclens.bench.figures import summarize, weighted_distribution
-from speclens.bench.report import record_row
 from speclens.bench.sse import SSEParser
+from speclens.runs.figures import summarize, weighted_distribution
+from speclens.runs.report import record_row
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,9 +13,9 @@ import pytest
 
 from speclens.bench.adapters import detect
 from speclens.bench.client import RequestRecord
-from speclens.bench.figures import acceptance
-from speclens.bench.record import SpecDecodeAcceptanceRecord
 from speclens.bench.server import parse_metrics
+from speclens.runs.figures import acceptance
+from speclens.runs.record import SpecDecodeAcceptanceRecord
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": 24, "total_tokens": 29}
 

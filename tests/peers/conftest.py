@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
-import launch
 import llamacpp_env  # this directory is on sys.path (pytest's prepend import mode)
 import pytest
 import vllm_env
 
+import launch
 from serverkit import free_port
 
 # Tests call the CLI in process (CliRunner), whose logging setup points the root handler at a

@@ -4,7 +4,8 @@
 - ``wire``: the response shapes, routes and chunk predicates, and ``Seen``, the one pass over a
   request's responses;
 - ``finish``: ``Tally`` (token counts and gaps as events arrive) and ``finish_record``;
-- ``request``: what a request and a run leave behind (``RequestRecord``, ``RunResult``);
+- ``speclens.runs.request``: what a request and a run leave behind (``RequestRecord``,
+  ``RunResult``), re-exported here;
 - ``transport``: bounded body reads, the resend of a request the server never received, and
   redirects refused;
 - ``probe``: ``--backend auto``.
@@ -20,7 +21,6 @@ from __future__ import annotations
 from speclens.bench.finish import Tally, finish_record
 from speclens.bench.load import LoadConfig, LoadGenerator
 from speclens.bench.probe import PROBE_BODY_BYTES, PROBE_TIMEOUT_S, PROBES, Probe, probe_backend
-from speclens.bench.request import MAX_ANOMALIES, RequestRecord, RunResult
 from speclens.bench.transport import (
     KEEPALIVE_S,
     MAX_BODY_BYTES,
@@ -48,6 +48,7 @@ from speclens.bench.wire import (
     token_bound,
     wire_for,
 )
+from speclens.runs.request import MAX_ANOMALIES, RequestRecord, RunResult
 
 __all__ = [
     "KEEPALIVE_S", "LLAMACPP_NATIVE", "MAX_ANOMALIES", "MAX_BODY_BYTES", "MAX_ERROR_BYTES",

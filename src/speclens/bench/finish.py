@@ -16,8 +16,8 @@ from typing import Any
 import orjson
 
 from speclens.bench.adapters import detect
-from speclens.bench.request import RequestRecord
 from speclens.bench.wire import MAX_TOKENS, OPENAI, Seen, Wire, count_problem, token_bound
+from speclens.runs.request import RequestRecord
 
 
 @dataclass(slots=True)

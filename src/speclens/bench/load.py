@@ -19,10 +19,10 @@ import orjson
 from speclens.bench import transport
 from speclens.bench.datasets import Prompt
 from speclens.bench.finish import Tally, finish_record
-from speclens.bench.request import RequestRecord, RunResult
 from speclens.bench.sse import SSEError, SSEParser
 from speclens.bench.transport import KEEPALIVE_S, MAX_ERROR_BYTES, read_at_most
 from speclens.bench.wire import LLAMACPP_NATIVE, Backend, Endpoint, Routing, Seen, route, wire_for
+from speclens.runs.request import RequestRecord, RunResult
 
 logger = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ import orjson
 from speclens.acceptance import ValidationError
 from speclens.acceptance.errors import Problem
 from speclens.bench.client import RequestRecord, RunResult
-from speclens.bench.record import MAX_COUNT, MAX_SECONDS, from_json, row_problems
-from speclens.bench.report import record_from_row
 from speclens.bench.run import BenchOutcome, _summarize, failures
 from speclens.bench.workers import run_duration
+from speclens.runs.record import MAX_COUNT, MAX_SECONDS, from_json, row_problems
+from speclens.runs.report import record_from_row
 
 #: Settings that may differ between the shards of one run.
 SHARD_KEYS = frozenset({"shard", "part"})

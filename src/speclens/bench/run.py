@@ -16,10 +16,10 @@ from typing import Any
 from speclens.acceptance import ValidationError, acceptance_length
 from speclens.bench.client import LoadConfig, LoadGenerator, RequestRecord, RunResult
 from speclens.bench.datasets import Prompt
-from speclens.bench.figures import summarize
 from speclens.bench.server import cross_check, read_counters, server_info
-from speclens.bench.verify import DEFAULT_Z, verify
 from speclens.bench.workers import WorkerPool
+from speclens.runs.figures import summarize
+from speclens.runs.verify import DEFAULT_Z, verify
 
 
 @dataclass

@@ -10,6 +10,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from speclens.acceptance import acceptance_length
+from speclens.runs.record import MAX_POSITIONS
 
 VLLM = {
     "drafts": "vllm:spec_decode_num_drafts",
@@ -33,8 +34,6 @@ FAMILIES = (
 #: ``specDecodingStats`` with ``numDraftTokens``, ``numAcceptedTokens`` and
 #: ``numRequestsWithDraftTokens`` (one verify step per request that drafted that iteration).
 TRTLLM_SOURCE = "metrics:trtllm-iteration-stats"
-#: Positions read from ``VLLM_PER_POSITION``; a label outside 0..MAX_POSITIONS-1 is ignored.
-MAX_POSITIONS = 64
 
 
 def parse_metrics(text: str, model: str | None = None) -> dict[str, Any] | None:

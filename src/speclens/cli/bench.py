@@ -35,9 +35,9 @@ from speclens.cli._common import (
 if TYPE_CHECKING:
     from speclens.bench.client import Backend, LoadConfig, RequestRecord
     from speclens.bench.datasets import Prompt
-    from speclens.bench.report import RecordStream
     from speclens.bench.run import BenchOutcome, Expectation
     from speclens.bench.transport import Redactor
+    from speclens.runs.report import RecordStream
 
 
 def range_problem(
@@ -117,7 +117,7 @@ def open_records(output_dir: Path, redactor: Redactor | None = None) -> RecordSt
     """The records stream in ``output_dir``: creating it is the writability check, before the
     first request (exit 2 when the directory cannot be created or written, or records.jsonl is
     a symbolic link)."""
-    from speclens.bench.report import RecordStream
+    from speclens.runs.report import RecordStream
 
     try:
         return RecordStream(output_dir, redactor)
@@ -519,7 +519,7 @@ def bench(
     if ctx.invoked_subcommand is not None:
         return
     options = BenchOptions(**flags).checked()
-    from speclens.bench.figures import parse_slo
+    from speclens.runs.figures import parse_slo
 
     try:
         slos = parse_slo(options.slo)
@@ -617,7 +617,7 @@ def merge(
 def report(outcome: BenchOutcome, records_out: RecordStream | None) -> None:
     """Print the summary, write the files beside ``records.jsonl`` (when there is one) and exit
     with the run's code: the end of ``bench`` and of ``bench merge``."""
-    from speclens.bench.report import print_summary, write_files
+    from speclens.runs.report import print_summary, write_files
 
     print_summary(out_console, outcome.summary)
     if records_out is not None:

@@ -70,8 +70,8 @@ def demo(
     """Replay a golden AL end to end: resolve, serve it forced, benchmark, verify."""
     from speclens.bench.client import LoadConfig
     from speclens.bench.datasets import random_prompts
-    from speclens.bench.report import print_summary, write_files
     from speclens.bench.run import Expectation, run_bench
+    from speclens.runs.report import print_summary, write_files
 
     check([
         range_problem("--num-spec-tokens", num_spec_tokens, 1),

@@ -32,7 +32,7 @@ from speclens.bench.adapters.sglang import SGLangSpecDecodeAdapter
 from speclens.bench.adapters.stats_object import VLLMSpecDecodeAdapter
 from speclens.bench.adapters.trtllm import TRTLLMSpecDecodeAdapter
 from speclens.bench.adapters.vllm_metrics import VLLMMetricsAdapter
-from speclens.bench.record import SpecDecodeAcceptanceRecord
+from speclens.runs.record import SpecDecodeAcceptanceRecord
 
 __all__ = [
     "BUILTIN_ADAPTERS",

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, TypeGuard
 import pydantic
 
 from speclens.acceptance import acceptance_length
-from speclens.bench.record import DRAFT_UNITS, MAX_COUNT, SpecDecodeAcceptanceRecord
+from speclens.runs.record import DRAFT_UNITS, MAX_COUNT, SpecDecodeAcceptanceRecord
 
 logger = logging.getLogger("speclens.bench.adapters")
 

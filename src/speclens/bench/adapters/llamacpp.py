@@ -26,7 +26,7 @@ from speclens.bench.adapters._common import (
     count,
     last_carrier,
 )
-from speclens.bench.record import SpecDecodeAcceptanceRecord
+from speclens.runs.record import SpecDecodeAcceptanceRecord
 
 WHERE = "timings"
 KEYS = ("draft_n", "draft_n_accepted")

@@ -39,7 +39,7 @@ from speclens.bench.adapters._common import (
     count,
     last_carrier,
 )
-from speclens.bench.record import SpecDecodeAcceptanceRecord
+from speclens.runs.record import SpecDecodeAcceptanceRecord
 
 WHERE = "meta_info"
 DETAILS = "sglext.spec_tokens_details"

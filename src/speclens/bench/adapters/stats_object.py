@@ -22,7 +22,7 @@ from speclens.bench.adapters._common import (
     optional_count,
     required,
 )
-from speclens.bench.record import SpecDecodeAcceptanceRecord
+from speclens.runs.record import SpecDecodeAcceptanceRecord
 
 FIELD = "speculative_decoding_stats"
 

@@ -42,7 +42,7 @@ from speclens.bench.adapters._common import (
     required,
     summarize,
 )
-from speclens.bench.record import SpecDecodeAcceptanceRecord
+from speclens.runs.record import SpecDecodeAcceptanceRecord
 
 FIELD = "speculative_decoding"
 TOKENS_PER_ITER = "avg_decoded_tokens_per_iter"

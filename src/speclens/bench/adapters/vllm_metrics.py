@@ -40,7 +40,7 @@ from speclens.bench.adapters._common import (
     optional_number,
     required,
 )
-from speclens.bench.record import SpecDecodeAcceptanceRecord
+from speclens.runs.record import SpecDecodeAcceptanceRecord
 
 WHERE = "metrics.speculative_decoding"
 BY_LENGTH = "acceptance_histogram_by_draft_length"

@@ -27,6 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 from speclens.acceptance.histogram import AcceptanceHistogram
 from speclens.acceptance.quantity import acceptance_length
 
+#: Positions read from ``VLLM_PER_POSITION``; a label outside 0..MAX_POSITIONS-1 is ignored.
+MAX_POSITIONS = 64
+
 #: Absolute tolerance for the reported mean acceptance length and draft acceptance rate.
 TOLERANCE = 1e-6
 

@@ -12,15 +12,14 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, TypeGuard
+from typing import Any, BinaryIO, Protocol, TypeGuard
 
 import orjson
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from speclens.bench.client import RequestRecord
-from speclens.bench.transport import Redactor
+from speclens.runs.request import RequestRecord
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -267,6 +266,17 @@ def _choices(raw: Any) -> dict[int, dict[str, Any]] | None:
     return {int(i): dict(spec) for i, spec in raw.items()}
 
 
+class Redacts(Protocol):
+    """What writes a run's files through: bench's credential redactor (``bench.transport``)."""
+
+    def raw(self, data: bytes) -> bytes: ...
+
+
+class _Verbatim:
+    def raw(self, data: bytes) -> bytes:
+        return data
+
+
 class RecordStream:
     """``records.jsonl``, one line per finished request, written as it finishes.
 
@@ -279,11 +289,11 @@ class RecordStream:
     stops the stream and is kept in ``error`` for the caller to report, never raised mid-run.
     """
 
-    def __init__(self, out_dir: Path, redactor: Redactor | None = None) -> None:
+    def __init__(self, out_dir: Path, redactor: Redacts | None = None) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "records.jsonl"
         self._fh = open_new(self.path, buffering=0)
-        self._redactor = redactor or Redactor()
+        self._redactor: Redacts = redactor or _Verbatim()
         self.count = 0
         self.error: str | None = None
 

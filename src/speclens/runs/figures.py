@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from speclens.acceptance import AcceptanceHistogram, acceptance_length
-from speclens.bench.client import RequestRecord, RunResult
-from speclens.bench.server import MAX_POSITIONS
+from speclens.runs.record import MAX_POSITIONS
+from speclens.runs.request import RequestRecord, RunResult
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
 

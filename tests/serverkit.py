@@ -26,6 +26,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import launch
+
 #: The forced-acceptance flags most tests use: K = 7 draft positions at a mean length of 3.78,
 #: which resolves to the per-position rates [1, 1, 0.78, 0, 0, 0, 0].
 K = 7
@@ -72,7 +74,7 @@ class ServerProcess:
     args: list[str]
     log_dir: Path
     port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
+    proc: launch.Child | subprocess.Popen[bytes] | None = None
     returncode: int | None = None
 
     def __post_init__(self) -> None:
@@ -92,7 +94,7 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(
+            self.proc = launch.popen(
                 serve_command(self.args, self.port), stdout=out, stderr=err, env=child_env()
             )
         return self

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import launch
 from serverkit import FORCED, ServerProcess, mtp_stats, running_server
 from speclens.bench.client import LoadConfig
 from speclens.bench.datasets import random_prompts
@@ -78,9 +78,8 @@ def test_cli_writes_every_file_and_exits_1_on_a_failed_verdict(
         "--num-requests", "24", "--concurrency", "8", "--max-tokens", "32", "--ignore-eos",
     ]  # fmt: skip
     out = tmp_path / "run"
-    ok = subprocess.run(
-        [*base, "--expect-acceptance-length", "3.78", "--output-dir", str(out)],
-        capture_output=True, text=True, timeout=120, check=False,
+    ok = launch.run(
+        [*base, "--expect-acceptance-length", "3.78", "--output-dir", str(out)], timeout=120,
     )  # fmt: skip
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "verification PASS" in ok.stdout
@@ -91,9 +90,7 @@ def test_cli_writes_every_file_and_exits_1_on_a_failed_verdict(
     assert summary["server"]["acceptance"]["acceptance_length"] == 3.78
     rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert len(rows) == 24 and all(r["raw"] for r in rows)  # every raw payload is kept
-    bad = subprocess.run(
-        [*base, "--expect-acceptance-length", "3.48"],
-        capture_output=True, text=True, timeout=120, check=False,
+    bad = launch.run([*base, "--expect-acceptance-length", "3.48"], timeout=120,
     )  # fmt: skip
     assert bad.returncode == 1
     assert "verification FAIL" in bad.stdout

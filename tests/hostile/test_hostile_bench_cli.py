@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+import launch
 from serverkit import FORCED, ServerProcess, child_env, free_port, running_server, wait_until
 
 #: A slow forced server: 50 ms a step, so a 2000-request run lasts far longer than any test.
@@ -88,11 +89,11 @@ def nowhere() -> str:
     return f"http://127.0.0.1:{free_port()}"
 
 
-def bench_popen(*args: str | Path, out: Path) -> subprocess.Popen[bytes]:
+def bench_popen(*args: str | Path, out: Path) -> launch.Child | subprocess.Popen[bytes]:
     """``speclens bench`` in a subprocess (same interpreter and PYTHONPATH), output to files."""
     command = [sys.executable, "-m", "speclens", "bench", *map(str, args)]
     with (out / "stdout").open("wb") as so, (out / "stderr").open("wb") as se:
-        return subprocess.Popen(command, stdout=so, stderr=se, env=child_env())
+        return launch.popen(command, stdout=so, stderr=se, env=child_env())
 
 
 def rows(path: Path) -> list[dict[str, Any]]:

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import struct
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 
+import launch
 from serverkit import child_env, free_port, serve_command
 from speclens.engine.config import ConfigError, EngineConfig
 from speclens.engine.model import ModelConfig
@@ -323,10 +323,8 @@ def test_serve_refuses_in_one_line(
 ) -> None:
     edit_config(hf_dir, **edit)
     started = time.monotonic()
-    proc = subprocess.run(
+    proc = launch.run(
         serve_command(["--model", str(hf_dir), *args], free_port()),
-        capture_output=True,
-        text=True,
         timeout=120,
         env=child_env(),
     )

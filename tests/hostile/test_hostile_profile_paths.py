@@ -7,13 +7,13 @@ mapping whose keys are the lines) stands in for a real secret."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+import launch
 from speclens.acceptance import AcceptanceProfileSet, ValidationError, load, load_sets
 from speclens.acceptance.files import parse_yaml
 
@@ -36,10 +36,8 @@ SMALL = {
 
 def speclens(*args: str | Path, timeout: float = 60) -> tuple[int, str]:
     """``python -m speclens ARGS`` in a child; (exit code, stdout and stderr together)."""
-    done = subprocess.run(
+    done = launch.run(
         [sys.executable, "-m", "speclens", *map(str, args)],
-        capture_output=True,
-        text=True,
         timeout=timeout,
         env={**os.environ, "COLUMNS": "200"},
     )

@@ -21,6 +21,8 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
+import launch
+from childtime import within
 from serverkit import FORCED, ServerProcess, child_env, serve_command
 from speclens.engine import Engine, EngineConfig, SpeculativeConfig, StepCost
 from speclens.server import EngineRunner, ServerSettings, create_app
@@ -253,9 +255,9 @@ def test_engine_death_exits_non_zero(tmp_path: Path) -> None:
         )
         message = check_error(r, 500, "server_error")
         assert message == "the engine failed: RuntimeError: boom in step"
-        code = server.wait(timeout=15)
+        code = server.wait(timeout=30)
         assert code == 1
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < within(8)  # 10 s on a quiet machine
         log = server.log()
         assert log.count("Traceback") == 1, log  # logged once, with its traceback
         assert "ERROR speclens.server.runner: the engine failed" in log
@@ -333,9 +335,7 @@ def test_port_in_use_is_one_line(tmp_path: Path) -> None:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        proc = subprocess.run(
-            serve_command(SIM, port), capture_output=True, text=True, timeout=90, env=child_env()
-        )
+        proc = launch.run(serve_command(SIM, port), timeout=90, env=child_env())
     assert proc.returncode == 1, proc.stderr
     assert "speclens serving" not in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr

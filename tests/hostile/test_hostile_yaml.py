@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import launch
 from childtime import startup_s, within
 from speclens.acceptance import AcceptanceProfileSet, shipped_registry
 from speclens.acceptance.errors import ValidationError
@@ -31,10 +32,8 @@ def speclens(*args: str | Path, timeout: float = 30) -> tuple[int, list[str], fl
     at ``timeout`` is killed and reported as exit code None."""
     start = time.monotonic()
     try:
-        done = subprocess.run(
+        done = launch.run(
             [sys.executable, "-m", "speclens", *map(str, args)],
-            capture_output=True,
-            text=True,
             timeout=timeout,
             env={**os.environ, "COLUMNS": "80"},
         )

@@ -14,7 +14,6 @@ Upstream facts, read in vLLM 0.32.0's source:
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import launch
 from serverkit import (
     FORCED,
     ServerProcess,
@@ -158,12 +158,12 @@ def test_bench_against_serve_matches_the_labelled_counters(
         + "\n" for i in range(4)
     ))  # fmt: skip
     out = tmp_path / "run"
-    done = subprocess.run(
+    done = launch.run(
         [sys.executable, "-m", "speclens", "bench", "--url", servers["plain"].url,
          "--model", SERVED, "--dataset", "jsonl", "--dataset-path", str(data),
          "--max-tokens", "16", "--ignore-eos", "--num-requests", "4", "--concurrency", "2",
          "--output-dir", str(out)],
-        capture_output=True, text=True, timeout=240,
+        timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     check = json.loads((out / "summary.json").read_text())["server_check"]

@@ -5,7 +5,6 @@ bench`` pools them into the same coverage the server counted."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+import launch
 from serverkit import ServerProcess, metric, mtp_stats, scrape, sse_json
 
 pytestmark = pytest.mark.integration
@@ -124,12 +124,12 @@ def test_bench_pools_the_coverage_the_server_counted(
         )
     )
     out = tmp_path / "run"
-    done = subprocess.run(
+    done = launch.run(
         [sys.executable, "-m", "speclens", "bench", "--url", url, "--model", "dummy",
          "--dataset", "jsonl", "--dataset-path", str(data), "--max-tokens", str(MAX_TOKENS),
          "--ignore-eos", "--num-requests", str(len(TEXTS)), "--concurrency", "3",
          "--output-dir", str(out)],
-        capture_output=True, text=True, timeout=300,
+        timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     acc = json.loads((out / "summary.json").read_text())["figures"]["acceptance"]

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+import launch
 from serverkit import (
     FORCED,
     SCHEDULE_LINE,
@@ -146,9 +147,7 @@ def _run_refused(args: list[str]) -> Refused:
     prober.start()
     started = time.monotonic()
     try:
-        proc = subprocess.run(
-            serve_command(args, port), capture_output=True, text=True, timeout=90, env=child_env()
-        )
+        proc = launch.run(serve_command(args, port), timeout=90, env=child_env())
         code, out, err = proc.returncode, proc.stdout, proc.stderr
     except subprocess.TimeoutExpired as exc:  # it came up instead of refusing
         code = None

@@ -1,0 +1,242 @@
+"""The figures of one sweep point, each with its 95% interval, from the point's run directories.
+
+A point is one setting run ``rounds`` times. With two or more rounds, each figure's interval is
+Student's t across the rounds' values (each round one draw of the whole run). With one round
+there is nothing to spread over, so the interval is a seeded bootstrap over that run's requests
+(``method`` says "bootstrap"). The realized AL is always pooled over every request of the point
+with the ratio estimator's standard error (``stats.realized_al``), rounds or not: it is a ratio
+of sums over requests, and requests are its sampling unit.
+
+One round's throughput has no spread of its own (the request count over the run's duration), so
+a resample's duration scales with its summed latency: in a closed loop throughput is
+concurrency / mean latency, and a resample of slower requests would have taken longer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from speclens.runs.stats import (
+    BOOTSTRAP_RESAMPLES,
+    Interval,
+    bootstrap_interval,
+    realized_al,
+    t_interval,
+)
+
+#: The figures of a point, in the order sweep.csv lists them.
+FIGURES = (
+    "output_tokens_per_s",
+    "requests_per_s",
+    "ttft_ms",
+    "tpot_ms",
+    "itl_ms",
+    "e2e_ms",
+    "tokens_per_s_per_user",
+    "realized_al",
+)
+#: The most records.jsonl lines read from one run directory (each a request).
+MAX_ROWS = 200_000
+#: Most request indices one bootstrap draws (resamples x requests): bounds its memory; a big
+#: run gets fewer resamples (never under ``MIN_RESAMPLES``), a small one ``BOOTSTRAP_RESAMPLES``.
+BOOTSTRAP_BUDGET = 20_000_000
+MIN_RESAMPLES = 100
+
+
+class PointError(ValueError):
+    """A run directory that cannot be read as one: the message names the file and the field."""
+
+
+@dataclass
+class RunSample:
+    """One run's measured, successful requests as columns, and its duration."""
+
+    duration_s: float
+    tokens: list[float] = field(default_factory=list)
+    latency_s: list[float] = field(default_factory=list)
+    ttft_s: list[float] = field(default_factory=list)
+    tpot_s: list[float] = field(default_factory=list)
+    itl: list[tuple[float, float]] = field(default_factory=list)  # (sum gap * tokens, tokens)
+    accepted: list[int] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+
+
+def _summary_duration(run_dir: Path) -> float:
+    path = run_dir / "summary.json"
+    try:
+        summary = orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise PointError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    except orjson.JSONDecodeError as exc:
+        raise PointError(f"{path}: not JSON: {exc}") from None
+    duration = (
+        (summary.get("figures") or {}).get("duration_s") if isinstance(summary, dict) else None
+    )
+    if isinstance(duration, bool) or not isinstance(duration, int | float):
+        raise PointError(f"{path}: figures.duration_s: expected a number, got {duration!r}")
+    return float(duration)
+
+
+def _number(row: dict[str, Any], key: str) -> float | None:
+    value = row.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _add_row(sample: RunSample, row: dict[str, Any]) -> None:
+    """Keep what the figures need from one measured, successful request."""
+    start, latency = _number(row, "start_s"), _number(row, "latency_s")
+    if latency is None or start is None:
+        return
+    sample.latency_s.append(latency)
+    sample.tokens.append(_number(row, "completion_tokens") or 0.0)
+    for key, column in (("ttft_s", sample.ttft_s), ("tpot_s", sample.tpot_s)):
+        value = _number(row, key)
+        if value is not None:
+            column.append(value)
+    runs = [(float(g), float(n)) for g, n in row.get("itl_runs_s") or []]
+    if runs:
+        sample.itl.append((sum(g * n for g, n in runs), sum(n for _, n in runs)))
+    spec = row.get("spec_decode_acceptance")
+    if isinstance(spec, dict) and isinstance(spec.get("num_spec_steps"), int):
+        sample.accepted.append(int(spec.get("num_accepted_draft_tokens") or 0))
+        sample.steps.append(int(spec["num_spec_steps"]))
+
+
+def read_run(run_dir: Path) -> RunSample:
+    """The run directory's duration and per-request columns; PointError names what is wrong."""
+    sample = RunSample(_summary_duration(run_dir))
+    path = run_dir / "records.jsonl"
+    try:
+        with path.open("rb") as fh:
+            for n, line in enumerate(fh, 1):
+                if n > MAX_ROWS:
+                    raise PointError(f"{path}: more than {MAX_ROWS:,} records")
+                try:
+                    row = orjson.loads(line)
+                except orjson.JSONDecodeError as exc:
+                    raise PointError(f"{path}: line {n}: not JSON: {exc}") from None
+                if not isinstance(row, dict):
+                    raise PointError(f"{path}: line {n}: expected a record object")
+                if row.get("warmup") or not row.get("success"):
+                    continue
+                try:
+                    _add_row(sample, row)
+                except (TypeError, ValueError):
+                    raise PointError(f"{path}: line {n}: itl_runs_s: expected [gap, tokens] pairs") from None  # fmt: skip
+    except OSError as exc:
+        raise PointError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    return sample
+
+
+# ------------------------------------------------------------------ the figures of one run
+def _ratio(num: int, den: int, scale: float = 1.0) -> Callable[[np.ndarray], np.ndarray]:
+    """A statistic sum(column num) / sum(column den) over the request axis."""
+
+    def statistic(m: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray(scale * m[..., num].sum(-1) / m[..., den].sum(-1), dtype=float)
+
+    return statistic
+
+
+def _throughput(sample: RunSample, per_request: bool) -> Callable[[np.ndarray], np.ndarray]:
+    """Tokens (or requests) over the duration a resample would have taken: the run's duration
+    scaled by the resample's summed latency over the run's (columns: tokens, latency)."""
+    total_latency = sum(sample.latency_s)
+
+    def statistic(m: np.ndarray) -> np.ndarray:
+        work = np.full(m.shape[:-1], 1.0).sum(-1) if per_request else m[..., 0].sum(-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray(
+                work / (sample.duration_s * m[..., 1].sum(-1) / total_latency), dtype=float
+            )
+
+    return statistic
+
+
+def _mean(scale: float) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda m: scale * m.mean(-1)
+
+
+def _per_user(m: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.asarray(1.0 / m.mean(-1), dtype=float)
+
+
+Statistic = Callable[[np.ndarray], np.ndarray]
+
+
+def _columns(sample: RunSample) -> dict[str, tuple[np.ndarray, Statistic]]:
+    """Each figure as (its per-request samples, the statistic that reduces them)."""
+    both = np.column_stack([sample.tokens, sample.latency_s]) if sample.tokens else np.empty((0, 2))
+    tpot = np.asarray(sample.tpot_s)
+    return {
+        "output_tokens_per_s": (both, _throughput(sample, False)),
+        "requests_per_s": (both, _throughput(sample, True)),
+        "ttft_ms": (np.asarray(sample.ttft_s), _mean(1000.0)),
+        "tpot_ms": (tpot, _mean(1000.0)),
+        "itl_ms": (np.asarray(sample.itl).reshape(-1, 2), _ratio(0, 1, 1000.0)),
+        "e2e_ms": (np.asarray(sample.latency_s), _mean(1000.0)),
+        "tokens_per_s_per_user": (tpot, _per_user),
+    }
+
+
+def run_figures(sample: RunSample, seed: int = 0) -> dict[str, Interval]:
+    """One run's figures with a bootstrap over its requests (the realized AL: its own SE)."""
+    resamples = max(
+        MIN_RESAMPLES, min(BOOTSTRAP_RESAMPLES, BOOTSTRAP_BUDGET // max(len(sample.latency_s), 1))
+    )
+    out = {
+        name: bootstrap_interval(values, statistic, resamples=resamples, seed=seed)
+        for name, (values, statistic) in _columns(sample).items()
+    }
+    out["realized_al"] = _al([sample])
+    return {name: _finite_or_none(out[name]) for name in FIGURES}
+
+
+def run_estimates(sample: RunSample) -> dict[str, float]:
+    """One run's figures, point estimates only (a round of several: t spreads over these)."""
+    out = {}
+    for name, (values, statistic) in _columns(sample).items():
+        out[name] = float(statistic(values[None])[0]) if len(values) else math.nan
+    out["realized_al"] = _al([sample]).mean
+    return out
+
+
+def _al(samples: Sequence[RunSample]) -> Interval:
+    accepted = [a for s in samples for a in s.accepted]
+    steps = [n for s in samples for n in s.steps]
+    if not sum(steps):
+        return Interval(math.nan, math.nan, math.nan, 0, "none")
+    return realized_al(accepted, steps).interval()
+
+
+def _finite_or_none(interval: Interval) -> Interval:
+    """A figure with no data (no requests, no TPOT) is method "none", never a NaN "bootstrap"."""
+    if not math.isfinite(interval.mean):
+        return Interval(math.nan, math.nan, math.nan, interval.n, "none", interval.confidence)
+    return interval
+
+
+def point_figures(run_dirs: Sequence[Path], seed: int = 0) -> dict[str, Interval]:
+    """Every figure of the point whose rounds are ``run_dirs``: Student t across rounds (two or
+    more), a bootstrap over requests (one), the realized AL pooled with its ratio SE (always).
+    Raises PointError for a directory that is not a run."""
+    samples = [read_run(Path(d)) for d in run_dirs]
+    if not samples:
+        return {name: Interval(math.nan, math.nan, math.nan, 0, "none") for name in FIGURES}
+    if len(samples) == 1:
+        return run_figures(samples[0], seed)
+    rounds = [run_estimates(s) for s in samples]
+    out = {name: _finite_or_none(t_interval([r[name] for r in rounds])) for name in FIGURES}
+    out["realized_al"] = _al(samples)
+    return out

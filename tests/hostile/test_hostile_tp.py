@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import launch
 from serverkit import (
     AL,
     K,
@@ -64,12 +65,8 @@ def alive(pid: int) -> bool:
 
 def refused(args: list[str], env: dict[str, str] | None = None) -> str:
     """Run a serve that must refuse; its stderr, whitespace folded."""
-    done = subprocess.run(
-        serve_command(args, free_port()),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**child_env(), **(env or {})},
+    done = launch.run(
+        serve_command(args, free_port()), timeout=120, env={**child_env(), **(env or {})}
     )
     assert done.returncode == 1, done.stderr[-2000:]
     assert "Traceback" not in done.stderr

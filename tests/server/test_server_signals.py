@@ -16,19 +16,25 @@ from typing import Any
 import httpx
 import pytest
 
+from childtime import within
 from serverkit import FORCED, ServerProcess
 
 pytestmark = pytest.mark.integration
 
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
-EXIT_WITHIN_S = 10.0
+
+
+def exit_within() -> float:
+    """10 s on a quiet machine (the 5 s grace period and the engine's stop), stretched by the
+    load as the children's start-up is (``childtime``)."""
+    return max(10.0, within(6.0))
 
 
 def _exit_code(server: ServerProcess, sig: int) -> tuple[int | None, float]:
     sent = time.monotonic()
     server.send_signal(sig)
     try:
-        code = server.wait(timeout=EXIT_WITHIN_S + 5)
+        code = server.wait(timeout=exit_within() + 5)
     except Exception:
         code = None
     return code, time.monotonic() - sent
@@ -40,7 +46,7 @@ def test_signal_while_idle_exits_0(serve_once: Any) -> None:
     for (name, sig), server in zip(SIGNALS.items(), servers, strict=True):
         outcome[name] = _exit_code(server, sig)
     for name, (code, seconds) in outcome.items():
-        assert code == 0 and seconds < EXIT_WITHIN_S, (name, outcome)
+        assert code == 0 and seconds < exit_within(), (name, outcome)
 
 
 @dataclass
@@ -101,11 +107,11 @@ def test_signal_with_stream_in_flight(serve_once: Any) -> None:
     outcome = {}
     for name, server, watch, thread in zip(SIGNALS, servers, watches, threads, strict=True):
         try:
-            code: int | None = server.wait(timeout=EXIT_WITHIN_S + 5)
+            code: int | None = server.wait(timeout=exit_within() + 5)
         except Exception:
             code = None
         exited = time.monotonic() - sent
-        thread.join(timeout=EXIT_WITHIN_S)
+        thread.join(timeout=exit_within())
         outcome[name] = {
             "code": code,
             "exit_s": round(exited, 2),
@@ -117,9 +123,9 @@ def test_signal_with_stream_in_flight(serve_once: Any) -> None:
         }
     for name, o in outcome.items():
         assert o["stream_ended"], (name, outcome)
-        assert o["stream_s"] is not None and o["stream_s"] < EXIT_WITHIN_S, (name, outcome)
+        assert o["stream_s"] is not None and o["stream_s"] < exit_within(), (name, outcome)
         # Ended by an abort or a dropped connection, never by running to its length.
         assert "length" not in o["finish_reasons"], (name, outcome)
         assert o["error"] is not None or o["finish_reasons"] == ["abort"], (name, outcome)
     for name, o in outcome.items():
-        assert o["code"] == 0 and o["exit_s"] < EXIT_WITHIN_S, (name, outcome)
+        assert o["code"] == 0 and o["exit_s"] < exit_within(), (name, outcome)

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from speclens.acceptance import acceptance_length
-from speclens.bench.run import EXIT_VERDICT_FAILED, BenchOutcome
+from speclens.bench.run import (
+    EXIT_INCONCLUSIVE,
+    EXIT_VERDICT_FAILED,
+    BenchOutcome,
+    Expectation,
+    judge,
+)
 from speclens.runs.report import print_verdict
 from speclens.runs.verify import MIN_VERIFY_STEPS, verify
 
@@ -51,10 +58,59 @@ def test_the_verdict_line_shows_its_evidence() -> None:
     assert _line(vetoed).startswith("verification FAIL: 1 of 2 requests failed")
 
 
-def test_an_inconclusive_verdict_does_not_exit_0() -> None:
+def test_an_inconclusive_verdict_exits_4_and_a_vetoed_one_1() -> None:
     summary = {
         "figures": {"interrupted": False},
         "failures": {"exceeded": False},
         "verdict": verify({"2": 1}, 3.0, 3),
     }
+    assert BenchOutcome(summary, []).exit_code == EXIT_INCONCLUSIVE
+    summary["verdict"]["schedule_passed"] = False  # a veto (failed requests, unreadable counters)
     assert BenchOutcome(summary, []).exit_code == EXIT_VERDICT_FAILED
+
+
+def _acceptance(**kw: Any) -> dict[str, Any]:
+    base = {
+        "num_spec_tokens": 3,
+        "counts_only_requests": 0,
+        "counts_only_engines": [],
+        "histogram_steps": 40,
+        "histogram": {"2": 40},
+    }
+    return {**base, **kw}
+
+
+@pytest.mark.parametrize(
+    ("acceptance", "start"),
+    [
+        (_acceptance(num_spec_tokens=None), "inconclusive: K is unknown"),
+        (
+            _acceptance(
+                counts_only_requests=4,
+                counts_only_engines=["llama.cpp"],
+                histogram_steps=0,
+                histogram={},
+            ),
+            "inconclusive: 4 requests carried counts only (llama.cpp)",
+        ),
+    ],
+    ids=["k-unknown", "counts-only"],
+)
+def test_a_verdict_without_a_histogram_to_judge_is_inconclusive(
+    acceptance: dict[str, Any], start: str
+) -> None:
+    verdict = judge(acceptance, Expectation(3.0))
+    assert verdict["inconclusive"] and not verdict["passed"]
+    assert verdict["reason"].startswith(start)
+    summary = {
+        "figures": {"interrupted": False},
+        "failures": {"exceeded": False},
+        "verdict": verdict,
+    }
+    assert BenchOutcome(summary, []).exit_code == EXIT_INCONCLUSIVE
+    assert _line({**verdict, "verify_steps": 0}).startswith("verification INCONCLUSIVE: ")
+
+
+def test_a_judged_histogram_is_not_inconclusive() -> None:
+    verdict = judge(_acceptance(histogram={"2": 4000}, histogram_steps=4000), Expectation(3.0))
+    assert verdict["passed"] and not verdict["inconclusive"]

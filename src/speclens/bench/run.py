@@ -34,6 +34,7 @@ class Expectation:
 
 #: Exit codes shared by ``bench``, ``measure`` and ``demo`` (2 is a usage error, decided earlier).
 EXIT_OK, EXIT_VERDICT_FAILED, EXIT_TOO_MANY_FAILURES, EXIT_INTERRUPTED = 0, 1, 3, 130
+EXIT_INCONCLUSIVE = 4
 
 #: Distinct error messages kept in the summary (and printed).
 FIRST_ERRORS = 5
@@ -46,13 +47,16 @@ class BenchOutcome:
 
     @property
     def exit_code(self) -> int:
-        """130 interrupted, 3 too many failed requests, 1 a failed verdict, else 0."""
+        """130 interrupted, 3 too many failed requests, 4 a verdict without the evidence to
+        judge (unless a veto made it a FAIL), 1 a failed verdict, else 0."""
         if self.summary["figures"]["interrupted"]:
             return EXIT_INTERRUPTED
         if self.summary["failures"]["exceeded"]:
             return EXIT_TOO_MANY_FAILURES
         verdict = self.summary.get("verdict")
         if verdict is not None and not verdict["passed"]:
+            if verdict.get("inconclusive") and "schedule_passed" not in verdict:
+                return EXIT_INCONCLUSIVE
             return EXIT_VERDICT_FAILED
         return EXIT_OK
 
@@ -162,37 +166,44 @@ async def run_bench(
     if acceptance["draft_rate_refused"]:
         warnings.append(acceptance["draft_rate_refused"])
     if expectation is not None:
-        k = expectation.num_spec_tokens or acceptance["num_spec_tokens"]
-        if k is None:
-            summary["verdict"] = {
-                "passed": False,
-                "expected_acceptance_length": expectation.acceptance_length,
-                "reason": "K is unknown: no request reported num_spec_tokens; pass --num-spec-tokens",
-                "expected_distribution": {},
-            }
-        elif acceptance["counts_only_requests"] and not acceptance["histogram_steps"]:
-            summary["verdict"] = {
-                "passed": False,
-                "expected_acceptance_length": expectation.acceptance_length,
-                "reason": f"{acceptance['counts_only_requests']} requests carried counts only "
-                f"({', '.join(acceptance['counts_only_engines'])}): no histogram to judge",
-                "expected_distribution": {},
-            }
-        else:
-            try:
-                summary["verdict"] = verify(
-                    acceptance["histogram"], expectation.acceptance_length, k, expectation.z
-                )
-            except ValidationError as exc:  # the expected AL does not fit the K the run used
-                summary["verdict"] = {
-                    "passed": False,
-                    "expected_acceptance_length": expectation.acceptance_length,
-                    "reason": f"expected AL at K = {k}: " + "; ".join(str(p) for p in exc.problems),
-                    "expected_distribution": {},
-                }
+        summary["verdict"] = judge(acceptance, expectation)
         summary["verdict"]["expectation_source"] = expectation.source
         _veto(summary)
     return BenchOutcome(summary, result.records)
+
+
+def judge(acceptance: dict[str, Any], expectation: Expectation) -> dict[str, Any]:
+    """The run's verdict against its expected AL: inconclusive (never PASS) when K is unknown or
+    every request carried counts only, so there is no histogram to judge."""
+    k = expectation.num_spec_tokens or acceptance["num_spec_tokens"]
+    if k is None:
+        return {
+            "passed": False,
+            "inconclusive": True,
+            "expected_acceptance_length": expectation.acceptance_length,
+            "reason": "inconclusive: K is unknown: no request reported num_spec_tokens; "
+            "pass --num-spec-tokens",
+            "expected_distribution": {},
+        }
+    if acceptance["counts_only_requests"] and not acceptance["histogram_steps"]:
+        return {
+            "passed": False,
+            "inconclusive": True,
+            "expected_acceptance_length": expectation.acceptance_length,
+            "reason": f"inconclusive: {acceptance['counts_only_requests']} requests carried "
+            f"counts only ({', '.join(acceptance['counts_only_engines'])}): no histogram "
+            "to judge",
+            "expected_distribution": {},
+        }
+    try:
+        return verify(acceptance["histogram"], expectation.acceptance_length, k, expectation.z)
+    except ValidationError as exc:  # the expected AL does not fit the K the run used
+        return {
+            "passed": False,
+            "expected_acceptance_length": expectation.acceptance_length,
+            "reason": f"expected AL at K = {k}: " + "; ".join(str(p) for p in exc.problems),
+            "expected_distribution": {},
+        }
 
 
 def add_derivation(acceptance: dict[str, Any], check: dict[str, Any]) -> None:

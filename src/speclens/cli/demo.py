@@ -23,7 +23,7 @@ from pathlib import Path
 import typer
 
 from speclens.acceptance import Registry, WorkloadAcceptance, conditional_rates, resolve
-from speclens.cli._common import fail, out_console, reported
+from speclens.cli._common import fail, num_spec_tokens_callback, out_console, reported
 from speclens.cli.bench import check, open_records, range_problem
 from speclens.cli.profiles import print_resolution
 
@@ -56,7 +56,9 @@ def demo(
     method: str = typer.Option(
         "dspark", "--method", help="Its speculative method in the registry."
     ),
-    num_spec_tokens: int = typer.Option(7, "--num-spec-tokens", "-k", help="K."),
+    num_spec_tokens: int = typer.Option(
+        7, "--num-spec-tokens", "-k", help="K.", callback=num_spec_tokens_callback
+    ),
     thinking: str = typer.Option("on", "--thinking", help="Thinking mode, on or off."),
     category: str = typer.Option("coding", "--category", help="Workload category."),
     num_requests: int = typer.Option(64, "--num-requests", help="Requests the benchmark sends."),

@@ -44,7 +44,7 @@ import llamacpp_env  # this directory is on sys.path (pytest's prepend import mo
 import pytest
 import vllm_env
 
-import launch
+import peerlaunch
 from serverkit import free_port
 
 # Tests call the CLI in process (CliRunner), whose logging setup points the root handler at a
@@ -106,12 +106,12 @@ def running_vllm(
     cmd = vllm_env.command(model_dir, port, speculative, extra_args)
     started = time.monotonic()
     try:
-        with launch.running(
+        with peerlaunch.running(
             "vLLM", cmd, port, log, STARTUP_TIMEOUT_S, vllm_env.environment()
         ) as url:
             print(f"vLLM ready on {url} in {time.monotonic() - started:.0f} s (log {log})")
             yield Peer(url, SERVED_MODEL, model_dir, speculative)
-    except launch.StartError as exc:
+    except peerlaunch.StartError as exc:
         pytest.fail(f"{exc}:\n{_why(log)}")
 
 
@@ -180,7 +180,7 @@ def running_llamacpp(log_dir: Path, spec_args: Sequence[str]) -> Iterator[Peer]:
     cmd = llamacpp_command(gguf, port, spec_args)
     started = time.monotonic()
     try:
-        with launch.running(
+        with peerlaunch.running(
             "llama-server", cmd, port, log, LLAMACPP_STARTUP_TIMEOUT_S, poll_s=0.2
         ) as url:
             warm = httpx.post(
@@ -189,7 +189,7 @@ def running_llamacpp(log_dir: Path, spec_args: Sequence[str]) -> Iterator[Peer]:
             warm.raise_for_status()
             print(f"llama-server ready on {url} in {time.monotonic() - started:.1f} s (log {log})")
             yield Peer(url, SERVED_MODEL, gguf, {"llama-server": list(spec_args)})
-    except launch.StartError as exc:
+    except peerlaunch.StartError as exc:
         pytest.fail(f"{exc}:\n{_why(log)}")
 
 

@@ -41,10 +41,10 @@ from typing import Any, NamedTuple
 
 import httpx
 import llamacpp_env  # this directory is on sys.path (pytest's prepend import mode)
+import peerlaunch
 import pytest
 import vllm_env
 
-import peerlaunch
 from serverkit import free_port
 
 # Tests call the CLI in process (CliRunner), whose logging setup points the root handler at a

@@ -115,6 +115,11 @@ def sim(
     jobs: int | None = typer.Option(
         None, "--jobs", help="Sweep points run in this many processes (default: the cores)."
     ),
+    output_dir: Path | None = typer.Option(
+        None,
+        "--output-dir",
+        help="Write the run as bench does (records.jsonl, summary.json, summary.csv, plots).",
+    ),
 ) -> None:
     """Simulate a scenario with the resolved acceptance."""
     from speclens.acceptance import WorkloadAcceptance, resolve
@@ -140,6 +145,7 @@ def sim(
         budget = max_request_steps or (MAX_FAST_REQUEST_STEPS if fast else MAX_REQUEST_STEPS)
         check(scenario, str(scenario_path), ks, budget, runs=len(points), base=scenario_path.parent)
         reg = load_registry(registry)
+    stream = _open_output(output_dir, scenario, len(points)) if output_dir else None
 
     pools = scenario.speculating
     spec = pools[0].engine.speculative if pools else None
@@ -167,9 +173,11 @@ def sim(
             num_spec_tokens=k if name == "num_spec_tokens" else None,
             max_request_steps=budget, source=str(scenario_path),
             draft_coverage=resolution.draft_coverage if resolution else 1.0, fast=not exact,
+            keep_records=stream is not None,
         ))  # fmt: skip
     with reported():
         rows = _run(calls, jobs or _cores(), torch=not fast)
+    kept = [result.pop("records", []) for result in rows]
     for result, resolution, point in zip(rows, resolutions, points, strict=True):
         result["resolution"] = resolution.model_dump() if resolution else None
         if name:
@@ -181,6 +189,54 @@ def sim(
     if plot is not None:
         _plot(rows, name, plot)
         (err_console if as_json else out_console).print(f"wrote {plot}")
+    if stream is not None:
+        k = calls[0]["num_spec_tokens"] or (spec.num_spec_tokens if spec else None)
+        paths = _write_run(
+            stream, scenario, str(scenario_path), seed, calls[0], rows[0], kept[0], k
+        )
+        for path in paths:
+            (err_console if as_json else out_console).print(f"wrote {path}")
+
+
+def _open_output(output_dir: Path, scenario: Any, points: int) -> Any:
+    """The run's records stream, opened before any simulation: a directory that cannot take the
+    run's files, or a run too long to keep per request, is one line and exit 2."""
+    from speclens.runs.report import RecordStream
+    from speclens.sim import run_output
+    from speclens.sim.limits import longest
+
+    workload = scenario.workload
+    problem = run_output.output_problem(output_dir) or run_output.recorded_steps_problem(
+        workload.requests, longest(workload.output_tokens), points
+    )
+    if problem:
+        fail(problem, code=2)
+    try:
+        return RecordStream(output_dir)
+    except OSError as exc:
+        where = exc.filename or output_dir
+        fail(
+            f"command line: --output-dir: cannot write to {str(where)!r}: {exc.strerror or exc}", 2
+        )
+
+
+def _write_run(
+    stream: Any, scenario: Any, source: str, seed: int, call: dict[str, Any],
+    row: dict[str, Any], records: list[Any], k: int | None,
+) -> list[Path]:  # fmt: skip
+    """records.jsonl, summary.json (bench's shape, ``summarize`` over the records), summary.csv
+    and the plots; a file that cannot be written is one line and exit 1."""
+    from speclens.sim import run_output
+
+    settings = run_output.run_settings(scenario, source, seed, call["concurrency"], k, row)
+    summary = run_output.summary(
+        records, row["makespan_s"], settings,
+        run_output.server_info(scenario, k, row["resolution"]), row,
+    )  # fmt: skip
+    try:
+        return run_output.write_run(stream, summary, records)
+    except OSError as exc:
+        fail(f"{exc.filename or stream.path.parent}: cannot write: {exc.strerror or exc}")
 
 
 def _cores() -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,8 +56,26 @@ def unsupported(
     return None
 
 
-#: A request (index, arrival, input tokens, output tokens) with its trajectory.
-Item = tuple[int, float, int, int, np.ndarray, np.ndarray, np.ndarray]
+#: A request (index, arrival, input tokens, output tokens) with its trajectory: per decode step
+#: the tokens emitted, its price share, whether it drafted and the drafts it accepted.
+Item = tuple[int, float, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+@dataclass
+class Trace:
+    """One finished request as the fast path ran it, for a per-request record: when it
+    arrived and emitted its first token (the prefill's), and per decode step when the step
+    ended, the tokens emitted, whether it drafted and the drafts accepted."""
+
+    index: int
+    arrival: float
+    input_tokens: int
+    output_tokens: int
+    first: float
+    step_times: np.ndarray
+    emitted: np.ndarray
+    drafting: np.ndarray
+    accepted: np.ndarray
 
 
 @dataclass
@@ -108,10 +126,11 @@ class _Draws:
 
     def trajectories(
         self, inputs: np.ndarray, outputs: np.ndarray
-    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """Each request's decode steps, drawn together: tokens emitted (the last step's capped
-        at the request's length), its share of each step's price, and whether it drafted.
-        The draws are counted in the statistics."""
+        at the request's length), its share of each step's price, whether it drafted, and the
+        drafts it accepted (uncapped, as the histogram counts them). The draws are counted in
+        the statistics."""
         need = np.maximum(outputs - 1, 0)  # the prefill emits the first token
         lengths = np.minimum(need, (need / self.mean_tokens + 6 * np.sqrt(need) + 8).astype(int))
         accepted, drafting = self._draw(int(lengths.sum()))
@@ -145,7 +164,8 @@ class _Draws:
             self.request_steps += int(steps.sum())
             self.drafting_steps += int(counted.sum())
         for first, n in zip(starts.tolist(), steps.tolist(), strict=True):
-            yield emitted[first : first + n], share[first : first + n], drafting[first : first + n]
+            end = first + n
+            yield emitted[first:end], share[first:end], drafting[first:end], accepted[first:end]
 
 
 def _prepared(
@@ -209,10 +229,12 @@ def run_replica(
     rng: np.random.Generator,
     tally: Tally,
     pooled: Totals,
+    traced: Callable[[Trace], None] | None = None,
 ) -> Counts:
     """Run one replica over ``requests`` (index, arrival, input tokens, output tokens) in
     arrival order, as ``simulate._run_replica`` drives the engine; finished requests go to
-    ``tally`` (and ``pooled``)."""
+    ``tally`` (and ``pooled``), and, given ``traced``, each one's ``Trace`` to it (then every
+    decode step's end time is kept: memory grows with the run, bounded by the caller)."""
     draws = _Draws(k, rates, coverage, cost, rng)
     span = longest_output + 2
     width = 4 * span
@@ -233,6 +255,8 @@ def run_replica(
     live: dict[int, _Live] = {}
     fresh: list[_Live] = []  # admitted since the last decode step
     gaps = _Gaps(tally, k)
+    clocks: list[float] = []  # with ``traced``: when each decode step ended
+    traces: dict[int, tuple[Item, int, float]] = {}  # with ``traced``: item, first step, first
     while upcoming is not None or waiting or running:
         while upcoming is not None and (
             (concurrency is None and upcoming[1] <= clock)
@@ -263,12 +287,17 @@ def run_replica(
                     array[: width - shift] = array[shift:]
                     array[width - shift :] = 0
                 base = decoded
-            for index, arrival, _, outputs, emitted, share, drafted in batch:
+            for item in batch:
+                index, arrival, _, outputs, emitted, share, drafted, _ = item
                 n = emitted.size
                 if not n:  # one output token: done at its prefill
                     tally.add(arrival, clock, clock, outputs)
                     pooled.record(arrival, clock, outputs)
+                    if traced is not None:
+                        traced(_trace(item, clock, np.empty(0)))
                     continue
+                if traced is not None:
+                    traces[index] = (item, decoded, clock)
                 at = decoded - base
                 shares[at : at + n] += share
                 drafting[at : at + n] += drafted
@@ -294,10 +323,21 @@ def run_replica(
         fresh = []
         clock = last_decode = float(times[m - 1])
         decoded += m
+        if traced is not None:
+            clocks.extend(times[:m].tolist())
         while running and running[0][0] < decoded:
-            r = live.pop(heapq.heappop(running)[1])
+            index = heapq.heappop(running)[1]
+            r = live.pop(index)
             tally.itl.add_one((r.first_decode_time - r.first) / r.first_tokens, r.first_tokens)
             tally.add(r.arrival, r.first, clock, r.output_tokens)
             pooled.record(r.arrival, clock, r.output_tokens)
+            if traced is not None:
+                item, step, first = traces.pop(index)
+                traced(_trace(item, first, np.array(clocks[step : step + item[4].size])))
     gaps.flush()
     return Counts(draws.histogram, draws.request_steps, draws.drafting_steps)
+
+
+def _trace(item: Item, first: float, step_times: np.ndarray) -> Trace:
+    index, arrival, inputs, outputs, emitted, _, drafting, accepted = item
+    return Trace(index, arrival, inputs, outputs, first, step_times, emitted, drafting, accepted)

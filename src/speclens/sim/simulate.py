@@ -18,14 +18,16 @@ import numpy as np
 
 from speclens.acceptance import AcceptanceHistogram, Problem, ValidationError, acceptance_length
 from speclens.sim import fast as fast_path
-from speclens.sim import limits
+from speclens.sim import limits, run_output
 from speclens.sim.scenario import Lengths, Pool, Scenario, Workload, pool_cost
 from speclens.sim.sketch import Tally, Totals
 
 if TYPE_CHECKING:  # torch loads only for the step-exact loop
     from speclens.engine import Engine
     from speclens.engine.model import LlamaModel
+    from speclens.engine.request import RequestAcceptance
     from speclens.engine.tokenizer import Tokenizer
+    from speclens.runs.request import RequestRecord
 
 #: Keys the fast path's draws apart from the arrival and coverage streams of the same seed.
 FAST_STREAM = 0xFA57
@@ -47,6 +49,8 @@ class SimRequest:
     first_token: float | None = None
     finish: float | None = None
     token_times: list[tuple[float, int]] = field(default_factory=list)
+    #: The engine's count of its speculation, set when it finishes.
+    acceptance: RequestAcceptance | None = None
 
 
 def _lengths(spec: int | Lengths, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -179,6 +183,7 @@ def _run_replica(
                 r.token_times.append((now, n))
             if out.finished:
                 r.finish = now
+                r.acceptance = out.outputs[0].acceptance
                 del live[out.request_id]
                 if finished is not None:
                     finished(r)
@@ -239,13 +244,16 @@ def simulate(
     source: str = "scenario",
     draft_coverage: float = 1.0,
     fast: bool = False,
+    keep_records: bool = False,
 ) -> dict[str, Any]:
     """Run the scenario; returns throughput, latency percentiles, realized AL, draft coverage
     and tokens per decode step, per pool too. A speculating request-step drafts with
     probability ``draft_coverage`` (``speclens.sim.coverage``). ``fast`` takes the event-level
     path (``speclens.sim.fast``) where it applies, the step-exact loop otherwise; ``loop`` and
-    ``fallback`` in the result say which ran and why. Raises ``ValidationError`` (naming
-    ``source``) for what ``limits`` refuses, before any work."""
+    ``fallback`` in the result say which ran and why. ``keep_records``: ``records`` holds one
+    ``RequestRecord`` per request, in index order, as bench records a measured one (the caller
+    bounds the run: they grow with its tokens). Raises ``ValidationError`` (naming ``source``)
+    for what ``limits`` refuses, before any work."""
     limits.check(scenario, source, [num_spec_tokens], max_request_steps, base=base)
     workload = scenario.workload
     count = workload.requests
@@ -259,6 +267,8 @@ def simulate(
     request_steps = drafting_steps = accepted = 0
     tally = Tally()
     per_pool: dict[int, Totals] = {}
+    records: list[RequestRecord] = []
+    category = workload.category or run_output.DEFAULT_CATEGORY
     for slot, (pool_index, pool) in enumerate(replicas):
         pooled = per_pool.setdefault(pool_index, Totals())
         share = count // len(replicas) + (slot < count % len(replicas))
@@ -266,12 +276,22 @@ def simulate(
             continue  # more replicas than requests: this one stays idle
         requests = arrivals(workload, seed, slot, len(replicas))
         k = _k(pool)
+        replica = f"sim://pools/{pool_index}/replicas/{slot}"
         if use_fast:
+            traced = (
+                (
+                    lambda t, k=k, at=replica: records.append(
+                        run_output.from_trace(t, k, category, at)
+                    )
+                )
+                if keep_records
+                else None
+            )
             counts = fast_path.run_replica(
                 ((r.index, r.arrival, r.input_tokens, r.output_tokens) for r in requests),
                 k, rates, draft_coverage, pool_cost(pool, base), pool.engine.max_num_seqs,
                 limits.batched_tokens(pool), limits.longest(workload.output_tokens), per_replica,
-                np.random.default_rng([FAST_STREAM, seed, slot]), tally, pooled,
+                np.random.default_rng([FAST_STREAM, seed, slot]), tally, pooled, traced,
             )  # fmt: skip
             if k:
                 histogram.update(AcceptanceHistogram.from_dense(counts.histogram.tolist()))
@@ -286,9 +306,11 @@ def simulate(
             engine, draft_coverage, np.random.default_rng([COVERAGE_STREAM, seed, slot])
         )
 
-        def done(r: SimRequest, pooled: Totals = pooled) -> None:
+        def done(r: SimRequest, pooled: Totals = pooled, k: int = k, at: str = replica) -> None:
             _record_exact(tally, r)
             pooled.record(r.arrival, r.finish or 0.0, r.output_tokens)
+            if keep_records:
+                records.append(run_output.from_exact(r, k, category, at))
 
         _run_replica(engine, requests, per_replica, done, keep_steps=False)
         histogram.update(engine.stats.histogram)
@@ -297,6 +319,7 @@ def simulate(
             drafting_steps += drafted.drafting_steps
             accepted += engine.stats.num_accepted_tokens
     makespan = _makespan(tally, source)
+    extra = {"records": sorted(records, key=lambda r: r.index)} if keep_records else {}
     return {
         "requests": count,
         "loop": "fast" if use_fast else "exact",
@@ -322,6 +345,7 @@ def simulate(
             }
             for index, s in sorted(per_pool.items())
         },
+        **extra,
     }
 
 

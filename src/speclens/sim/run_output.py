@@ -1,0 +1,254 @@
+"""The simulator's run in bench's run format: one ``RequestRecord`` per simulated request, and a
+``summary.json`` built by the same ``speclens.runs.figures.summarize`` a measured run's is, so
+``compare``, ``merge`` and the reports read a prediction as they read a measurement.
+
+Times are virtual seconds from the run's first arrival. A record carries what bench would have
+seen on the wire: start (the arrival), TTFT, inter-token gaps, finish, tokens, and the request's
+acceptance as an engine-neutral ``SpecDecodeAcceptanceRecord`` (validated as every adapter's is).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from itertools import pairwise
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from speclens.acceptance import AcceptanceHistogram
+from speclens.runs.figures import summarize
+from speclens.runs.record import SpecDecodeAcceptanceRecord
+from speclens.runs.report import RecordStream, write_files
+from speclens.runs.request import RequestRecord, RunResult
+
+if TYPE_CHECKING:
+    from speclens.sim.fast import Trace
+    from speclens.sim.scenario import Lengths, Scenario
+    from speclens.sim.simulate import SimRequest
+
+#: The category of a request whose workload names none.
+DEFAULT_CATEGORY = "default"
+#: What a simulated request's acceptance record names as its engine, and the adapter that
+#: "detected" it: a reader tells a prediction from a measurement by either.
+ENGINE = "speclens-sim"
+ADAPTER = "sim"
+#: Most request-steps (requests x the longest output, over every sweep point) a run with
+#: ``--output-dir`` may take: each keeps its inter-token gaps until the files are written
+#: (about 100 bytes a decode step in memory, 25 in records.jsonl).
+MAX_RECORDED_REQUEST_STEPS = 2_000_000
+
+
+def spec_record(k: int, drafting: np.ndarray, accepted: np.ndarray) -> dict[str, Any] | None:
+    """One request's acceptance from its decode steps (whether each drafted, and the drafts
+    each accepted), as bench keeps it; None when the replica does not speculate."""
+    if not k:
+        return None
+    drafted = np.asarray(drafting, dtype=bool)
+    counts = np.asarray(accepted, dtype=np.int64)[drafted]
+    return _spec(
+        k,
+        AcceptanceHistogram.from_dense(np.bincount(counts, minlength=k + 1).tolist()),
+        int(drafted.size),
+        int(drafted.sum()) * k,
+    )
+
+
+def _spec(k: int, hist: AcceptanceHistogram, decode_steps: int, drafts: int) -> dict[str, Any]:
+    record = SpecDecodeAcceptanceRecord(
+        engine=ENGINE,
+        mean_acceptance_length=hist.acceptance_length,
+        draft_acceptance_rate=hist.num_accepted / drafts if drafts else 0.0,
+        acceptance_histogram=dict(hist.counts),
+        num_accepted_draft_tokens=hist.num_accepted,
+        num_draft_tokens=drafts,
+        num_spec_steps=hist.num_steps,
+        num_spec_tokens=k,
+        num_decode_steps=decode_steps,
+        draft_unit="tokens",
+    )
+    return record.model_dump()
+
+
+def _record(
+    index: int,
+    category: str,
+    replica: str,
+    times: tuple[float, float, float],
+    tokens: tuple[int, int],
+    itl_runs: list[tuple[float, int]],
+    spec: dict[str, Any] | None,
+) -> RequestRecord:
+    arrival, first, finish = times
+    return RequestRecord(
+        index=index, category=category, replica=replica, start=arrival, end=finish,
+        ttft=first - arrival, itl_runs=itl_runs, prompt_tokens=tokens[0],
+        completion_tokens=tokens[1], finish_reason="length", status=200, spec=spec,
+        spec_status="ok" if spec is not None else "absent",
+        spec_adapter=ADAPTER if spec is not None else None,
+    )  # fmt: skip
+
+
+def from_trace(trace: Trace, k: int, category: str, replica: str) -> RequestRecord:
+    """A request the fast path finished. Its first decode step's gap runs from the prefill's
+    token, each later one from the step before, over the tokens it emitted (as the fast
+    path's own ITL samples are drawn)."""
+    ends = trace.step_times
+    previous = np.concatenate([[trace.first], ends[:-1]])
+    itl = [
+        (gap / n, n)
+        for gap, n in zip((ends - previous).tolist(), trace.emitted.tolist(), strict=True)
+    ]
+    finish = float(ends[-1]) if ends.size else trace.first
+    return _record(
+        trace.index, category, replica, (trace.arrival, trace.first, finish),
+        (trace.input_tokens, trace.output_tokens), itl,
+        spec_record(k, trace.drafting, trace.accepted),
+    )  # fmt: skip
+
+
+def from_exact(request: SimRequest, k: int, category: str, replica: str) -> RequestRecord:
+    """A request the step-exact loop finished: its token times as the engine emitted them, its
+    acceptance as the engine counted it."""
+    runs = [((now - then) / n, n) for (then, _), (now, n) in pairwise(request.token_times)]
+    first = request.first_token if request.first_token is not None else math.nan
+    finish = request.finish if request.finish is not None else math.nan
+    acc = request.acceptance
+    spec = None
+    if k and acc is not None:
+        spec = _spec(k, acc.histogram, acc.num_decode_steps, acc.num_draft_tokens)
+    return _record(
+        request.index, category, replica, (request.arrival, first, finish),
+        (request.input_tokens, request.output_tokens), runs, spec,
+    )  # fmt: skip
+
+
+def summary(
+    records: Sequence[RequestRecord],
+    makespan: float,
+    settings: dict[str, Any],
+    server: dict[str, Any],
+    simulation: dict[str, Any],
+) -> dict[str, Any]:
+    """summary.json in bench's shape: the figures from ``summarize`` over the records, timed by
+    the simulated makespan (first arrival to last finish, as ``speclens sim`` divides by)."""
+    result = RunResult(list(records), started=0.0, duration=makespan)
+    sent = len(records)
+    return {
+        "settings": settings,
+        "server": server,
+        "figures": summarize(result),
+        "server_check": {
+            "available": False,
+            "unreadable_after": False,
+            "note": "simulated: no server counters to check against",
+        },
+        "failures": {"failed": 0, "sent": sent, "rate": 0.0, "max_rate": 0.0,
+                     "exceeded": False, "first_errors": []},
+        "load": {"started": 0.0, "sending_s": makespan, "in_flight_at_stop": 0},
+        "simulation": simulation,
+        "warnings": [],
+    }  # fmt: skip
+
+
+def write_run(
+    stream: RecordStream, summary_json: dict[str, Any], records: Sequence[RequestRecord]
+) -> list[Path]:
+    """records.jsonl through ``stream`` (bench's ``RecordStream``, opened before the run as the
+    check that its directory is writable), then summary.json, summary.csv and the plots
+    (``write_files``) beside it. Raises OSError naming the file it could not write."""
+    with stream:
+        for record in records:
+            stream.write(record)
+    if stream.error:
+        raise OSError(stream.error)
+    return [stream.path, *write_files(stream.path.parent, summary_json, list(records))]
+
+
+#: Every file a run directory gets (``write_run``): each is refused up front when it is a link
+#: or not a regular file, so a bad directory fails before the simulation, not after it.
+RUN_FILES = ("records.jsonl", "summary.json", "summary.csv", "acceptance_histogram.png",
+             "al_vs_tpot.png", "latency_cdf.png", "report.html")  # fmt: skip
+
+
+def output_problem(out_dir: Path) -> str | None:
+    """Why ``out_dir`` cannot take a run's files (one line naming the option), or None."""
+    where = f"command line: --output-dir: {str(out_dir)!r}"
+    if out_dir.exists() and not out_dir.is_dir():
+        return f"{where}: is not a directory, expected a directory to write the run into"
+    for name in RUN_FILES:
+        path = out_dir / name
+        if path.is_symlink():
+            return f"{where}: {name} is a symbolic link (never written through)"
+        if path.exists() and not path.is_file():
+            return f"{where}: {name} is not a regular file"
+    return None
+
+
+def recorded_steps_problem(requests: int, longest_output: int, points: int) -> str | None:
+    """Why a run with ``--output-dir`` would keep too much (its per-request gaps), or None."""
+    steps = requests * longest_output * points
+    if steps <= MAX_RECORDED_REQUEST_STEPS:
+        return None
+    sweep = f" x {points} sweep points" if points > 1 else ""
+    return (
+        f"command line: --output-dir: {requests:,} requests x up to {longest_output:,} output "
+        f"tokens{sweep} = {steps:,} request-steps, over the {MAX_RECORDED_REQUEST_STEPS:,} a run "
+        "keeps per request for its records: lower workload.requests or workload.output_tokens, "
+        "or drop --output-dir"
+    )
+
+
+def run_settings(
+    scenario: Scenario,
+    source: str,
+    seed: int,
+    concurrency: int | None,
+    num_spec_tokens: int | None,
+    row: dict[str, Any],
+) -> dict[str, Any]:
+    """summary.json's ``settings`` for a simulated run: bench's keys where they mean the same
+    (the load, the lengths, sampling: greedy, ignoring EOS as the simulator does), and what
+    says it was simulated (``executor``, the scenario file, the seed, the loop that ran)."""
+    workload = scenario.workload
+    closed = concurrency or workload.concurrency
+    outputs = workload.output_tokens
+    return {
+        "url": None, "model": scenario.model, "endpoint": None, "backend": None,
+        "num_requests": workload.requests, "duration": None, "concurrency": closed,
+        "request_rate": None if closed else workload.rate, "burstiness": workload.burstiness,
+        "warmup": 0, "max_tokens": outputs if isinstance(outputs, int) else outputs.max,
+        "ignore_eos": True, "temperature": 0.0, "seed": seed, "stream": True,
+        "dataset": "sim", "dataset_path": None,
+        "categories": [workload.category] if workload.category else [],
+        "input_tokens": _lengths(workload.input_tokens), "output_tokens": _lengths(outputs),
+        "executor": "sim", "scenario": source, "num_spec_tokens": num_spec_tokens,
+        "loop": row["loop"], "fallback": row["fallback"], "shard": None,
+    }  # fmt: skip
+
+
+def _lengths(spec: int | Lengths) -> int | dict[str, int]:
+    return spec if isinstance(spec, int) else {"min": spec.min, "max": spec.max}
+
+
+def server_info(
+    scenario: Scenario, k: int | None, resolution: dict[str, Any] | None
+) -> dict[str, Any]:
+    """summary.json's ``server``: what ``speclens serve`` answers on /version, for the engine
+    the scenario simulates (``executor`` "sim"; the acceptance as resolved)."""
+    from speclens import __version__
+
+    pools = scenario.speculating
+    spec = pools[0].engine.speculative if pools else None
+    acceptance = None
+    if spec is not None and resolution is not None:
+        acceptance = {
+            "method": spec.method, "num_speculative_tokens": k, "forced": True,
+            "acceptance_length": resolution.get("acceptance_length"),
+            "per_position_rates": resolution.get("per_position_rates"),
+        }  # fmt: skip
+    return {
+        "version": __version__, "engine": "speclens", "model": scenario.model,
+        "executor": "sim", "hardware": scenario.hardware, "acceptance": acceptance,
+    }  # fmt: skip

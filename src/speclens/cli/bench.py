@@ -384,9 +384,13 @@ class BenchOptions:
             timeout=self.timeout,
         )  # fmt: skip
 
-    def settings(self, config: LoadConfig, evidence: str | None) -> dict[str, Any]:
-        """The run's settings as summary.json records them: no API key, no URL password."""
+    def settings(
+        self, config: LoadConfig, evidence: str | None, prompts: list[Prompt] | None = None
+    ) -> dict[str, Any]:
+        """The run's settings as summary.json records them: no API key, no URL password; the
+        dataset's digest (``prompts_sha256``), so ``compare`` can tell runs of other prompts."""
         from speclens.bench.transport import redact
+        from speclens.runs.compare import prompts_sha256
 
         fields = {**config.__dict__, "dataset": self.dataset, "dataset_path": self.dataset_path,
                   "categories": self.category, "slo": self.slo}  # fmt: skip
@@ -400,6 +404,10 @@ class BenchOptions:
         settings["max_failure_rate"] = self.max_failure_rate
         settings["workers"] = self.workers
         settings["shard"] = list(self.part) if self.shard is not None else None
+        rows = prompts if prompts is not None else self.prompts()
+        settings["prompts_sha256"] = prompts_sha256(
+            (p.category, p.max_tokens, p.text) for p in rows
+        )
         return settings
 
     def expected_records(self) -> int | None:
@@ -530,7 +538,7 @@ def bench(
     chosen, evidence = resolve_backend(options.backend, options.endpoint, options.url, api_key)
     config = options.load_config(chosen)
     outcome, records_out = run(
-        options, config, prompts, expectation, slos, options.settings(config, evidence)
+        options, config, prompts, expectation, slos, options.settings(config, evidence, prompts)
     )
     report(outcome, records_out)
 

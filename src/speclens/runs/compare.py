@@ -1,0 +1,794 @@
+"""``speclens compare``: runs and sweeps side by side, comparability first.
+
+Two runs are only worth a speed-up when they did the same work at the same acceptance. So every
+pair is checked first, one line per check with its evidence: the same prompts (the dataset's
+``prompts_sha256`` and the same measured indices and categories), the same sampling, input and
+output lengths that agree (two-sample Kolmogorov-Smirnov), the same K (or a difference the user
+named), and acceptance: forced runs must agree (realized AL intervals overlap, histograms pass a
+chi-square homogeneity test), natural runs state their AL difference with its interval. A pair
+that fails a check is "not comparable: <why>" and every delta it prints says so.
+
+Deltas, each with a 95% interval: the ratio B / A at matched concurrency (or request rate), and
+at matched interactivity (tokens/s per user) read off each input's Pareto curve of throughput per
+GPU, interpolated only where both curves reach. Every file is read through bounds and the record
+validators (``record.row_problems``); nothing here trusts a figure it did not recompute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeGuard
+
+import numpy as np
+import orjson
+from scipy import stats as _stats
+
+from speclens.acceptance import ValidationError
+from speclens.acceptance.errors import Problem
+from speclens.runs.points import PointError, point_figures
+from speclens.runs.record import MAX_COUNT, from_json, row_problems
+from speclens.runs.stats import CONFIDENCE, Interval, RealizedAL, realized_al
+
+SCHEMA = "speclens.compare/1"
+SWEEP_SCHEMA = "speclens.sweep/1"
+
+#: The false-alarm rate of each distribution test (lengths, histograms).
+ALPHA = 0.01
+
+#: Check names, in the order they are reported.
+CHECKS = ("model", "prompts", "sampling", "lengths", "k", "acceptance", "histogram")
+
+#: Differences a user may name (``--differ``): they pass their check, stated.
+NAMEABLE = ("k",)
+
+#: Figures compared at matched load.
+DELTA_FIGURES = ("output_tokens_per_s", "tokens_per_s_per_user", "ttft_ms")
+
+#: Bounds on what is read: one file, one records.jsonl line, rows per run, points per sweep, inputs.
+MAX_FILE_BYTES = 64 * 2**20
+MAX_LINE_BYTES = 64 * 2**20
+MAX_ROWS = 2**20
+MAX_POINTS = 4096
+MAX_INPUTS = 26
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_LOAD_KEYS = ("concurrency", "request_rate")
+_POINT_KEYS = ("concurrency", "request_rate", "num_speculative_tokens", "acceptance_length")
+
+
+class InputError(Exception):
+    """An input that cannot be compared: one line per problem, and the exit code (1: an invalid
+    file, 2: a usage error such as a directory that is not a run, or runs of different models)."""
+
+    def __init__(self, lines: Sequence[str], code: int) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = list(lines)
+        self.code = code
+
+
+def prompts_sha256(rows: Iterable[tuple[str, int | None, str]]) -> str:
+    """The dataset a run draws its prompts from, as one digest: (category, max tokens, text) per
+    row, in order. bench records it as ``settings.prompts_sha256``."""
+    digest = hashlib.sha256()
+    for category, max_tokens, text in rows:
+        digest.update(orjson.dumps([category, max_tokens, text]) + b"\n")
+    return digest.hexdigest()
+
+
+# --- reading runs and sweeps ----------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One run directory, checked: its summary and its measured rows."""
+
+    path: Path
+    summary: dict[str, Any]
+    rows: list[dict[str, Any]]
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return dict(self.summary["settings"])
+
+    @property
+    def completed(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r.get("success") and "row_error" not in r]
+
+    @property
+    def forced(self) -> bool:
+        """The server forced its acceptance (speclens serve says so), or bench judged the run
+        against an expected AL."""
+        server = self.summary.get("server")
+        acceptance = server.get("acceptance") if isinstance(server, dict) else None
+        if isinstance(acceptance, dict) and acceptance.get("forced") is True:
+            return True
+        return isinstance(self.summary.get("verdict"), dict)
+
+    @property
+    def forced_al(self) -> float | None:
+        server = self.summary.get("server")
+        acceptance = server.get("acceptance") if isinstance(server, dict) else None
+        if not isinstance(acceptance, dict) or acceptance.get("forced") is not True:
+            return None
+        value = acceptance.get("acceptance_length")
+        return float(value) if _is_number(value) else None
+
+    @property
+    def engine(self) -> str | None:
+        server = self.summary.get("server")
+        engine = server.get("engine") if isinstance(server, dict) else None
+        return engine if isinstance(engine, str) else None
+
+    def ks(self) -> set[int]:
+        out = {s["num_spec_tokens"] for s in self.specs() if s.get("num_spec_tokens")}
+        server = self.summary.get("server")
+        acceptance = server.get("acceptance") if isinstance(server, dict) else None
+        k = acceptance.get("num_speculative_tokens") if isinstance(acceptance, dict) else None
+        if not out and _is_int(k) and k > 0:
+            out.add(k)
+        return out
+
+    def specs(self) -> list[dict[str, Any]]:
+        return [r["spec_decode_acceptance"] for r in self.completed
+                if isinstance(r.get("spec_decode_acceptance"), dict)]  # fmt: skip
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def _is_number(value: object) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise InputError([f"{path}: larger than {MAX_FILE_BYTES} bytes"], 1)
+        with path.open("rb") as fh:
+            return orjson.loads(fh.read(MAX_FILE_BYTES + 1))
+    except OSError as exc:
+        raise InputError([f"{path}: cannot be read: {exc.strerror or exc}"], 1) from None
+    except orjson.JSONDecodeError as exc:
+        raise InputError([f"{path}: not JSON ({exc})"[:300]], 1) from None
+
+
+#: (field, test, what it must be) for every settings field compare reads.
+_SETTINGS = (
+    ("model", lambda v: isinstance(v, str) and v, "a model name"),
+    ("max_tokens", lambda v: v is None or (_is_int(v) and v > 0), "null or an integer > 0"),
+    ("ignore_eos", lambda v: isinstance(v, bool), "true or false"),
+    ("temperature", lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    ("concurrency", lambda v: v is None or (_is_int(v) and v > 0), "null or an integer > 0"),
+    ("request_rate", lambda v: v is None or (_is_number(v) and v > 0), "null or a number > 0"),
+    ("prompts_sha256", lambda v: v is None or (isinstance(v, str) and _SHA256.fullmatch(v)),
+     "null or 64 lowercase hex digits"),
+)  # fmt: skip
+
+
+def summary_problems(summary: object, where: str) -> list[str]:
+    """What is wrong with a run's summary.json, for every field compare reads."""
+    if not isinstance(summary, dict):
+        return [f"{where}: expected a JSON object, got {type(summary).__name__}"]
+    settings, figures = summary.get("settings"), summary.get("figures")
+    if not isinstance(settings, dict) or not isinstance(figures, dict):
+        return [f"{where}: settings, figures: missing: not a speclens run summary"]
+    out = []
+    for name, test, what in _SETTINGS:
+        value = settings.get(name)
+        if not test(value):
+            out.append(f"{where}: settings.{name}: expected {what}, got {value!r:.60}")
+    server = summary.get("server")
+    if server is not None and not isinstance(server, dict):
+        out.append(f"{where}: server: expected null or an object, got {server!r:.60}")
+    if isinstance(server, dict) and not isinstance(server.get("acceptance", {}), dict | None):
+        out.append(f"{where}: server.acceptance: expected an object, got "
+                   f"{server['acceptance']!r:.60}")  # fmt: skip
+    duration = figures.get("duration_s")
+    if not (_is_number(duration) and duration >= 0):
+        out.append(f"{where}: figures.duration_s: expected seconds >= 0, got {duration!r:.60}")
+    return out
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    """The measured rows of records.jsonl, each through ``row_problems``; the first bad lines
+    raise one InputError."""
+    rows: list[dict[str, Any]] = []
+    problems: list[str] = []
+    try:
+        with path.open("rb") as fh:
+            for number in range(1, MAX_ROWS + 2):
+                line = fh.readline(MAX_LINE_BYTES + 1)
+                if not line:
+                    break
+                if number > MAX_ROWS:
+                    problems.append(f"{path}: holds more than {MAX_ROWS} rows")
+                    break
+                if not line.strip():
+                    continue
+                row, wrong = _row(line)
+                problems += [f"{path}: line {number}{': ' + f if f else ''}: {w}" for f, w in wrong]
+                if len(problems) >= 10:
+                    break
+                if row is not None and not row.get("warmup"):
+                    rows.append(row)
+    except OSError as exc:
+        raise InputError([f"{path}: cannot be read: {exc.strerror or exc}"], 1) from None
+    if problems:
+        raise InputError(problems[:10], 1)
+    return rows
+
+
+def _row(line: bytes) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
+    if len(line) > MAX_LINE_BYTES:
+        return None, [("", f"longer than {MAX_LINE_BYTES} bytes")]
+    try:
+        row = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        return None, [("", f"not JSON ({exc})"[:200])]
+    problems = row_problems(row)
+    if problems:
+        return None, problems
+    if row.get("spec_decode_acceptance") is not None:  # validated, histogram keys as ints
+        row["spec_decode_acceptance"] = from_json(row["spec_decode_acceptance"]).model_dump()
+    return row, []
+
+
+def read_run(path: Path) -> Run:
+    summary_path = path / "summary.json"
+    summary = _read_json(summary_path)
+    problems = summary_problems(summary, str(summary_path))
+    if problems:
+        raise InputError(problems, 1)
+    return Run(path, summary, _read_rows(path / "records.jsonl"))
+
+
+@dataclass
+class Point:
+    """One setting of an input: its rounds (run directories) and their figures."""
+
+    settings: dict[str, Any]
+    engine: str | None
+    runs: list[Run]
+    figures: dict[str, Interval] = field(default_factory=dict)
+
+    @property
+    def load(self) -> tuple[str, float] | None:
+        for key in _LOAD_KEYS:
+            if self.settings.get(key) is not None:
+                return key, float(self.settings[key])
+        return None
+
+
+@dataclass
+class Input:
+    """A run or a sweep (one engine of it), labelled."""
+
+    label: str
+    path: Path
+    kind: str
+    points: list[Point]
+    gpus: int = 1
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def runs(self) -> list[Run]:
+        return [run for point in self.points for run in point.runs]
+
+    @property
+    def model(self) -> str:
+        return str(self.runs[0].settings["model"])
+
+    @property
+    def engine(self) -> str | None:
+        engines = {p.engine or r.engine for p in self.points for r in p.runs} - {None}
+        return ", ".join(sorted(e for e in engines if e)) or None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "path": str(self.path), "kind": self.kind,
+                "model": self.model, "engine": self.engine, "gpus": self.gpus,
+                "points": len(self.points), "skipped": self.skipped}  # fmt: skip
+
+
+def kind_of(path: Path) -> str:
+    """ "run" or "sweep"; an InputError (exit 2) naming what is missing otherwise."""
+    if not path.is_dir():
+        raise InputError([f"{path}: not a directory (expected a run or a sweep directory)"], 2)
+    if (path / "sweep.json").is_file():
+        return "sweep"
+    missing = [name for name in ("summary.json", "records.jsonl") if not (path / name).is_file()]
+    if not missing:
+        return "run"
+    raise InputError([f"{path}: not a run or sweep directory: no sweep.json, and "
+                      f"{' and '.join(missing)} missing"], 2)  # fmt: skip
+
+
+def read_inputs(paths: Sequence[Path], labels: Sequence[str], gpus: Sequence[int]) -> list[Input]:
+    """Every input, read and checked, one per path (a sweep of several engines: one per engine,
+    labelled ``A/engine``)."""
+    out: list[Input] = []
+    for path, label, n in zip(paths, labels, gpus, strict=True):
+        if kind_of(path) == "run":
+            run = read_run(path)
+            settings = {k: run.settings.get(k) for k in _LOAD_KEYS}
+            out.append(Input(label, path, "run", [Point(settings, run.engine, [run])], n))
+        else:
+            out += _read_sweep(path, label, n)
+    _same_model(out)
+    return out
+
+
+def _read_sweep(path: Path, label: str, gpus: int) -> list[Input]:
+    where = path / "sweep.json"
+    sweep = _read_json(where)
+    if not isinstance(sweep, dict) or sweep.get("schema") != SWEEP_SCHEMA:
+        got = sweep.get("schema") if isinstance(sweep, dict) else type(sweep).__name__
+        raise InputError([f"{where}: schema: expected {SWEEP_SCHEMA!r}, got {got!r:.60}"], 1)
+    points = sweep.get("points")
+    if not isinstance(points, list) or len(points) > MAX_POINTS:
+        raise InputError([f"{where}: points: expected a list of at most {MAX_POINTS} points"], 1)
+    groups: dict[tuple[Any, ...], Point] = {}
+    skipped: list[str] = []
+    for i, point in enumerate(points):
+        entry = _sweep_point(point, f"{where}: points[{i}]", path)
+        if entry is None:
+            skipped.append(f"{point.get('id')}: {point.get('status')}")
+            continue
+        engine, settings, run_dir = entry
+        key = (engine, *(settings.get(k) for k in _POINT_KEYS))
+        groups.setdefault(key, Point(settings, engine, [])).runs.append(read_run(run_dir))
+    if not groups:
+        raise InputError([f"{where}: no point finished (status ok) to compare"], 1)
+    engines = sorted({p.engine or "" for p in groups.values()})
+    return [
+        Input(label if len(engines) == 1 else f"{label}/{engine}", path, "sweep",
+              [p for p in groups.values() if (p.engine or "") == engine], gpus, skipped)
+        for engine in engines
+    ]  # fmt: skip
+
+
+def _sweep_point(
+    point: object, where: str, root: Path
+) -> tuple[str | None, dict[str, Any], Path] | None:
+    """(engine, settings, run directory) of a finished point; None for one that did not finish."""
+    if not isinstance(point, dict):
+        raise InputError([f"{where}: expected an object, got {point!r:.60}"], 1)
+    if point.get("status") != "ok":
+        return None
+    settings, engine, rel = point.get("settings"), point.get("engine"), point.get("dir")
+    if not isinstance(settings, dict):
+        raise InputError([f"{where}.settings: expected an object, got {settings!r:.60}"], 1)
+    if engine is not None and not isinstance(engine, str):
+        raise InputError([f"{where}.engine: expected null or a name, got {engine!r:.60}"], 1)
+    if not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise InputError([f"{where}.dir: expected a path inside the sweep, got {rel!r:.60}"], 1)
+    for key in _POINT_KEYS:
+        value = settings.get(key)
+        if value is not None and not (_is_number(value) and value > 0):
+            raise InputError([f"{where}.settings.{key}: expected null or a number > 0, got "
+                              f"{value!r:.60}"], 1)  # fmt: skip
+    run_dir = root / rel
+    kind_of(run_dir)
+    return engine, {k: settings.get(k) for k in _POINT_KEYS}, run_dir
+
+
+def _same_model(inputs: Sequence[Input]) -> None:
+    seen: dict[str, str] = {}
+    for item in inputs:
+        for run in item.runs:
+            seen.setdefault(str(run.settings["model"]), f"{item.label} ({run.path})")
+    if len(seen) > 1:
+        shown = ", ".join(f"{where} ran {model!r}" for model, where in seen.items())
+        raise InputError([f"compare: runs of different models: {shown}"], 2)
+
+
+# --- checks ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+
+def _one(values: set[Any]) -> Any:
+    return next(iter(values)) if len(values) == 1 else None
+
+
+def check_model(a: Input, b: Input) -> Check:
+    return Check("model", a.model == b.model, f"{a.label} and {b.label} ran {a.model!r}")
+
+
+def _prompt_ids(item: Input) -> tuple[set[str | None], set[tuple[tuple[int, str], ...]]]:
+    hashes = {run.settings.get("prompts_sha256") for run in item.runs}
+    sent = {tuple(sorted((int(r["index"]), str(r["category"])) for r in run.rows))
+            for run in item.runs}  # fmt: skip
+    return hashes, sent
+
+
+def check_prompts(a: Input, b: Input) -> Check:
+    """The same dataset (its digest) and the same measured indices and categories."""
+    (ha, sa), (hb, sb) = _prompt_ids(a), _prompt_ids(b)
+    for item, hashes in ((a, ha), (b, hb)):
+        if None in hashes:
+            return Check("prompts", False, f"unknown: {item.label} records no "
+                         "settings.prompts_sha256 (runs before speclens bench recorded it)")  # fmt: skip
+        if len(hashes) > 1:
+            return Check("prompts", False, f"{item.label}'s runs drew from {len(hashes)} "
+                         "different datasets (prompts_sha256)")  # fmt: skip
+    if ha != hb:
+        return Check("prompts", False, f"different datasets: prompts_sha256 {_one(ha)[:12]}… "
+                     f"vs {_one(hb)[:12]}…")  # fmt: skip
+    if len(sa) > 1 or len(sb) > 1 or sa != sb:
+        counts = sorted({len(s) for s in sa | sb})
+        return Check("prompts", False, f"same dataset ({_one(ha)[:12]}…) but different requests "
+                     f"sent: measured request counts {counts} or their indices and categories "
+                     "differ")  # fmt: skip
+    return Check("prompts", True, f"prompts_sha256 {_one(ha)[:12]}… in both; "
+                 f"{len(_one(sa))} measured requests at the same indices and categories")  # fmt: skip
+
+
+def check_sampling(a: Input, b: Input) -> Check:
+    def sampling(item: Input) -> set[tuple[Any, ...]]:
+        return {(r.settings["max_tokens"], r.settings["ignore_eos"], float(r.settings["temperature"]))
+                for r in item.runs}  # fmt: skip
+
+    def show(s: tuple[Any, ...]) -> str:
+        return f"max_tokens {s[0]}, ignore_eos {str(s[1]).lower()}, temperature {s[2]:g}"
+
+    sa, sb = sampling(a), sampling(b)
+    for item, s in ((a, sa), (b, sb)):
+        if len(s) > 1:
+            return Check("sampling", False, f"{item.label}'s runs differ: "
+                         + "; ".join(sorted(map(show, s))))  # fmt: skip
+    if sa != sb:
+        return Check("sampling", False, f"{show(_one(sa))} vs {show(_one(sb))}")
+    return Check("sampling", True, f"{show(_one(sa))} in both")
+
+
+def _lengths(item: Input, name: str) -> list[int]:
+    return [int(r[name]) for run in item.runs for r in run.completed if r.get(name) is not None]
+
+
+def check_lengths(a: Input, b: Input) -> Check:
+    """Two-sample Kolmogorov-Smirnov on input and output token counts of completed requests."""
+    parts, ok = [], True
+    for name, title in (("prompt_tokens", "input"), ("completion_tokens", "output")):
+        xa, xb = _lengths(a, name), _lengths(b, name)
+        if not xa or not xb:
+            return Check("lengths", False, f"{title} lengths unknown: "
+                         f"{a.label} {len(xa)} and {b.label} {len(xb)} requests report them")  # fmt: skip
+        test = _stats.ks_2samp(xa, xb)
+        p = float(test.pvalue)
+        ok = ok and p >= ALPHA
+        parts.append(f"{title} tokens KS D {float(test.statistic):.3f} p {p:.3g} "
+                     f"({len(xa)} vs {len(xb)} requests)")  # fmt: skip
+    return Check("lengths", ok, "; ".join(parts) + ("" if ok else f" (p below {ALPHA:g})"))
+
+
+def _k(item: Input) -> set[int]:
+    return {k for p in item.points for r in p.runs for k in r.ks()} | {
+        int(p.settings["num_speculative_tokens"]) for p in item.points
+        if p.settings.get("num_speculative_tokens") is not None
+    }  # fmt: skip
+
+
+def _show_k(ks: set[int]) -> str:
+    return "K " + ",".join(map(str, sorted(ks))) if ks else "no K (no speculation reported)"
+
+
+def check_k(a: Input, b: Input, named: Sequence[str]) -> Check:
+    ka, kb = _k(a), _k(b)
+    if ka == kb:
+        return Check("k", True, f"{_show_k(ka)} in both")
+    if "k" in named:
+        return Check("k", True, f"{_show_k(ka)} vs {_show_k(kb)} (a named difference: --differ k)")
+    return Check("k", False, f"{_show_k(ka)} vs {_show_k(kb)} (name it with --differ k to compare "
+                 "across K)")  # fmt: skip
+
+
+def pooled_al(item: Input) -> RealizedAL:
+    specs = [s for run in item.runs for s in run.specs() if s.get("num_spec_steps") is not None]
+    return realized_al([s["num_accepted_draft_tokens"] for s in specs],
+                       [s["num_spec_steps"] for s in specs])  # fmt: skip
+
+
+def _show_al(label: str, al: RealizedAL) -> str:
+    if not al.verify_steps:
+        return f"{label} AL unknown (no per-request acceptance stats)"
+    ci = al.interval()
+    span = f"95% CI {ci.low:.3f} to {ci.high:.3f}" if ci.method != "none" else "no interval"
+    return f"{label} AL {al.al:.3f} ({span}, {al.requests} requests)"
+
+
+def _forced(item: Input) -> bool:
+    return all(run.forced for run in item.runs)
+
+
+def check_acceptance(a: Input, b: Input, named: Sequence[str]) -> Check:
+    """Forced runs agree (their realized AL intervals overlap, same forced AL where both say);
+    natural ones state the difference B - A with its interval."""
+    ala, alb = pooled_al(a), pooled_al(b)
+    both = f"{_show_al(a.label, ala)}; {_show_al(b.label, alb)}"
+    if not (_forced(a) and _forced(b)) or "k" in named:
+        why = "a named K difference" if "k" in named else "natural acceptance"
+        return Check("acceptance", True, f"{why}: {both}{_difference(ala, alb, b.label, a.label)}")
+    if not ala.verify_steps or not alb.verify_steps:
+        return Check("acceptance", False, f"forced, but unknown: {both}")
+    ta, tb = ({r.forced_al for r in x.runs} for x in (a, b))
+    if None not in ta | tb and ta != tb:
+        shown = " vs ".join(
+            ",".join(f"{t:g}" for t in sorted(t for t in s if t is not None)) for s in (ta, tb)
+        )
+        return Check("acceptance", False, f"forced at different ALs ({shown}): {both}")
+    ia, ib = ala.interval(), alb.interval()
+    if "none" in (ia.method, ib.method):
+        return Check("acceptance", False, f"forced, too few requests for an interval: {both}")
+    ok = ia.low <= ib.high and ib.low <= ia.high
+    verdict = "intervals overlap" if ok else "intervals do not overlap"
+    return Check("acceptance", ok, f"forced: {both}: {verdict}")
+
+
+def _difference(a: RealizedAL, b: RealizedAL, label_b: str, label_a: str) -> str:
+    if not (a.verify_steps and b.verify_steps and math.isfinite(a.se) and math.isfinite(b.se)):
+        return ""
+    q = float(_stats.norm.ppf((1 + CONFIDENCE) / 2))
+    d, se = b.al - a.al, math.hypot(a.se, b.se)
+    return f"; {label_b} - {label_a} {d:+.3f} (95% CI {d - q * se:+.3f} to {d + q * se:+.3f})"
+
+
+def pooled_histogram(item: Input) -> Counter[int]:
+    out: Counter[int] = Counter()
+    for run in item.runs:
+        for spec in run.specs():
+            for j, n in (spec.get("acceptance_histogram") or {}).items():
+                out[int(j)] += int(n)
+    return out
+
+
+def check_histogram(a: Input, b: Input, named: Sequence[str]) -> Check:
+    """Chi-square homogeneity of the pooled histograms {accepted drafts: verify steps}; required
+    of forced runs only (natural ones differ by design, and the test is stated)."""
+    ha, hb = pooled_histogram(a), pooled_histogram(b)
+    required = _forced(a) and _forced(b) and "k" not in named
+    if not ha or not hb:
+        return Check("histogram", not required, f"unknown: {a.label} has {sum(ha.values())}, "
+                     f"{b.label} {sum(hb.values())} verify steps in histograms")  # fmt: skip
+    p, df = homogeneity(ha, hb)
+    steps = f"{sum(ha.values())} vs {sum(hb.values())} verify steps"
+    if not required:
+        return Check("histogram", True, f"chi-square p {p:.3g} (df {df}, {steps}): stated, "
+                     "not required (natural acceptance or a named K difference)")  # fmt: skip
+    ok = p >= ALPHA
+    return Check("histogram", ok, f"chi-square p {p:.3g} (df {df}, {steps})"
+                 + ("" if ok else f": below {ALPHA:g}, the forced histograms differ"))  # fmt: skip
+
+
+def homogeneity(a: Counter[int], b: Counter[int]) -> tuple[float, int]:
+    """(p-value, degrees of freedom) of the chi-square test that two histograms share one
+    distribution; p 1 when every step fell in one bucket."""
+    keys = sorted(set(a) | set(b))
+    if len(keys) < 2:
+        return 1.0, 0
+    table = np.array([[a.get(k, 0) for k in keys], [b.get(k, 0) for k in keys]], dtype=float)
+    result = _stats.chi2_contingency(table, correction=False)
+    return float(result.pvalue), int(result.dof)
+
+
+def checks(a: Input, b: Input, named: Sequence[str]) -> list[Check]:
+    return [check_model(a, b), check_prompts(a, b), check_sampling(a, b), check_lengths(a, b),
+            check_k(a, b, named), check_acceptance(a, b, named),
+            check_histogram(a, b, named)]  # fmt: skip
+
+
+# --- deltas ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A figure as mean, standard error and degrees of freedom, recovered from its Interval:
+    rounds give Student t with n - 1 df, a bootstrap or the ratio estimator the normal."""
+
+    mean: float
+    se: float
+    df: float
+
+    @classmethod
+    def of(cls, interval: Interval) -> Estimate | None:
+        if interval.method == "none" or not math.isfinite(interval.half_width):
+            return None
+        df = float(interval.n - 1) if interval.method == "t" and interval.n > 1 else math.inf
+        q = _quantile(df, interval.confidence)
+        return cls(interval.mean, interval.half_width / q, df)
+
+
+def _quantile(df: float, confidence: float = CONFIDENCE) -> float:
+    tail = (1 + confidence) / 2
+    return float(_stats.norm.ppf(tail) if math.isinf(df) else _stats.t.ppf(tail, df))
+
+
+def _welch_df(parts: Sequence[tuple[float, float]]) -> float:
+    """Welch-Satterthwaite degrees of freedom of a sum of variances (variance, df) pairs."""
+    total = sum(v for v, _ in parts)
+    denominator = sum(v * v / d for v, d in parts if math.isfinite(d) and d > 0)
+    return total * total / denominator if denominator > 0 else math.inf
+
+
+def ratio(a: Estimate | None, b: Estimate | None) -> tuple[float, float, float]:
+    """b / a with its 95% interval, on the log scale (delta method, Welch df)."""
+    if a is None or b is None or a.mean <= 0 or b.mean <= 0:
+        point = b.mean / a.mean if a and b and a.mean > 0 else math.nan
+        return point, math.nan, math.nan
+    va, vb = (a.se / a.mean) ** 2, (b.se / b.mean) ** 2
+    q = _quantile(_welch_df([(va, a.df), (vb, b.df)]))
+    point, spread = b.mean / a.mean, q * math.sqrt(va + vb)
+    return point, point * math.exp(-spread), point * math.exp(spread)
+
+
+def _num(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _ratio_text(r: float, low: float, high: float) -> str:
+    if not math.isfinite(r):
+        return "no ratio (a figure has no data)"
+    if not math.isfinite(low):
+        return f"{r:.2f}x (no interval)"
+    return f"{r:.2f}x (95% CI {low:.2f}x to {high:.2f}x)"
+
+
+def matched_concurrency(a: Input, b: Input) -> list[dict[str, Any]]:
+    """Ratio B / A of each delta figure at every load setting both inputs ran."""
+    out = []
+    for key, pa, pb in _matched_points(a, b):
+        for name in DELTA_FIGURES:
+            ia, ib = pa.figures[name], pb.figures[name]
+            r, low, high = ratio(Estimate.of(ia), Estimate.of(ib))
+            row: dict[str, Any] = {"concurrency": None, "request_rate": None}
+            row[key[0]] = int(key[1]) if key[0] == "concurrency" else key[1]
+            row.update(figure=name, a=ia.to_json(), b=ib.to_json(), ratio=_num(r),
+                       ratio_low=_num(low), ratio_high=_num(high))  # fmt: skip
+            out.append(row)
+    return out
+
+
+def _matched_points(a: Input, b: Input) -> list[tuple[tuple[str, float], Point, Point]]:
+    """Points of equal load; on the full settings (K, AL) where an input has several per load."""
+
+    def by(item: Input, full: bool) -> dict[Any, Point]:
+        return {(p.load, *(p.settings.get(k) for k in _POINT_KEYS[2:])) if full else p.load: p
+                for p in item.points if p.load is not None}  # fmt: skip
+
+    full = any(len({p.load for p in x.points}) < len(x.points) for x in (a, b))
+    ma, mb = by(a, full), by(b, full)
+    keys = [k for k in ma if k in mb]
+    return [(ma[k].load, ma[k], mb[k]) for k in keys]  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    x: float  # tokens/s per user
+    y: Estimate  # output tokens/s per GPU
+
+
+def pareto(item: Input) -> list[CurvePoint]:
+    """The input's Pareto front of throughput per GPU against tokens/s per user: the points no
+    other point beats on both, by rising interactivity."""
+    points = []
+    for p in item.points:
+        x, y = p.figures["tokens_per_s_per_user"], Estimate.of(p.figures["output_tokens_per_s"])
+        if y is not None and math.isfinite(x.mean) and x.mean > 0:
+            points.append(CurvePoint(x.mean, Estimate(y.mean / item.gpus, y.se / item.gpus, y.df)))
+    points.sort(key=lambda c: (-c.x, -c.y.mean))
+    front: list[CurvePoint] = []
+    for c in points:  # by falling x: keep a point only when it beats every point to its right
+        if not front or c.y.mean > front[-1].y.mean:
+            front.append(c)
+    return front[::-1]
+
+
+def interpolate(curve: Sequence[CurvePoint], x: float) -> Estimate | None:
+    """The curve's throughput at interactivity ``x`` (linear between neighbours; the points'
+    rounds independent); None outside the curve."""
+    for left, right in itertools.pairwise(curve):
+        if left.x <= x <= right.x:
+            w = (x - left.x) / (right.x - left.x) if right.x > left.x else 0.0
+            parts = [((1 - w) ** 2 * left.y.se**2, left.y.df), (w**2 * right.y.se**2, right.y.df)]
+            mean = (1 - w) * left.y.mean + w * right.y.mean
+            return Estimate(mean, math.sqrt(sum(v for v, _ in parts)), _welch_df(parts))
+    if curve and math.isclose(curve[0].x, x) and len(curve) == 1:
+        return curve[0].y
+    return None
+
+
+def matched_interactivity(a: Input, b: Input, prefix: str) -> tuple[list[dict[str, Any]], str]:
+    """B's throughput per GPU against A's at each interactivity both Pareto curves reach (every
+    curve point inside the overlap), InferenceX's way; and a note on what was left out."""
+    ca, cb = pareto(a), pareto(b)
+    if not ca or not cb:
+        return [], "no interactivity curve: an input has no point with TPOT and throughput"
+    low, high = max(ca[0].x, cb[0].x), min(ca[-1].x, cb[-1].x)
+    span = (f"{a.label} spans {ca[0].x:.1f} to {ca[-1].x:.1f} tok/s/user, {b.label} "
+            f"{cb[0].x:.1f} to {cb[-1].x:.1f}")  # fmt: skip
+    if low > high:
+        return [], f"{span}: no overlap, so no delta at matched interactivity"
+    xs = sorted({c.x for c in (*ca, *cb) if low <= c.x <= high})
+    out = []
+    for x in xs:
+        ya, yb = interpolate(ca, x), interpolate(cb, x)
+        if ya is None or yb is None:
+            continue
+        r, rl, rh = ratio(ya, yb)
+        delta, dl, dh = ((v - 1) * 100 for v in (r, rl, rh))
+        ci = f"CI {dl:+.0f}% to {dh:+.0f}%" if math.isfinite(dl) else "no interval"
+        out.append({
+            "tokens_per_s_per_user": x, "a_tok_s_gpu": ya.mean, "b_tok_s_gpu": yb.mean,
+            "delta_pct": _num(delta), "low_pct": _num(dl), "high_pct": _num(dh),
+            "sentence": f"{prefix}at {x:.0f} tok/s/user, {b.label} delivers {delta:+.0f}% "
+                        f"tok/s/GPU ({ci})",
+        })  # fmt: skip
+    return out, f"{span}: compared inside {low:.1f} to {high:.1f} only"
+
+
+# --- the comparison -------------------------------------------------------------------------------
+
+
+def _figures(point: Point, seed: int) -> dict[str, Interval]:
+    try:
+        return point_figures([run.path for run in point.runs], seed=seed)
+    except PointError as exc:
+        raise InputError([str(exc)], 1) from None
+
+
+def compare_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
+    found = checks(a, b, named)
+    failed = [c for c in found if not c.ok]
+    comparable = not failed
+    label = (
+        "comparable"
+        if comparable
+        else "not comparable: " + "; ".join(f"{c.name} ({c.detail})" for c in failed)
+    )
+    prefix = "" if comparable else f"NOT COMPARABLE ({', '.join(c.name for c in failed)}): "
+    interactivity, note = matched_interactivity(a, b, prefix)
+    return {
+        "a": a.label, "b": b.label, "comparable": comparable,
+        "checks": [c.to_json() for c in found],
+        "deltas": {"matched_concurrency": matched_concurrency(a, b),
+                   "matched_interactivity": interactivity, "interactivity_note": note},
+        "label": label,
+    }  # fmt: skip
+
+
+def compare(inputs: Sequence[Input], named: Sequence[str] = (), seed: int = 0) -> dict[str, Any]:
+    """compare.json: every input, and every pair (A against each later input) with its checks
+    and deltas."""
+    for item in inputs:
+        for point in item.points:
+            point.figures = _figures(point, seed)
+    pairs = [compare_pair(a, b, named) for i, a in enumerate(inputs) for b in inputs[i + 1 :]]
+    return {"schema": SCHEMA, "inputs": [item.to_json() for item in inputs], "pairs": pairs}
+
+
+def labels_for(count: int, given: Sequence[str]) -> list[str]:
+    """A, B, ... or the user's ``--label`` values (one per input, distinct, non-empty)."""
+    if given:
+        if len(given) != count:
+            raise ValidationError([Problem("command line", "--label", f"expected one per input "
+                                           f"({count}), got {len(given)}")])  # fmt: skip
+        if len(set(given)) != len(given) or not all(g.strip() for g in given):
+            raise ValidationError([Problem("command line", "--label",
+                                           f"expected distinct non-empty labels, got {list(given)}")])  # fmt: skip
+        return list(given)
+    return [chr(ord("A") + i) for i in range(count)]

@@ -17,6 +17,7 @@ try:
     from speclens import __version__
     from speclens.cli import bench, demo, export, lossless, measure, profiles, serve, sim
     from speclens.cli import compare as compare_cli
+    from speclens.cli import sweep as sweep_cli
 except KeyboardInterrupt:  # the console script imports this module before main() runs
     raise SystemExit(INTERRUPTED) from None
 
@@ -35,6 +36,7 @@ app.command("measure")(measure.measure)
 app.command("sim")(sim.sim)
 app.command("export")(export.export)
 app.command("lossless")(lossless.lossless)
+app.command("sweep")(sweep_cli.sweep)
 app.command("compare")(compare_cli.compare)
 
 

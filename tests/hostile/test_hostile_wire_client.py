@@ -262,3 +262,46 @@ def test_only_a_request_the_server_never_received_is_sent_again() -> None:
     assert _unsent(ServerDisconnectedError())
     assert not _unsent(ClientConnectorError(key, OSError(111, "refused")))
     assert not _unsent(ClientOSError(None, "something else"))
+
+
+# ---------------------------------------------------------------------------- scrapes
+
+
+def metrics_bomb(decoded_mib: int) -> list[bytes]:
+    """A gzip /metrics body of comment lines (``#``) inflating to ``decoded_mib`` MiB."""
+    block = b"#\n" * 2**19
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
+    first = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
+    again = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
+    body = first + again * (decoded_mib - 1)
+    return [body[i : i + 2**18] for i in range(0, len(body), 2**18)]
+
+
+def test_a_gzip_bomb_on_metrics_and_version_is_bounded_in_memory() -> None:
+    """The scrapes decode as the client does (bounded slices), not through aiohttp's decoder:
+    one 256 KiB network chunk of this body inflates to about 256 MiB at once there."""
+    import tracemalloc
+
+    from speclens.bench.server import MAX_BODY, read_counters, server_info
+
+    bomb = Reply(headers=GZIP, chunks=metrics_bomb(1024))
+    with GarbageServer(Reply(), get={"/metrics": bomb, "/version": bomb}) as server:
+        tracemalloc.start()
+        try:
+            counters, why = asyncio.run(read_counters(server.url))
+            info = asyncio.run(server_info(server.url))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert counters is None and why == "the server exposes no acceptance counters"
+    assert info is None
+    assert peak < 4 * MAX_BODY, f"peak {peak / 2**20:.0f} MiB"
+
+
+def test_an_unknown_encoding_on_metrics_is_no_counters_not_a_crash() -> None:
+    from speclens.bench.server import read_counters
+
+    odd = Reply(headers={"Content-Encoding": "br"}, body=b"vllm:spec_decode_num_drafts_total 3\n")
+    with GarbageServer(Reply(), get={"/metrics": odd}) as server:
+        counters, why = asyncio.run(read_counters(server.url))
+    assert counters is None and why == "the server exposes no acceptance counters"

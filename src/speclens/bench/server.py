@@ -10,6 +10,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from speclens.acceptance import acceptance_length
+from speclens.bench import transport
 from speclens.runs.record import MAX_POSITIONS
 
 VLLM = {
@@ -147,16 +148,17 @@ def acceptance_gauges(text: str) -> list[str]:
 async def _get(
     session: aiohttp.ClientSession, url: str, headers: dict[str, str]
 ) -> tuple[int, bytes]:
-    """Status and body (status -1 for a body over ``MAX_BODY``); raises ``Unreachable`` when the
-    request failed on the way, so callers can tell a dead server from a missing endpoint."""
+    """Status and body (status -1 for a body over ``MAX_BODY`` decoded bytes, or one that cannot
+    be decoded); raises ``Unreachable`` when the request failed on the way, so callers can tell a
+    dead server from a missing endpoint. The body is decoded as the client's are (bounded
+    slices, ``transport.read_at_most``), never by aiohttp."""
     try:
         async with session.get(url, headers=headers, allow_redirects=False) as resp:
-            body = bytearray()
-            async for chunk in resp.content.iter_chunked(64 * 1024):
-                body += chunk
-                if len(body) > MAX_BODY:
-                    return -1, b""
-            return resp.status, bytes(body)
+            try:
+                body, over = await transport.read_at_most(resp, MAX_BODY)
+            except transport.BodyError:
+                return -1, b""
+            return (-1, b"") if over else (resp.status, body)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise Unreachable(f"{type(exc).__name__}: {exc}") from None
 
@@ -188,8 +190,7 @@ async def scrape(
 async def _scrape(base_url: str, api_key: str | None, model: str | None) -> dict[str, Any] | None:
     base = base_url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    timeout = aiohttp.ClientTimeout(total=10)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with transport.session(10) as session:
         status, body = await _get(session, base + "/metrics", headers)
         gauges: list[str] = []
         if status == 200:
@@ -222,7 +223,7 @@ async def server_info(base_url: str, api_key: str | None = None) -> dict[str, An
     """The server's ``/version`` (speclens and vLLM report one), or None."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        async with transport.session(10) as session:
             status, body = await _get(session, base_url.rstrip("/") + "/version", headers)
     except Unreachable:
         return None

@@ -1,0 +1,170 @@
+"""``speclens sim --output-dir``: the simulated run in bench's run format, read by the same
+readers as a measured run, with the same figures ``speclens sim`` prints (one code path)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import yaml
+
+from speclens.acceptance import minimum_variance_rates
+from speclens.runs.figures import summarize
+from speclens.runs.record import from_json, row_problems
+from speclens.runs.report import record_from_row, record_row
+from speclens.runs.request import RunResult
+from speclens.sim.run_output import ENGINE, spec_record
+from speclens.sim.scenario import Scenario
+from speclens.sim.simulate import simulate
+from speclens.sim.sketch import RESOLUTION
+
+SCENARIO = {
+    "model": "kimi-k3",
+    "hardware": "b300",
+    "deployment": {"pools": [{"engine": {"speculative": {"method": "dspark", "num_spec_tokens": 7}},
+                              "replicas": 2}]},
+    "workload": {"category": "coding", "thinking": "on", "input_tokens": {"min": 16, "max": 64},
+                 "output_tokens": {"min": 1, "max": 48}, "concurrency": 6, "requests": 30},
+}  # fmt: skip
+RATES = minimum_variance_rates(3.78, 7)
+#: A sketch percentile is within RESOLUTION / 2 of the exact order statistic (sim/sketch.py);
+#: interpolating between two such reads stays within it.
+PERCENTILE_REL = RESOLUTION
+MEAN_REL = 1e-9
+
+
+def _rows(records: list) -> list[dict]:
+    """Each record as records.jsonl holds it (bytes through JSON and back)."""
+    return [
+        orjson.loads(orjson.dumps(record_row(r), option=orjson.OPT_NON_STR_KEYS)) for r in records
+    ]
+
+
+def _assert_same_figures(printed: dict, figures: dict) -> None:
+    """``speclens sim``'s throughput and latency against summary.json's figures."""
+    for key in ("requests_per_s", "output_tokens_per_s"):
+        assert figures["throughput"][key] == pytest.approx(printed["throughput"][key], rel=MEAN_REL)
+    for metric, dist in printed["latency_ms"].items():
+        got = figures["latency_ms"][metric]
+        for stat in ("mean", "min", "max"):
+            assert got[stat] == pytest.approx(dist[stat], rel=MEAN_REL), (metric, stat)
+        for stat in ("p50", "p90", "p99"):
+            assert got[stat] == pytest.approx(dist[stat], rel=PERCENTILE_REL), (metric, stat)
+
+
+@pytest.fixture(scope="module", params=[("fast", 1.0), ("fast", 0.6), ("exact", 0.6)])
+def run(request, tmp_path_factory) -> tuple[dict, list]:
+    """One simulated run with its records, per loop (and a coverage below 1)."""
+    loop, coverage = request.param
+    base = tmp_path_factory.mktemp("sim")
+    result = simulate(
+        Scenario.model_validate(SCENARIO), base, RATES, seed=3, draft_coverage=coverage,
+        fast=loop == "fast", keep_records=True,
+    )  # fmt: skip
+    assert result["loop"] == loop
+    return result, result.pop("records")
+
+
+def test_every_row_passes_the_record_validator(run) -> None:
+    _, records = run
+    rows = _rows(records)
+    assert [p for row in rows for p in row_problems(row)] == []
+    for row in rows:
+        spec = from_json(row["spec_decode_acceptance"])
+        assert spec.engine == ENGINE and spec.num_spec_tokens == 7
+        assert spec.num_decode_steps is not None and spec.num_spec_steps <= spec.num_decode_steps
+
+
+def test_indices_number_the_requests_as_bench_does(run) -> None:
+    """0..N-1, once each, in index order: arrival order of the workload's draws."""
+    _, records = run
+    assert [r.index for r in records] == list(range(SCENARIO["workload"]["requests"]))
+    starts = [r.start for r in records]
+    assert all(r.success and r.end >= r.start + r.ttft for r in records)
+    assert min(starts) == 0.0
+
+
+def test_summary_realized_al_is_the_simulated_al(run) -> None:
+    """Kills the mutation: ``run_output.spec_record`` counting every decode step as a verify
+    step (the drafting mask dropped), which at coverage 0.6 lowers the records' AL."""
+    result, records = run
+    acc = summarize(RunResult(records, 0.0, result["makespan_s"]))["acceptance"]
+    assert acc["token_weighted_al"] == pytest.approx(
+        result["realized_acceptance_length"], abs=1e-12
+    )
+    assert acc["histogram"] == result["histogram"]
+    assert acc["verify_steps"] == sum(result["histogram"].values())
+    assert acc["decode_steps"] == result["decode_request_steps"]
+    assert acc["draft_coverage"] == pytest.approx(result["draft_coverage"], abs=1e-12)
+    assert acc["num_spec_tokens"] == 7 and acc["inconsistent_requests"] == []
+
+
+def test_summary_figures_are_the_printed_figures(run) -> None:
+    """Kills the mutation: ``run_output.from_trace`` timing a request's first decode gap from
+    its arrival instead of its first token (the ITL would differ from what sim prints)."""
+    result, records = run
+    _assert_same_figures(result, summarize(RunResult(records, 0.0, result["makespan_s"])))
+
+
+def test_rows_read_back_give_the_same_figures(run) -> None:
+    """records.jsonl alone (as merge and compare read it) gives summary.json's figures."""
+    result, records = run
+    back = [record_from_row(row) for row in _rows(records)]
+    again = summarize(RunResult(back, 0.0, result["makespan_s"]))
+    assert again == summarize(RunResult(records, 0.0, result["makespan_s"]))
+
+
+def test_a_request_that_never_drafted_has_a_zero_step_record() -> None:
+    spec = spec_record(3, np.array([False, False]), np.array([0, 0]))
+    assert spec is not None
+    assert (spec["num_spec_steps"], spec["num_decode_steps"], spec["mean_acceptance_length"]) == (
+        0, 2, 1.0,
+    )  # fmt: skip
+    assert spec_record(0, np.array([False]), np.array([0])) is None
+
+
+# ------------------------------------------------------------------------------ the command
+def _scenario(tmp_path: Path) -> Path:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    return path
+
+
+def test_the_command_writes_a_run_directory(run_cli, tmp_path: Path) -> None:
+    """One run of the command (the step-exact loop's records are checked above): the files,
+    the figures it prints, settings that say it was simulated, rows that pass the validator,
+    and a summary the console report of a measured run prints."""
+    from rich.console import Console
+
+    from speclens.runs.report import print_summary
+
+    out = tmp_path / "run"
+    args = ["sim", _scenario(tmp_path), "--json", "--seed", "5", "--output-dir", out]
+    code, stdout, stderr = run_cli(*args)
+    assert code == 0, stderr
+    printed = json.loads(stdout)
+    assert "records" not in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"records.jsonl", "summary.json", "summary.csv", "latency_cdf.png"} <= {
+        p.name for p in out.iterdir()
+    }
+    _assert_same_figures(printed, summary["figures"])
+    acc = summary["figures"]["acceptance"]
+    assert acc["token_weighted_al"] == pytest.approx(
+        printed["realized_acceptance_length"], abs=1e-12
+    )
+    settings = summary["settings"]
+    assert (settings["executor"], settings["seed"], settings["num_spec_tokens"]) == ("sim", 5, 7)
+    assert (settings["scenario"], settings["loop"]) == (str(_scenario(tmp_path)), "fast")
+    assert summary["server"]["acceptance"]["acceptance_length"] == pytest.approx(3.78)
+    assert summary["simulation"]["makespan_s"] == summary["figures"]["duration_s"]
+    rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert [row["index"] for row in rows] == list(range(30))
+    assert [p for row in rows for p in row_problems(row)] == []
+    assert all(f"wrote {out / name}" in stderr for name in ("records.jsonl", "summary.json"))
+    console = Console(record=True, width=200)
+    print_summary(console, summary)
+    assert "30 completed, 0 failed" in console.export_text()

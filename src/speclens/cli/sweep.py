@@ -140,9 +140,12 @@ def run_sweep(flags: dict[str, Any]) -> None:
     else:
         runner = Runner(root, options, slos, prompts, "server", rounds, {})
         runner.server_points(engines, concurrency, rates)
+    codes = [runner.finish()]
     if write_profile is not None and not runner.interrupted:
-        write_curve(runner.state, (engines or [])[0], options, prompts, write_profile)
-    runner.finish()
+        codes.append(write_curve(runner.state, (engines or [])[0], options, prompts, write_profile))
+    code = sw.exit_code(codes)
+    if code:
+        raise typer.Exit(code)
 
 
 def _slos(text: str | None) -> dict[str, float]:
@@ -243,6 +246,11 @@ class Runner:
         plan = [(engine, setting, sw.points_for(setting, loads, self.state.rounds))
                 for engine in engines
                 for setting, loads in _settings(engine, concurrency, rates, self.options)]  # fmt: skip
+        for engine, setting, _ in plan:  # a forcing line the engine cannot express: usage
+            try:
+                _command(engine, setting, 0, self.options)
+            except _Refused as exc:
+                fail(str(exc), code=2)
         self.state.points = [p for _, _, points in plan for p in points]
         self.state.axes = _server_axes(plan)
         self.state.write()
@@ -299,8 +307,8 @@ class Runner:
         if pending:
             self.state.record(pending[0], 130, "interrupted")
 
-    def finish(self) -> None:
-        """Write the files, print one line per point, and exit with the worst point's code."""
+    def finish(self) -> int:
+        """Write the files, print one line per point; the worst point's exit code."""
         paths = self.state.write()
         _html(self.state.root)
         for point in self.state.points:
@@ -315,9 +323,7 @@ class Runner:
         pending = [p for p in self.state.points if p.status == "pending"]
         if self.interrupted:
             err_console.print(f"sweep: interrupted; {len(pending)} points not run; finished points are in {self.state.root}", markup=False)  # fmt: skip
-        code = sw.exit_code([p.exit_code for p in self.state.points])
-        if code:
-            raise typer.Exit(code)
+        return sw.exit_code([p.exit_code for p in self.state.points])
 
 
 def _html(root: Path) -> None:
@@ -531,15 +537,17 @@ def _served(state: sw.Sweep) -> dict[str, Any]:
 def write_curve(
     state: sw.Sweep, engine: sw.Engine, options: bench_cli.BenchOptions, prompts: list[Any],
     output: Path,
-) -> None:  # fmt: skip
+) -> int:  # fmt: skip
     """The sweep's natural AL at each K (and category) as a measured profile set, written by
-    ``measure``'s writer; exit 4 (nothing written) when no K has a verify step."""
+    ``measure``'s writer; its exit code: 4 (nothing written) when no K has a verify step, 2
+    when the profile's method or hardware is not known."""
     from speclens.acceptance import acceptance_length
     from speclens.cli.measure import INCONCLUSIVE, _write
 
     pooled = _curve_counts(state)
     if not pooled:
-        fail(f"sweep: inconclusive: no K has a verify step: no profile set written to {output}", code=INCONCLUSIVE)  # fmt: skip
+        err_console.print(f"sweep: inconclusive: no K has a verify step: no profile set written to {output}", markup=False)  # fmt: skip
+        return INCONCLUSIVE
     served = _served(state)
     acceptance = served.get("acceptance")
     block: dict[str, Any] = acceptance if isinstance(acceptance, dict) else {}
@@ -547,7 +555,8 @@ def write_curve(
     hardware = engine.spec.hardware or served.get("hardware")
     for what, value, key in (("method", method, "method"), ("hardware", hardware, "hardware")):
         if not value:
-            fail(f"{engine.where}: {key}: expected the engine's {what} (its server does not report it): no profile set written to {output}", code=2)  # fmt: skip
+            err_console.print(f"{engine.where}: {key}: expected the engine's {what} (its server does not report it): no profile set written to {output}", markup=False)  # fmt: skip
+            return 2
     sent = prompts[: options.count] if options.count else prompts
     base = _curve_provenance(state, engine, options, served, str(hardware), len(sent))
     profiles = []
@@ -573,6 +582,7 @@ def write_curve(
     }
     _write(document, output)
     out_console.print(f"wrote {output} ({len(profiles)} measured profiles)", markup=False)
+    return 0
 
 
 def _curve_provenance(

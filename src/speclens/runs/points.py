@@ -190,17 +190,22 @@ def _columns(sample: RunSample) -> dict[str, tuple[np.ndarray, Statistic]]:
     }
 
 
-def run_figures(sample: RunSample, seed: int = 0) -> dict[str, Interval]:
-    """One run's figures with a bootstrap over its requests (the realized AL: its own SE)."""
+def run_figures(
+    sample: RunSample, seed: int = 0, names: Sequence[str] = FIGURES
+) -> dict[str, Interval]:
+    """One run's figures (``names`` of them) with a bootstrap over its requests (the realized
+    AL: its own SE)."""
     resamples = max(
         MIN_RESAMPLES, min(BOOTSTRAP_RESAMPLES, BOOTSTRAP_BUDGET // max(len(sample.latency_s), 1))
     )
     out = {
         name: bootstrap_interval(values, statistic, resamples=resamples, seed=seed)
         for name, (values, statistic) in _columns(sample).items()
+        if name in names
     }
-    out["realized_al"] = _al([sample])
-    return {name: _finite_or_none(out[name]) for name in FIGURES}
+    if "realized_al" in names:
+        out["realized_al"] = _al([sample])
+    return {name: _finite_or_none(out[name]) for name in FIGURES if name in names}
 
 
 def run_estimates(sample: RunSample) -> dict[str, float]:

@@ -189,7 +189,7 @@ def load_sweep_file(path: Path) -> list[Engine]:
         raw = data["engines"][i]
         mark = key_mark(raw, "command")
         where = f"engines[{i}].command" + (f" (line {mark.line})" if mark else "")
-        engine = Engine(spec, _merged(parsed.axes, spec.axes), where)
+        engine = Engine(spec, _merged(parsed.axes, spec.axes), f"{path}: {where}")
         problems += [Problem(str(path), where, m) for m in command_problems(engine)]
         if names.count(spec.name) > 1:
             problems.append(Problem(str(path), f"engines[{i}].name", "a name is given twice"))

@@ -77,15 +77,15 @@ def test_an_al_above_k_plus_one(tmp_path: Path) -> None:
         (
             engine(GOOD, "    health: health\n"),
             "engines[0].health: Value error, expected a path such as /health",
-        ),  # fmt: skip
+        ),
         (
             engine(GOOD, "    startup_timeout_s: -1\n"),
             "engines[0].startup_timeout_s: Value error, expected seconds in (0, 3600]",
-        ),  # fmt: skip
+        ),
         (
             engine(GOOD, "    colour: red\n"),
             "engines[0]: the key at line 6, column 5 is not a recognized key",
-        ),  # fmt: skip
+        ),
         ("engines: [\n", "sweep.yaml: line 2, column 1: invalid YAML"),
     ],
 )
@@ -118,18 +118,18 @@ def test_unbalanced_braces(tmp_path: Path) -> None:
         (
             ["--concurrency", "1,x"],
             "command line: --concurrency: expected distinct integers >= 1 separated by commas, got '1,x'",
-        ),  # fmt: skip
+        ),
         (["--concurrency", "2,2"], "command line: --concurrency: expected distinct integers"),
         (["--request-rate", "0,2"], "command line: --request-rate: expected distinct numbers > 0"),
         (["--rounds", "0"], "command line: --rounds: expected an integer in [1, 100], got 0"),
         (
             ["--concurrency", "1", "--request-rate", "2"],
             "give --concurrency or --request-rate, not both",
-        ),  # fmt: skip
+        ),
         (
             ["--write-profile", "p.yaml"],
             "command line: --write-profile: expected --sweep-file with one engine",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_bad_flags_are_one_line(tmp_path: Path, args: list[str], expected: str) -> None:

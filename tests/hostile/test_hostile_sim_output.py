@@ -88,3 +88,23 @@ def test_a_run_too_long_to_keep_per_request_is_refused(run_cli, tmp_path: Path) 
     assert line.startswith(f"command line: --output-dir: {requests:,} requests x up to 16 output")
     assert f"over the {MAX_RECORDED_REQUEST_STEPS:,} a run keeps per request" in line
     assert not out.exists()
+
+
+def test_a_sweep_into_a_file_or_onto_a_planted_link_is_refused(run_cli, tmp_path: Path) -> None:
+    """A sweep checks its directory and every point's run directory before the first point."""
+    target = tmp_path / "taken"
+    target.write_text("keep me")
+    args = ("--sweep", "concurrency=1,2", "--output-dir")
+    line = _refused(run_cli, _scenario(tmp_path), *args, target)
+    assert line.startswith(f"command line: --output-dir: '{target}': is not a directory")
+    out, victim = tmp_path / "sweep", tmp_path / "victim"
+    (out / "points" / "c2-r0").mkdir(parents=True)
+    victim.write_text("keep me")
+    (out / "points" / "c2-r0" / "summary.json").symlink_to(victim)
+    line = _refused(run_cli, _scenario(tmp_path), *args, out)
+    point = out / "points" / "c2-r0"
+    assert (
+        line
+        == f"command line: --output-dir: '{point}': summary.json is a symbolic link (never written through)"
+    )
+    assert victim.read_text() == "keep me" and not (out / "sweep.json").exists()

@@ -168,3 +168,30 @@ def test_the_command_writes_a_run_directory(run_cli, tmp_path: Path) -> None:
     console = Console(record=True, width=200)
     print_summary(console, summary)
     assert "30 completed, 0 failed" in console.export_text()
+
+
+def test_a_sweep_writes_a_sweep_directory(run_cli, tmp_path: Path) -> None:
+    """``--sweep concurrency=...`` with ``--output-dir``: sweep.json in the sweep format, one
+    ordinary run directory per point, each with the figures the command printed for it."""
+    out = tmp_path / "sweep"
+    code, stdout, stderr = run_cli(
+        "sim", _scenario(tmp_path), "--json", "--sweep", "concurrency=1,3", "--jobs", "1",
+        "--output-dir", out,
+    )  # fmt: skip
+    assert code == 0, stderr
+    printed = json.loads(stdout)
+    doc = json.loads((out / "sweep.json").read_text())
+    assert (doc["schema"], doc["kind"], doc["rounds"], doc["axes"]) == (
+        "speclens.sweep/1", "load", 1, {"concurrency": [1, 3]},
+    )  # fmt: skip
+    assert [(p["id"], p["dir"], p["status"]) for p in doc["points"]] == [
+        ("c1-r0", "points/c1-r0", "ok"), ("c3-r0", "points/c3-r0", "ok"),
+    ]  # fmt: skip
+    assert [s["settings"]["concurrency"] for s in doc["stats"]] == [1, 3]
+    for point, row, stats in zip(doc["points"], printed, doc["stats"], strict=True):
+        summary = json.loads((out / point["dir"] / "summary.json").read_text())
+        assert summary["settings"]["concurrency"] == point["settings"]["concurrency"]
+        _assert_same_figures(row, summary["figures"])
+        al = stats["figures"]["realized_al"]["mean"]
+        assert al == pytest.approx(row["realized_acceptance_length"], abs=1e-12)
+    assert (out / "sweep.csv").read_text().startswith("id,engine,concurrency")

@@ -145,7 +145,7 @@ def sim(
         budget = max_request_steps or (MAX_FAST_REQUEST_STEPS if fast else MAX_REQUEST_STEPS)
         check(scenario, str(scenario_path), ks, budget, runs=len(points), base=scenario_path.parent)
         reg = load_registry(registry)
-    stream = _open_output(output_dir, scenario, len(points)) if output_dir else None
+    out = _open_output(output_dir, scenario, name, points, seed) if output_dir else None
 
     pools = scenario.speculating
     spec = pools[0].engine.speculative if pools else None
@@ -173,7 +173,7 @@ def sim(
             num_spec_tokens=k if name == "num_spec_tokens" else None,
             max_request_steps=budget, source=str(scenario_path),
             draft_coverage=resolution.draft_coverage if resolution else 1.0, fast=not exact,
-            keep_records=stream is not None,
+            keep_records=out is not None,
         ))  # fmt: skip
     with reported():
         rows = _run(calls, jobs or _cores(), torch=not fast)
@@ -189,35 +189,67 @@ def sim(
     if plot is not None:
         _plot(rows, name, plot)
         (err_console if as_json else out_console).print(f"wrote {plot}")
-    if stream is not None:
-        k = calls[0]["num_spec_tokens"] or (spec.num_spec_tokens if spec else None)
-        paths = _write_run(
-            stream, scenario, str(scenario_path), seed, calls[0], rows[0], kept[0], k
-        )
-        for path in paths:
-            (err_console if as_json else out_console).print(f"wrote {path}")
+    if out is not None:
+        state, streams = out
+        console = err_console if as_json else out_console
+        own_k = spec.num_spec_tokens if spec else None
+        for i, (stream, call, row, records) in enumerate(
+            zip(streams, calls, rows, kept, strict=True)
+        ):
+            k = call["num_spec_tokens"] or own_k
+            paths = _write_run(stream, scenario, str(scenario_path), seed, call, row, records, k)
+            if state is None:
+                for path in paths:
+                    console.print(f"wrote {path}", markup=False)
+            else:
+                state.record(state.points[i], 0)
+        if state is not None:
+            _write_sweep(state, console)
 
 
-def _open_output(output_dir: Path, scenario: Any, points: int) -> Any:
-    """The run's records stream, opened before any simulation: a directory that cannot take the
-    run's files, or a run too long to keep per request, is one line and exit 2."""
+def _open_output(
+    output_dir: Path, scenario: Any, name: str, points: list[int], seed: int
+) -> tuple[Any, list[Any]]:
+    """The sweep's state (None for one run) and each run's records stream, opened before any
+    simulation: a directory that cannot take the files, or a run too long to keep per request,
+    is one line and exit 2."""
     from speclens.runs.report import RecordStream
     from speclens.sim import run_output
     from speclens.sim.limits import longest
 
     workload = scenario.workload
-    problem = run_output.output_problem(output_dir) or run_output.recorded_steps_problem(
-        workload.requests, longest(workload.output_tokens), points
+    state = run_output.sweep_state(output_dir, name, points, seed) if name else None
+    problem = (
+        run_output.sweep_problem(state) if state else run_output.output_problem(output_dir)
+    ) or run_output.recorded_steps_problem(
+        workload.requests, longest(workload.output_tokens), len(points)
     )
     if problem:
         fail(problem, code=2)
+    dirs = [output_dir / p.dir for p in state.points] if state else [output_dir]
     try:
-        return RecordStream(output_dir)
+        return state, [RecordStream(d) for d in dirs]
     except OSError as exc:
         where = exc.filename or output_dir
         fail(
             f"command line: --output-dir: cannot write to {str(where)!r}: {exc.strerror or exc}", 2
         )
+
+
+def _write_sweep(state: Any, console: Any) -> None:
+    """sweep.json and sweep.csv (each point's figures from its run directory, as ``speclens
+    sweep`` computes them), then the sweep's report.html."""
+    from speclens.runs.html import write_sweep_report
+
+    try:
+        paths = [*state.write(), write_sweep_report(state.root)]
+    except OSError as exc:
+        fail(f"{exc.filename or state.root}: cannot write: {exc.strerror or exc}")
+    console.print(
+        f"wrote {len(state.points)} run directories under {state.root / 'points'}", markup=False
+    )
+    for path in paths:
+        console.print(f"wrote {path}", markup=False)
 
 
 def _write_run(

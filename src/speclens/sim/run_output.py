@@ -24,6 +24,7 @@ from speclens.runs.report import RecordStream, write_files
 from speclens.runs.request import RequestRecord, RunResult
 
 if TYPE_CHECKING:
+    from speclens.runs.sweep import Sweep
     from speclens.sim.fast import Trace
     from speclens.sim.scenario import Lengths, Scenario
     from speclens.sim.simulate import SimRequest
@@ -252,3 +253,50 @@ def server_info(
         "version": __version__, "engine": "speclens", "model": scenario.model,
         "executor": "sim", "hardware": scenario.hardware, "acceptance": acceptance,
     }  # fmt: skip
+
+
+# --------------------------------------------------------------------- a sweep over the simulator
+#: ``speclens sim --sweep`` axis -> the sweep format's kind and axis (``speclens.runs.sweep``):
+#: concurrency is a load axis, K a server axis (each K is another engine configuration).
+SWEEP_AXES = {
+    "concurrency": ("load", "concurrency"),
+    "num_spec_tokens": ("server", "num_speculative_tokens"),
+}
+
+
+def sweep_state(out_dir: Path, axis: str, values: Sequence[int], seed: int) -> Sweep:
+    """The sweep directory's state, one point per value and one round (a simulation is a pure
+    function of its seed), named and laid out as ``speclens sweep`` does (points/<id>/)."""
+    from speclens.runs.sweep import ServerSetting, Sweep, points_for
+
+    kind, name = SWEEP_AXES[axis]
+    points = [
+        point
+        for value in values
+        for point in (
+            points_for(ServerSetting(None, k=value), [("concurrency", None)], 1)
+            if axis == "num_spec_tokens"
+            else points_for(ServerSetting(None), [("concurrency", value)], 1)
+        )
+    ]
+    return Sweep(
+        out_dir, "load" if kind == "load" else "server", 1, {name: list(values)}, points, seed
+    )
+
+
+def sweep_problem(state: Sweep) -> str | None:
+    """``output_problem`` for the sweep directory and each point's run directory."""
+    root = state.root
+    if root.exists() and not root.is_dir():
+        return (
+            f"command line: --output-dir: {str(root)!r}: is not a directory, expected a "
+            "directory to write the sweep into"
+        )
+    for name in ("sweep.json", "sweep.csv"):
+        if (root / name).exists() and not (root / name).is_file():
+            return f"command line: --output-dir: {str(root)!r}: {name} is not a regular file"
+    for point in state.points:
+        problem = output_problem(root / point.dir)
+        if problem:
+            return problem
+    return None

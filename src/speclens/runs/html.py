@@ -266,7 +266,9 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def _expect(data: Mapping[str, Any], path: Path, key: str, kind: type) -> None:
     if not isinstance(data.get(key), kind):
-        raise ReportError(f"{path}: field {key}: expected {kind.__name__}")
+        what = "an object" if kind is dict else "a list" if kind is list else kind.__name__
+        got = "nothing" if key not in data else type(data[key]).__name__
+        raise ReportError(f"{path}: field {key}: expected {what}, got {got}")
 
 
 def _schema(data: Mapping[str, Any], path: Path, schema: str) -> None:
@@ -285,42 +287,62 @@ def write_page(directory: Path, page: Page) -> Path:
 
 # ------------------------------------------------------------------------------ run samples
 
+_EXACT = 2.0**53  # counts above this are not exact as floats (and no engine sends them)
+
+
+def _floats(values: Iterable[Any], scale: float = 1.0) -> np.ndarray:
+    """Finite numbers as floats, anything else (None, a string, a bool, inf) as NaN."""
+    out = np.fromiter(
+        (v if type(v) is float or type(v) is int else math.nan for v in values), dtype=float
+    )
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = out * scale
+    out[~np.isfinite(out)] = math.nan
+    return out
+
 
 @dataclass
 class Samples:
-    """What the run plots need per measured request, and how many requests it covers."""
+    """Per measured request (NaN where unknown): what the run plots need; ``note`` says when
+    they cover fewer requests than the run had."""
 
-    ttft: list[float] = field(default_factory=list)
-    tpot: list[float] = field(default_factory=list)
-    e2e: list[float] = field(default_factory=list)
-    al_tpot: list[tuple[float, float]] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)
-    steps: list[int] = field(default_factory=list)
+    ttft: np.ndarray
+    tpot: np.ndarray
+    e2e: np.ndarray
+    al: np.ndarray
+    steps: np.ndarray
+    accepted: np.ndarray
     note: str | None = None
 
-    def add(self, ttft: Any, tpot: Any, e2e: Any, spec: Any) -> None:
-        for values, value in ((self.ttft, ttft), (self.tpot, tpot), (self.e2e, e2e)):
-            if _number(value):
-                values.append(value * 1000.0)
-        if not isinstance(spec, dict):
-            return
-        al, steps, accepted = (
-            spec.get("mean_acceptance_length"), spec.get("num_spec_steps"),
-            spec.get("num_accepted_draft_tokens"),
+    @classmethod
+    def of(cls, rows: Sequence[tuple[Any, Any, Any, Any]], note: str | None = None) -> Samples:
+        """From (ttft_s, tpot_s, latency_s, spec) per request."""
+        specs = [spec if isinstance(spec, dict) else {} for *_, spec in rows]
+        return cls(
+            ttft=_floats((r[0] for r in rows), 1000.0), tpot=_floats((r[1] for r in rows), 1000.0),
+            e2e=_floats((r[2] for r in rows), 1000.0),
+            al=_floats(s.get("mean_acceptance_length") for s in specs),
+            steps=_floats(s.get("num_spec_steps") for s in specs),
+            accepted=_floats(s.get("num_accepted_draft_tokens") for s in specs), note=note,
         )  # fmt: skip
-        if _number(al) and _number(tpot) and tpot > 0:
-            self.al_tpot.append((tpot * 1000.0, float(al)))
-        if isinstance(steps, int) and isinstance(accepted, int) and steps > 0:
-            self.steps.append(steps)
-            self.accepted.append(accepted)
+
+    def al_tpot(self) -> np.ndarray:
+        """(tpot_ms, AL) rows of the requests that have both."""
+        keep = np.isfinite(self.al) & np.isfinite(self.tpot) & (self.tpot > 0)
+        return np.column_stack([self.tpot[keep], self.al[keep]])
+
+    def counts(self) -> tuple[list[int], list[int]]:
+        """(accepted, steps) of the requests with verify steps, for ``stats.realized_al``."""
+        keep = (self.steps > 0) & (self.steps < _EXACT) & (self.accepted >= 0)
+        keep &= self.accepted < _EXACT
+        return (self.accepted[keep].astype(np.int64).tolist(),
+                self.steps[keep].astype(np.int64).tolist())  # fmt: skip
 
 
 def samples_from_records(records: Iterable[RequestRecord]) -> Samples:
-    out = Samples()
-    for r in records:
-        if r.success and not r.warmup:
-            out.add(r.ttft, r.tpot, r.latency, r.spec)
-    return out
+    return Samples.of(
+        [(r.ttft, r.tpot, r.latency, r.spec) for r in records if r.success and not r.warmup]
+    )
 
 
 def _row(line: bytes) -> Any:
@@ -338,31 +360,32 @@ def _row(line: bytes) -> Any:
 def samples_from_file(path: Path) -> Samples:
     """``records.jsonl`` read up to MAX_RECORD_LINES lines or MAX_RECORD_BYTES bytes;
     unreadable lines are counted and skipped (the records' own reader judges them)."""
-    out = Samples()
+    rows: list[tuple[Any, Any, Any, Any]] = []
     lines = read = bad = 0
+    note = None
     try:
         with path.open("rb") as fh:
             for line in fh:
                 lines += 1
                 read += len(line)
                 if lines > MAX_RECORD_LINES or read > MAX_RECORD_BYTES:
-                    out.note = f"plots drawn from the first {lines - 1} lines of {path.name}"
+                    note = f"plots drawn from the first {lines - 1} lines of {path.name}"
                     break
                 try:
                     row = _row(line)
                 except orjson.JSONDecodeError:
                     bad += 1
                     continue
-                if isinstance(row, dict) and row.get("success") and not row.get("warmup"):
-                    out.add(row.get("ttft_s"), row.get("tpot_s"), row.get("latency_s"),
-                            row.get("spec_decode_acceptance"))  # fmt: skip
+                if isinstance(row, dict) and row.get("success") is True and not row.get("warmup"):
+                    rows.append((row.get("ttft_s"), row.get("tpot_s"), row.get("latency_s"),
+                                 row.get("spec_decode_acceptance")))  # fmt: skip
     except FileNotFoundError:
-        out.note = f"no {path.name}: the per-request plots are not drawn"
+        note = f"no {path.name}: the per-request plots are not drawn"
     except OSError as exc:
-        out.note = f"{path.name}: cannot read ({exc.strerror or exc}): per-request plots skipped"
+        note = f"{path.name}: cannot read ({exc.strerror or exc}): per-request plots skipped"
     if bad:
-        out.note = (out.note + "; " if out.note else "") + f"{bad} unreadable lines skipped"
-    return out
+        note = (note + "; " if note else "") + f"{bad} unreadable lines skipped"
+    return Samples.of(rows, note)
 
 
 # ------------------------------------------------------------------------------ run report
@@ -547,9 +570,10 @@ def _acceptance_table(page: Page, f: Fields, samples: Samples) -> None:
 
 def _al_interval(samples: Samples) -> str:
     """The realized AL's 95% interval from the requests (ratio-estimator SE), when known."""
-    if len(samples.steps) < 2:
+    accepted, steps = samples.counts()
+    if len(steps) < 2:
         return ""
-    interval = realized_al(samples.accepted, samples.steps).interval()
+    interval = realized_al(accepted, steps).interval()
     if not (math.isfinite(interval.low) and math.isfinite(interval.high)):
         return ""
     return (
@@ -684,14 +708,14 @@ def _run_plots(page: Page, f: Fields, samples: Samples) -> None:
             if expected else None
         )  # fmt: skip
         svgs.append(plot("per-position rates", hp.position_plot, rates[:64], forced_rates))
-    if samples.al_tpot:
-        pairs = hp.thin(np.asarray(samples.al_tpot, dtype=float))
-        svgs.append(plot("AL against TPOT", hp.scatter_plot, pairs, len(samples.al_tpot),
+    al_tpot = samples.al_tpot()
+    if len(al_tpot):
+        svgs.append(plot("AL against TPOT", hp.scatter_plot, hp.thin(al_tpot), len(al_tpot),
                          forced_al(f)))  # fmt: skip
     curves = {
-        name: hp.downsample_sorted(np.asarray(values, dtype=float))
+        name: hp.downsample_sorted(values)
         for name, values in (("TTFT", samples.ttft), ("TPOT", samples.tpot), ("E2E", samples.e2e))
-        if values
+        if np.isfinite(values).any()
     }
     if curves:
         svgs.append(plot("latency CDFs", hp.cdf_plot, curves))

@@ -19,6 +19,7 @@ import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
 from matplotlib.typing import RcKeyType
 
 #: Points per latency CDF and per scatter: what a reader can see, whatever the run's size.
@@ -117,7 +118,7 @@ def histogram_plot(
     ax.set_xlabel("accepted drafts per verify step")
     ax.set_ylabel("fraction of verify steps")
     ax.set_title(f"Pooled acceptance histogram ({steps} steps)")
-    ax.legend()
+    ax.legend(loc="upper left")
     return to_svg(fig, "histogram")
 
 
@@ -133,7 +134,7 @@ def position_plot(observed: Sequence[float], expected: Sequence[float] | None) -
     ax.set_xlabel("draft position")
     ax.set_ylabel("share of steps accepting it")
     ax.set_title("Per-position acceptance")
-    ax.legend()
+    ax.legend(loc="upper right")
     return to_svg(fig, "positions")
 
 
@@ -147,7 +148,7 @@ def category_plot(rows: Sequence[tuple[str, float, int]], forced: float | None) 
     ax.invert_yaxis()
     if forced is not None:
         ax.axvline(forced, color="#d62728", linestyle="--", label=f"forced AL {forced:g}")
-        ax.legend()
+        ax.legend(loc="lower right")
     more = f" (the {len(shown)} busiest of {len(rows)})" if len(rows) > len(shown) else ""
     ax.set_xlabel("acceptance length")
     ax.set_title("AL per category" + more)
@@ -161,10 +162,11 @@ def cdf_plot(curves: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> str:
         ax.plot(x, y, label=name, drawstyle="steps-post")
     if all(np.all(x > 0) for x, _ in curves.values()):
         ax.set_xscale("log")
+        ax.xaxis.set_minor_locator(NullLocator())  # minor log ticks cost more than the plot
     ax.set_xlabel("ms")
     ax.set_ylabel("fraction of requests")
     ax.set_title("Latency CDFs")
-    ax.legend()
+    ax.legend(loc="lower right")
     return to_svg(fig, "cdf")
 
 
@@ -174,7 +176,7 @@ def scatter_plot(pairs: np.ndarray, total: int, forced: float | None) -> str:
     ax.scatter(pairs[:, 0], pairs[:, 1], s=8, alpha=0.6, color="#9467bd")
     if forced is not None:
         ax.axhline(forced, color="#d62728", linestyle="--", label=f"forced AL {forced:g}")
-        ax.legend()
+        ax.legend(loc="upper right")
     shown = f" ({len(pairs)} of {total} requests)" if total > len(pairs) else ""
     ax.set_xlabel("TPOT (ms)")
     ax.set_ylabel("request AL")
@@ -212,7 +214,7 @@ def curve_plot(series: Sequence[Series], xlabel: str, ylabel: str, title: str, n
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if series:
-        ax.legend()
+        ax.legend(loc="upper right")
     return to_svg(fig, name)
 
 

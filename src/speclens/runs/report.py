@@ -357,7 +357,8 @@ def open_new(path: Path, buffering: int = -1) -> BinaryIO:
 
 
 def write_files(out_dir: Path, summary: dict[str, Any], records: list[RequestRecord]) -> list[Path]:
-    """summary.json, summary.csv and the plots (records.jsonl is a ``RecordStream``)."""
+    """summary.json, summary.csv, the plots and report.html (records.jsonl is a
+    ``RecordStream``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     path = out_dir / "summary.json"
@@ -379,6 +380,9 @@ def write_files(out_dir: Path, summary: dict[str, Any], records: list[RequestRec
             )
     written.append(path)
     written += plots(out_dir, summary, records)
+    from speclens.runs.html import write_run_report
+
+    written.append(write_run_report(out_dir, records))
     return written
 
 

@@ -6,7 +6,7 @@ EXTRAS ?= dev,engine
 # The CPU build of PyTorch; override (e.g. TORCH=torch) to let pip choose.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-models test-peers lint format clean
+.PHONY: demo test test-models test-peers test-browser lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,14 @@ test-peers: $(VENV)/.installed
 	$(BIN)/python tests/peers/vllm_env.py
 	$(BIN)/python tests/peers/llamacpp_env.py
 	$(BIN)/python -m pytest tests/peers --timeout 900 -rfEP --durations 0
+
+# The browser tier: every report.html (run, sweep, compare, from real sim runs) in headless Chromium
+# over the DevTools protocol: no console error, no network request, the DOM's numbers equal the
+# JSON, a screenshot that is not blank. Installs Debian's chromium with apt-get when missing
+# (needs root); without it the tier fails, loudly.
+test-browser: $(VENV)/.installed
+	$(BIN)/python tests/browser/chromium_env.py
+	$(BIN)/python -m pytest tests/browser -rfEP
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests benchmarks

@@ -13,6 +13,7 @@ failed point does not stop the sweep; an interrupted one does.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import shutil
@@ -327,10 +328,8 @@ class Runner:
 
 
 def _html(root: Path) -> None:
-    try:
-        from speclens.runs.html import write_sweep_report  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:  # the report writer is not in this build
-        return
+    from speclens.runs.html import write_sweep_report
+
     try:
         out_console.print(f"wrote {write_sweep_report(root)}", markup=False)
     except OSError as exc:
@@ -566,7 +565,8 @@ def write_curve(
             "thinking": options.thinking or "off", "category": category,
             "acceptance_length": round(acceptance_length(accepted, steps), 4),
             "method": "measured",
-            "provenance": {**base, "prompts": sum(1 for p in sent if p.category == category)},
+            "provenance": {**copy.deepcopy(base),
+                           "prompts": sum(1 for p in sent if p.category == category)},
         })  # fmt: skip
     document = {
         "kind": "AcceptanceProfileSet",

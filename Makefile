@@ -43,10 +43,11 @@ test-peers: $(VENV)/.installed
 # The browser tier: every report.html (run, sweep, compare, from real sim runs) in headless Chromium
 # over the DevTools protocol: no console error, no network request, the DOM's numbers equal the
 # JSON, a screenshot that is not blank. Installs Debian's chromium with apt-get when missing
-# (needs root); without it the tier fails, loudly.
+# (needs root); without it the tier fails, loudly. It also holds the end-to-end decisions that
+# start several servers each (the sweep over K with server axes, the issue-level compare check).
 test-browser: $(VENV)/.installed
 	$(BIN)/python tests/browser/chromium_env.py
-	$(BIN)/python -m pytest tests/browser -rfEP
+	$(BIN)/python -m pytest -n 2 --dist loadfile tests/browser -rfEP --durations 0
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests benchmarks

@@ -99,4 +99,7 @@ def test_ctrl_c_keeps_every_finished_point_and_exits_130(
     assert statuses[-1] == "interrupted" and set(statuses[:-1]) == {"ok"}, statuses
     assert len(statuses) < 4
     for point in document(out)["points"]:
-        assert (out / point["dir"] / "summary.json").is_file()
+        # the cut point has its report when its run had begun (a Ctrl-C can land in its probe)
+        begun = (out / point["dir"] / "records.jsonl").exists()
+        if point["status"] == "ok" or begun:
+            assert (out / point["dir"] / "summary.json").is_file(), point

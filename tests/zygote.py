@@ -38,8 +38,6 @@ import speclens.engine
 import speclens.engine.weights
 import speclens.server.app  # noqa: F401
 
-PRELOADED = [name for name in sys.modules if name.startswith(("speclens", "torch"))]
-
 
 def _reseed() -> None:
     """A fresh interpreter seeds numpy's global generator from the OS; a fork would share ours."""

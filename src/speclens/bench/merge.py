@@ -29,7 +29,7 @@ from speclens.acceptance.errors import Problem
 from speclens.bench.client import RequestRecord, RunResult
 from speclens.bench.run import BenchOutcome, _summarize, failures
 from speclens.bench.workers import run_duration
-from speclens.runs.record import MAX_COUNT, MAX_SECONDS, from_json, row_problems
+from speclens.runs.record import MAX_COUNT, MAX_LINE_BYTES, MAX_SECONDS, parse_row
 from speclens.runs.report import record_from_row
 
 #: Settings that may differ between the shards of one run.
@@ -37,7 +37,6 @@ SHARD_KEYS = frozenset({"shard", "part"})
 
 #: The most of a summary.json read, and of one records.jsonl line.
 MAX_SUMMARY_BYTES = 64 * 2**20
-MAX_LINE_BYTES = 64 * 2**20
 
 #: The most shards of one run, and records read from a shard whose request count is not fixed
 #: (a ``--duration`` run).
@@ -156,17 +155,9 @@ def _lines(fh: BinaryIO, most: int) -> Iterator[tuple[int, bytes | None]]:
 
 def _row(line: bytes | None) -> tuple[RequestRecord | None, list[tuple[str, str]]]:
     """One line's record, or what is wrong with it."""
-    if line is None:
-        return None, [("", f"longer than {MAX_LINE_BYTES} bytes")]
-    try:
-        row = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        return None, [("", f"not JSON ({exc})"[:200])]
-    problems = row_problems(row)
-    if problems:
+    row, problems = parse_row(line)
+    if row is None:
         return None, problems
-    if row.get("spec_decode_acceptance") is not None:  # the validated form, as bench holds it
-        row["spec_decode_acceptance"] = from_json(row["spec_decode_acceptance"]).model_dump()
     try:
         return record_from_row(row), []
     except (KeyError, TypeError, ValueError) as exc:

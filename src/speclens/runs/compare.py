@@ -33,7 +33,7 @@ from scipy import stats as _stats
 from speclens.acceptance import ValidationError
 from speclens.acceptance.errors import Problem
 from speclens.runs.points import PointError, point_figures
-from speclens.runs.record import MAX_COUNT, from_json, row_problems
+from speclens.runs.record import MAX_COUNT, MAX_LINE_BYTES, parse_row
 from speclens.runs.stats import CONFIDENCE, Interval, RealizedAL, realized_al
 
 SCHEMA = "speclens.compare/1"
@@ -53,7 +53,6 @@ DELTA_FIGURES = ("output_tokens_per_s", "tokens_per_s_per_user", "ttft_ms")
 
 #: Bounds on what is read: one file, one records.jsonl line, rows per run, points per sweep, inputs.
 MAX_FILE_BYTES = 64 * 2**20
-MAX_LINE_BYTES = 64 * 2**20
 MAX_ROWS = 2**20
 MAX_POINTS = 4096
 MAX_INPUTS = 26
@@ -213,7 +212,7 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
                     break
                 if not line.strip():
                     continue
-                row, wrong = _row(line)
+                row, wrong = parse_row(line)
                 problems += [f"{path}: line {number}{': ' + f if f else ''}: {w}" for f, w in wrong]
                 if len(problems) >= 10:
                     break
@@ -224,21 +223,6 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     if problems:
         raise InputError(problems[:10], 1)
     return rows
-
-
-def _row(line: bytes) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
-    if len(line) > MAX_LINE_BYTES:
-        return None, [("", f"longer than {MAX_LINE_BYTES} bytes")]
-    try:
-        row = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        return None, [("", f"not JSON ({exc})"[:200])]
-    problems = row_problems(row)
-    if problems:
-        return None, problems
-    if row.get("spec_decode_acceptance") is not None:  # validated, histogram keys as ints
-        row["spec_decode_acceptance"] = from_json(row["spec_decode_acceptance"]).model_dump()
-    return row, []
 
 
 def read_run(path: Path) -> Run:

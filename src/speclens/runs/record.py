@@ -443,3 +443,25 @@ def _spec_problems(spec: object, per_choice: object) -> list[tuple[str, str]]:
         except ValueError as exc:
             out.append((where, f"not a valid acceptance record: {exc}"))
     return out
+
+
+#: The longest records.jsonl line a reader takes (merge, compare): a line is one request.
+MAX_LINE_BYTES = 64 * 2**20
+
+
+def parse_row(line: bytes | None) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
+    """One records.jsonl line as a validated row (``row_problems``, the acceptance record in its
+    validated form, histogram keys as ints), or what is wrong with it. ``None``: a line longer
+    than ``MAX_LINE_BYTES``, cut by the reader."""
+    if line is None or len(line) > MAX_LINE_BYTES:
+        return None, [("", f"longer than {MAX_LINE_BYTES} bytes")]
+    try:
+        row = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        return None, [("", f"not JSON ({exc})"[:200])]
+    problems = row_problems(row)
+    if problems:
+        return None, problems
+    if row.get("spec_decode_acceptance") is not None:
+        row["spec_decode_acceptance"] = from_json(row["spec_decode_acceptance"]).model_dump()
+    return row, []

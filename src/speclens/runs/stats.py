@@ -96,14 +96,6 @@ def bootstrap_interval(
     return Interval(point, float(low), float(high), n, "bootstrap", confidence)
 
 
-def mean_interval(
-    values: Sequence[float], confidence: float = CONFIDENCE, seed: int = 0
-) -> Interval:
-    """A per-request mean's bootstrap interval (one round: the requests are the sample)."""
-    finite = np.asarray([float(v) for v in values if v is not None and math.isfinite(v)])
-    return bootstrap_interval(finite, lambda m: m.mean(axis=-1), confidence, seed=seed)
-
-
 @dataclass(frozen=True)
 class RealizedAL:
     """AL = 1 + sum(accepted) / sum(steps) over requests, with the ratio estimator's SE."""

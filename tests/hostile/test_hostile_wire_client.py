@@ -155,16 +155,16 @@ def test_url_credentials_are_basic_auth_and_never_written(run_cli: Any, tmp_path
 # ---------------------------------------------------------------------------- 11: gzip bombs
 
 
-def gzip_bomb(decoded_mib: int) -> list[bytes]:
+def gzip_bomb(decoded_mib: int, line: bytes = b":\n", chunk: int = 2**16) -> list[bytes]:
     """A gzip SSE stream of comment lines that inflates to ``decoded_mib`` MiB, cheap to make:
     after a full flush, deflate encodes each identical block the same way (the trailer is left
     off; the bounds act long before it would be checked)."""
-    block = b":\n" * 2**19  # 1 MiB
+    block = line * (2**20 // len(line))  # 1 MiB of ``line`` (an SSE or a metrics comment)
     deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
     first = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
     again = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
     body = first + again * (decoded_mib - 1)
-    return [body[i : i + 2**16] for i in range(0, len(body), 2**16)]
+    return [body[i : i + chunk] for i in range(0, len(body), chunk)]
 
 
 GZIP = {"Content-Encoding": "gzip"}
@@ -267,16 +267,6 @@ def test_only_a_request_the_server_never_received_is_sent_again() -> None:
 # ---------------------------------------------------------------------------- scrapes
 
 
-def metrics_bomb(decoded_mib: int) -> list[bytes]:
-    """A gzip /metrics body of comment lines (``#``) inflating to ``decoded_mib`` MiB."""
-    block = b"#\n" * 2**19
-    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
-    first = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
-    again = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
-    body = first + again * (decoded_mib - 1)
-    return [body[i : i + 2**18] for i in range(0, len(body), 2**18)]
-
-
 def test_a_gzip_bomb_on_metrics_and_version_is_bounded_in_memory() -> None:
     """The scrapes decode as the client does (bounded slices), not through aiohttp's decoder:
     one 256 KiB network chunk of this body inflates to about 256 MiB at once there."""
@@ -284,7 +274,7 @@ def test_a_gzip_bomb_on_metrics_and_version_is_bounded_in_memory() -> None:
 
     from speclens.bench.server import MAX_BODY, read_counters, server_info
 
-    bomb = Reply(headers=GZIP, chunks=metrics_bomb(1024))
+    bomb = Reply(headers=GZIP, chunks=gzip_bomb(1024, line=b"#\n", chunk=2**18))
     with GarbageServer(Reply(), get={"/metrics": bomb, "/version": bomb}) as server:
         tracemalloc.start()
         try:

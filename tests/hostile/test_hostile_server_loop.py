@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -146,12 +147,22 @@ async def test_health_answers_while_prompts_are_tokenized(path: str) -> None:
             assert r.status_code == 200, r.text
 
 
+def _text_that_takes(tokenizer: Any, seconds: float) -> str:
+    """A text this machine's tokenizer needs about ``seconds`` to encode: a fixed size is too
+    short to tell on a fast machine and needlessly long on a slow one."""
+    unit = "hello world, " * 2_000
+    started = time.monotonic()
+    tokenizer.encode(unit)
+    took = max(time.monotonic() - started, 1e-4)
+    return unit * max(1, min(200, math.ceil(seconds / took)))
+
+
 @pytest.mark.timeout(60)
 def test_hf_tokenizer_encodes_without_holding_the_gil() -> None:
     """A thread encoding a long text must leave the other threads (the event loop, the engine)
     running. ``tokenizers``' single ``encode`` holds the GIL; its batch form releases it."""
     tokenizer = ByteTokenizer().to_hf()
-    text = "hello world, " * 12_000  # about 0.5 s through this merge-less BPE
+    text = _text_that_takes(tokenizer, seconds=0.4)
     ticks = 0
     done = threading.Event()
 

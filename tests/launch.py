@@ -93,20 +93,27 @@ class _Zygote:
             return self.codes[pid]
 
 
-_zygote: _Zygote | None = None
+#: One start-up server per import-time environment (servers run with ``OMP_NUM_THREADS=1``,
+#: most other commands without it), started when first needed.
+_zygotes: dict[frozenset[tuple[str, str]], _Zygote] = {}
 _zygote_lock = threading.Lock()
+#: Each server costs one import of torch and speclens; past this many environments, commands
+#: go fresh.
+MAX_ZYGOTES = 3
 
 
 def _warm(env: Mapping[str, str]) -> _Zygote | None:
     """The start-up server for commands run with ``env``, or None when they need a fresh one."""
-    global _zygote
     if env.get("SPECLENS_TEST_FRESH") == "1" or sys.platform != "linux":
         return None
+    key = frozenset(_import_env(env).items())
     with _zygote_lock:
-        if _zygote is None or not _zygote.alive:
-            _zygote = _Zygote(env)
-        zygote = _zygote
-    return zygote if _import_env(env) == zygote.env else None
+        zygote = _zygotes.get(key)
+        if zygote is None or not zygote.alive:
+            if zygote is None and len(_zygotes) >= MAX_ZYGOTES:
+                return None
+            zygote = _zygotes[key] = _Zygote(env)
+    return zygote
 
 
 class Child:

@@ -27,7 +27,12 @@ import threading
 import traceback
 from typing import Any
 
-# What every command needs; imported before any fork so children start warm.
+# What every command needs; imported before any fork so children start warm. pyplot and the
+# report's plots: about 0.8 s of import for every bench run that writes its files.
+import matplotlib
+
+matplotlib.use("Agg")  # the backend every command that plots selects
+import matplotlib.pyplot
 import numpy as np
 import torch  # noqa: F401
 
@@ -36,6 +41,7 @@ import speclens.bench.run
 import speclens.cli
 import speclens.engine
 import speclens.engine.weights
+import speclens.runs.html_plots
 import speclens.server.app  # noqa: F401
 
 

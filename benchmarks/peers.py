@@ -32,9 +32,8 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "peers"))
-import vllm_env  # noqa: E402  (the peer tier's pinned vLLM environment)
-
 import peerlaunch as launch  # noqa: E402  (the peer tier's server launcher)
+import vllm_env  # noqa: E402  (the peer tier's pinned vLLM environment)
 
 SPEC_BENCH = REPO_ROOT / ".." / "shared" / "data" / "spec-bench" / "question.jsonl"
 STARTUP_TIMEOUT_S = 480.0

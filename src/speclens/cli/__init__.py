@@ -15,7 +15,7 @@ try:
     import typer
 
     from speclens import __version__
-    from speclens.cli import bench, demo, export, lossless, measure, profiles, serve, sim
+    from speclens.cli import bench, calibrate, demo, export, lossless, measure, profiles, serve, sim
     from speclens.cli import compare as compare_cli
     from speclens.cli import sweep as sweep_cli
 except KeyboardInterrupt:  # the console script imports this module before main() runs
@@ -38,6 +38,7 @@ app.command("export")(export.export)
 app.command("lossless")(lossless.lossless)
 app.command("sweep")(sweep_cli.sweep)
 app.command("compare")(compare_cli.compare)
+app.command("calibrate")(calibrate.calibrate)
 
 
 def _version(value: bool) -> None:

@@ -84,8 +84,8 @@ def _check_plot(plot: Path, sweep: str | None) -> None:
 
 
 def sim(
-    scenario_path: Path = typer.Argument(
-        ..., exists=True, dir_okay=False, help="The scenario YAML."
+    scenario_path: Path | None = typer.Argument(
+        None, exists=True, dir_okay=False, help="The scenario YAML (optional with --trace)."
     ),
     acceptance_length: float | None = ACCEPTANCE_LENGTH_OPTION,
     acceptance_rate: float | None = ACCEPTANCE_RATE_OPTION,
@@ -120,11 +120,30 @@ def sim(
         "--output-dir",
         help="Write the run as bench does (records.jsonl, summary.json, summary.csv, plots).",
     ),
+    trace: Path | None = typer.Option(
+        None,
+        "--trace",
+        help="Replay these requests: a run directory (bench or sim) or a Mooncake-style JSONL "
+        "trace (timestamp ms, input_length, output_length).",
+    ),
+    step_cost: Path | None = typer.Option(
+        None, "--step-cost", help="With --trace: the step cost YAML (speclens calibrate's output)."
+    ),
 ) -> None:
-    """Simulate a scenario with the resolved acceptance."""
+    """Simulate a scenario with the resolved acceptance, or replay a trace (--trace)."""
     from speclens.acceptance import WorkloadAcceptance, resolve
     from speclens.sim.scenario import load_scenario
     from speclens.sim.simulate import fast_fallback
+
+    if trace is not None:
+        from speclens.cli.sim_trace import replay_command
+
+        replay_command(trace, step_cost, scenario_path, seed, as_json, output_dir)
+        return
+    if step_cost is not None:
+        fail("--step-cost goes with --trace (a scenario prices its pools itself)", code=2)
+    if scenario_path is None:
+        fail("missing SCENARIO: give a scenario file, or --trace to replay a run", code=2)
 
     if not 0 <= seed <= MAX_SEED:
         fail(f"--seed: expected an integer in 0..{MAX_SEED}, got {seed}", code=2)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -125,7 +126,7 @@ class _Draws:
         return np.where(drafting, np.minimum(drawn, self.k), 0), drafting
 
     def trajectories(
-        self, inputs: np.ndarray, outputs: np.ndarray
+        self, inputs: np.ndarray, outputs: np.ndarray, indices: Sequence[int] = ()
     ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """Each request's decode steps, drawn together: tokens emitted (the last step's capped
         at the request's length), its share of each step's price, whether it drafted, and the
@@ -168,8 +169,21 @@ class _Draws:
             yield emitted[first:end], share[first:end], drafting[first:end], accepted[first:end]
 
 
+class Trajectories(Protocol):
+    """What draws the admitted requests' decode steps (``_Draws``, or a replay's recorded
+    ones) and counts the drafting steps it handed out."""
+
+    histogram: np.ndarray
+    request_steps: int
+    drafting_steps: int
+
+    def trajectories(
+        self, inputs: np.ndarray, outputs: np.ndarray, indices: Sequence[int]
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]: ...
+
+
 def _prepared(
-    requests: Iterable[tuple[int, float, int, int]], draws: _Draws, longest_output: int
+    requests: Iterable[tuple[int, float, int, int]], draws: Trajectories, longest_output: int
 ) -> Iterator[Item]:
     """``requests`` in order, each with its trajectory, drawn a group at a time (at most about
     ``DRAW_STEPS`` request-steps held)."""
@@ -177,7 +191,8 @@ def _prepared(
     group = max(1, min(4096, DRAW_STEPS // max(1, longest_output)))
     while chunk := list(itertools.islice(stream, group)):
         table = np.array([r[2:] for r in chunk], dtype=np.int64)
-        for r, drawn in zip(chunk, draws.trajectories(table[:, 0], table[:, 1]), strict=True):
+        drawn_all = draws.trajectories(table[:, 0], table[:, 1], [r[0] for r in chunk])
+        for r, drawn in zip(chunk, drawn_all, strict=True):
             yield (*r, *drawn)
 
 
@@ -230,12 +245,16 @@ def run_replica(
     tally: Tally,
     pooled: Totals,
     traced: Callable[[Trace], None] | None = None,
+    draws: Trajectories | None = None,
 ) -> Counts:
     """Run one replica over ``requests`` (index, arrival, input tokens, output tokens) in
     arrival order, as ``simulate._run_replica`` drives the engine; finished requests go to
     ``tally`` (and ``pooled``), and, given ``traced``, each one's ``Trace`` to it (then every
-    decode step's end time is kept: memory grows with the run, bounded by the caller)."""
-    draws = _Draws(k, rates, coverage, cost, rng)
+    decode step's end time is kept: memory grows with the run, bounded by the caller).
+    ``draws``: the requests' decode steps as given (a replay), instead of drawn from
+    ``rates`` and ``coverage``."""
+    if draws is None:
+        draws = _Draws(k, rates, coverage, cost, rng)
     span = longest_output + 2
     width = 4 * span
     shares = np.zeros(width)  # per decode step, the sum of its requests' price shares

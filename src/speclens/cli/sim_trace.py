@@ -1,0 +1,182 @@
+"""``speclens sim --trace RUN_DIR --step-cost COST.yaml [--output-dir OUT]``: replay observed
+requests in the simulator (``speclens.sim.replay``), written in bench's run format with the same
+``index`` for the same request, so ``compare`` puts the prediction beside the observation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from speclens.cli._common import err_console, fail, out_console, reported
+
+MAX_SEED = 2**32 - 1
+
+
+def _engine_limits(scenario: Any) -> tuple[int, int]:
+    """(max_num_seqs, the step's token budget): the scenario's first pool, or its defaults."""
+    from speclens.sim import limits
+    from speclens.sim.scenario import Pool
+
+    pool = scenario.deployment.pools[0] if scenario is not None else Pool()
+    return pool.engine.max_num_seqs, limits.batched_tokens(pool)
+
+
+def _cost(
+    step_cost: Path | None, scenario: Any, scenario_path: Path | None
+) -> tuple[Any, dict[str, Any], str]:
+    from speclens.sim.calibrate import read_cost_file
+    from speclens.sim.scenario import pool_cost
+
+    if step_cost is not None:
+        with reported():
+            cost, meta = read_cost_file(step_cost)
+        return cost, meta, str(step_cost)
+    if (
+        scenario is None
+        or scenario_path is None
+        or not (
+            scenario.deployment.pools[0].step_cost or scenario.deployment.pools[0].step_cost_file
+        )
+    ):
+        fail("--trace needs --step-cost COST.yaml (speclens calibrate writes one), or a "
+             "scenario whose first pool prices its steps", code=2)  # fmt: skip
+    with reported():
+        return pool_cost(scenario.deployment.pools[0], scenario_path.parent), {}, str(scenario_path)
+
+
+def _k(trace: Any, scenario: Any, scenario_path: Path | None) -> int:
+    """The K the replay verifies at: the trace's; a speculating pool must name the same."""
+    pools = scenario.speculating if scenario is not None else []
+    spec = pools[0].engine.speculative if pools else None
+    if trace.states_acceptance and trace.k is None:
+        fail(f"{trace.source}: its requests state acceptance but not K (num_spec_tokens): a "
+             "replay verifies K + 1 positions, so it needs K", code=1)  # fmt: skip
+    if spec is not None and trace.states_acceptance and spec.num_spec_tokens != trace.k:
+        fail(f"{scenario_path}: deployment.pools[0].engine.speculative.num_spec_tokens: is "
+             f"{spec.num_spec_tokens}, but the trace {trace.source} realized its acceptance at "
+             f"K = {trace.k}: a value is refused at another K, never rescaled", code=1)  # fmt: skip
+    if trace.states_acceptance:
+        return int(trace.k)
+    return spec.num_spec_tokens if spec is not None else 0
+
+
+def _model_problem(trace: Any, meta: dict[str, Any], step_cost: Path | None) -> str | None:
+    fitted = (meta.get("provenance") or {}).get("model")
+    if fitted and trace.model and fitted != trace.model:
+        return (f"{step_cost}: provenance.model: fitted on {fitted!r}, but the trace "
+                f"{trace.source} ran {trace.model!r}: a cost file prices one model")  # fmt: skip
+    return None
+
+
+def _widths(records: list[Any]) -> tuple[int, int]:
+    """The fewest and most requests decoding at once in the replay (its batch widths)."""
+    events = sorted([(r.start + r.ttft, 1) for r in records] + [(r.end, -1) for r in records],
+                    key=lambda e: (e[0], e[1]))  # fmt: skip
+    live, most = 0, 0
+    for _, step in events:
+        live += step
+        most = max(most, live)
+    return 1, max(1, most)
+
+
+def replay_command(
+    trace_path: Path,
+    step_cost: Path | None,
+    scenario_path: Path | None,
+    seed: int,
+    as_json: bool,
+    output_dir: Path | None,
+) -> None:
+    from speclens.runs.trace import TraceError, read_trace
+    from speclens.sim import run_output
+    from speclens.sim.calibrate import extrapolation
+    from speclens.sim.replay import replay, settings
+    from speclens.sim.scenario import load_scenario
+
+    if not 0 <= seed <= MAX_SEED:
+        fail(f"--seed: expected an integer in 0..{MAX_SEED}, got {seed}", code=2)
+    scenario = None
+    if scenario_path is not None:
+        with reported():
+            scenario = load_scenario(scenario_path)
+    try:
+        trace = read_trace(trace_path)
+    except TraceError as exc:
+        fail(exc.lines)
+    cost, meta, cost_source = _cost(step_cost, scenario, scenario_path)
+    problem = _model_problem(trace, meta, step_cost)
+    if problem:
+        fail(problem)
+    k = _k(trace, scenario, scenario_path)
+    stream = None
+    if output_dir is not None:
+        problem = run_output.output_problem(output_dir)
+        if problem:
+            fail(problem, code=2)
+        from speclens.runs.report import RecordStream
+
+        try:
+            stream = RecordStream(output_dir)
+        except OSError as exc:
+            fail(f"command line: --output-dir: cannot write to {str(exc.filename or output_dir)!r}: "
+                 f"{exc.strerror or exc}", 2)  # fmt: skip
+    max_num_seqs, budget = _engine_limits(scenario)
+    result = replay(trace, cost, k, max_num_seqs, budget, seed)
+    if not result.makespan > 0:
+        fail(
+            f"{cost_source}: the replay took {result.makespan!r} s of virtual time: price the steps"
+        )
+    note = extrapolation(meta, _widths(result.records))
+    figures = _figures(result, trace, k, note)
+    if as_json:
+        typer.echo(json.dumps(figures, indent=2))
+    else:
+        _print(figures)
+    if note:
+        err_console.print(f"note: {note}", markup=False)
+    if stream is not None:
+        server = {"version": None, "engine": "speclens", "model": trace.model, "executor": "sim",
+                  "hardware": None, "acceptance": {"method": None, "num_speculative_tokens": k or None,
+                                                   "forced": False}}  # fmt: skip
+        from speclens import __version__
+
+        server["version"] = __version__
+        simulation = {"trace": str(trace.source), "trace_kind": trace.kind, "step_cost": cost_source,
+                      "seed": seed, "fit": meta.get("fit"), "extrapolation": note}  # fmt: skip
+        summary = run_output.summary(result.records, result.makespan,
+                                     settings(trace, cost_source, seed, k), server, simulation)  # fmt: skip
+        try:
+            paths = run_output.write_run(stream, summary, result.records)
+        except OSError as exc:
+            fail(f"{exc.filename or output_dir}: cannot write: {exc.strerror or exc}")
+        console = err_console if as_json else out_console
+        for path in paths:
+            console.print(f"wrote {path}", markup=False)
+
+
+def _figures(result: Any, trace: Any, k: int, note: str | None) -> dict[str, Any]:
+    tally = result.tally
+    return {
+        "trace": str(trace.source), "requests": len(result.records),
+        "loop": f"closed at concurrency {trace.concurrency}" if trace.concurrency else "open",
+        "num_spec_tokens": k or None, "makespan_s": result.makespan,
+        "throughput": {"requests_per_s": len(result.records) / result.makespan,
+                       "output_tokens_per_s": tally.output_tokens / result.makespan},
+        "latency_ms": tally.latency_ms(), "extrapolation": note,
+    }  # fmt: skip
+
+
+def _print(figures: dict[str, Any]) -> None:
+    t = figures["throughput"]
+    out_console.print(
+        f"replayed {figures['requests']} requests from {figures['trace']} ({figures['loop']}, "
+        f"K {figures['num_spec_tokens'] or 'none'}): makespan {figures['makespan_s']:.3f} s, "
+        f"{t['output_tokens_per_s']:.1f} output tok/s, {t['requests_per_s']:.3f} req/s",
+        markup=False,
+    )  # fmt: skip
+    for name, row in figures["latency_ms"].items():
+        if isinstance(row, dict) and "mean" in row:
+            out_console.print(f"  {name}: mean {row['mean']:.1f} ms", markup=False)

@@ -1,0 +1,205 @@
+"""A trace: the requests of a run as the simulator replays them, and as calibration reads them.
+
+Two sources. A bench (or sim) run directory: each measured request's start, prompt and
+completion tokens, and its realized acceptance (verify steps, accepted drafts, histogram), with
+the run's loop (closed at its concurrency, or open at its arrival times) and K. Or a
+Mooncake-style JSONL file, one request per line: ``timestamp`` (milliseconds), ``input_length``,
+``output_length``; open loop, no acceptance.
+
+Every problem is one line naming the file, the line or field, and what was expected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+#: Bounds on a trace file: its size and its requests.
+MAX_TRACE_BYTES = 256 * 2**20
+MAX_TRACE_REQUESTS = 2**20
+
+
+class TraceError(Exception):
+    """A trace that cannot be read: ``lines``, each naming the file and what was expected."""
+
+    def __init__(self, lines: Sequence[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = list(lines)
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request to replay: when it arrived (seconds from the trace's start), its lengths, and
+    the acceptance it realized (None where the trace does not say)."""
+
+    index: int
+    arrival: float
+    input_tokens: int
+    output_tokens: int
+    category: str = "trace"
+    steps: int | None = None  # verify steps
+    accepted: int | None = None  # accepted drafts
+    histogram: dict[int, int] | None = None  # {accepted drafts: verify steps}
+
+
+@dataclass
+class Trace:
+    source: Path
+    kind: str  # "run" or "mooncake"
+    requests: list[TraceRequest]
+    concurrency: int | None = None  # closed loop at this concurrency; None: open loop
+    k: int | None = None  # the K its acceptance was realized at
+    model: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def identity(self) -> str:
+        """sha256 of the requests replayed (index, input and output lengths, in order): a
+        replay's stand-in for the prompts digest, since the simulator sends no text."""
+        digest = hashlib.sha256()
+        for r in self.requests:
+            digest.update(f"{r.index}\t{r.input_tokens}\t{r.output_tokens}\n".encode())
+        return digest.hexdigest()
+
+    @property
+    def states_acceptance(self) -> bool:
+        return any(r.steps is not None for r in self.requests)
+
+
+def read_trace(path: Path) -> Trace:
+    """A run directory, or a Mooncake-style JSONL file."""
+    if path.is_dir():
+        return _run_trace(path)
+    if path.is_file():
+        return _mooncake(path)
+    raise TraceError([f"{path}: not found (expected a run directory or a JSONL trace file)"])
+
+
+# --- a run directory ------------------------------------------------------------------------
+
+
+def _run_trace(path: Path) -> Trace:
+    from speclens.runs.compare import InputError, read_run
+
+    try:
+        run = read_run(path)
+    except InputError as exc:
+        raise TraceError(exc.lines) from None
+    rows = run.completed
+    if not rows:
+        raise TraceError([f"{path / 'records.jsonl'}: no request finished: nothing to replay"])
+    settings = run.settings
+    open_loop = settings.get("request_rate") is not None
+    requests, problems = [], []
+    for row in rows:
+        where = f"{path / 'records.jsonl'}: index {row['index']}"
+        if row.get("prompt_tokens") is None or not row.get("completion_tokens"):
+            problems.append(f"{where}: expected prompt_tokens and completion_tokens (the server's "
+                            "usage) to replay its lengths")  # fmt: skip
+            continue
+        if row.get("start_s") is None or row.get("latency_s") is None:
+            problems.append(f"{where}: expected start_s and latency_s: a trace needs timings")
+            continue
+        arrival = (
+            row["scheduled_s"]
+            if open_loop and row.get("scheduled_s") is not None
+            else row["start_s"]
+        )
+        requests.append(TraceRequest(
+            int(row["index"]), float(arrival), int(row["prompt_tokens"]),
+            int(row["completion_tokens"]), str(row.get("category") or "trace"),
+            *_acceptance(row.get("spec_decode_acceptance")),
+        ))  # fmt: skip
+    if problems:
+        raise TraceError(problems[:10])
+    requests.sort(key=lambda r: (r.arrival, r.index))
+    start = requests[0].arrival
+    requests = [_shifted(r, start) for r in requests]
+    return Trace(path, "run", requests, None if open_loop else settings.get("concurrency"),
+                 _k(run), settings.get("model"), settings)  # fmt: skip
+
+
+def _acceptance(
+    spec: dict[str, Any] | None,
+) -> tuple[int | None, int | None, dict[int, int] | None]:
+    if not spec or spec.get("num_spec_steps") is None:
+        return None, None, None
+    histogram = spec.get("acceptance_histogram")
+    return (int(spec["num_spec_steps"]), int(spec["num_accepted_draft_tokens"]),
+            {int(j): int(n) for j, n in histogram.items()} if histogram else None)  # fmt: skip
+
+
+def _k(run: Any) -> int | None:
+    ks = run.ks()
+    if len(ks) == 1:
+        return int(next(iter(ks)))
+    value = run.settings.get("num_speculative_tokens")
+    return int(value) if isinstance(value, int) else None
+
+
+def _shifted(r: TraceRequest, start: float) -> TraceRequest:
+    return TraceRequest(r.index, r.arrival - start, r.input_tokens, r.output_tokens, r.category,
+                        r.steps, r.accepted, r.histogram)  # fmt: skip
+
+
+# --- a Mooncake-style JSONL file --------------------------------------------------------------
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 2**31
+
+
+def _mooncake(path: Path) -> Trace:
+    """``{"timestamp": ms, "input_length": n, "output_length": m, ...}`` per line."""
+    try:
+        if path.stat().st_size > MAX_TRACE_BYTES:
+            raise TraceError([f"{path}: larger than {MAX_TRACE_BYTES} bytes"])
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceError([f"{path}: cannot be read: {exc.strerror or exc}"]) from None
+    requests: list[TraceRequest] = []
+    problems: list[str] = []
+    for number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if len(requests) >= MAX_TRACE_REQUESTS:
+            problems.append(f"{path}: holds more than {MAX_TRACE_REQUESTS} requests")
+            break
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            problems.append(f"{path}: line {number}: not JSON")
+            continue
+        if not isinstance(row, dict):
+            problems.append(f"{path}: line {number}: expected an object")
+            continue
+        stamp = row.get("timestamp")
+        if not (isinstance(stamp, int | float) and not isinstance(stamp, bool)
+                and math.isfinite(stamp) and stamp >= 0):  # fmt: skip
+            problems.append(f"{path}: line {number}: timestamp: expected milliseconds >= 0, "
+                            f"got {stamp!r:.40}")  # fmt: skip
+            continue
+        bad = [k for k in ("input_length", "output_length") if not _positive_int(row.get(k))]
+        if bad:
+            problems += [f"{path}: line {number}: {k}: expected a token count >= 1, got "
+                         f"{row.get(k)!r:.40}" for k in bad]  # fmt: skip
+            continue
+        requests.append(TraceRequest(len(requests), stamp / 1000.0, row["input_length"],
+                                     row["output_length"]))  # fmt: skip
+        if len(problems) >= 10:
+            break
+    if problems:
+        raise TraceError(problems[:10])
+    if not requests:
+        raise TraceError([f"{path}: no request (expected one JSON object per line with "
+                          "timestamp, input_length and output_length)"])  # fmt: skip
+    order = sorted(requests, key=lambda r: (r.arrival, r.index))
+    if order != requests:
+        raise TraceError([f"{path}: timestamps must not decrease (line order is arrival order)"])
+    return Trace(path, "mooncake", [_shifted(r, requests[0].arrival) for r in requests])

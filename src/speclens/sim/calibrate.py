@@ -1,0 +1,254 @@
+"""Fit a step cost from observed runs of any engine, black box: only what the client saw.
+
+A streamed request's chunks are the engine's decode steps as the client received them: the gap
+before a chunk of n tokens is one step of its batch. The batch is rebuilt from the run itself:
+the requests decoding at the step's midpoint (first token to finish), their context (prompt plus
+tokens so far), and the prompts prefilled inside the step's interval (a request whose first
+token arrived in it). A least-squares fit with non-negative coefficients then gives
+
+    step seconds = base + per_seq * requests + per_context_token * context tokens
+                   + prefill_per_token * prompt tokens prefilled in the interval
+                   + prefill_base * prefill steps in the interval
+
+(``per_token`` is folded into ``per_seq``: every speculating request verifies K + 1 positions,
+so the two cannot be told apart from outside; the drafter's cost is in the same terms, as the
+client cannot see it apart). The prefill's fixed part comes from the TTFT of requests that found
+the server idle: TTFT = prefill_base + prefill_per_token * prompt, with prefill_per_token from the
+step fit where the idle requests cannot separate it.
+
+A fit needs two load points or more (two concurrencies or rates): from one, the per-request
+cost cannot be told from the base, and it is refused rather than fitted.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from speclens.sim.cost import StepCost, _nonnegative_lstsq
+
+#: The file kind ``calibrate`` writes; ``read_cost_file`` also takes a bare StepCost mapping.
+KIND = "StepCostFit"
+#: Fewest decode intervals and load points a fit needs.
+MIN_STEPS = 20
+MIN_LOAD_POINTS = 2
+
+
+class CalibrationError(Exception):
+    def __init__(self, lines: Sequence[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = list(lines)
+
+
+@dataclass
+class _Request:
+    start: float
+    first: float
+    end: float
+    prompt: int
+    chunks: list[tuple[float, float, int]]  # (from, to, tokens) per decode step
+
+
+@dataclass
+class Observed:
+    """What the fit reads of one run: its requests' steps, and its load point."""
+
+    path: Path
+    load: tuple[str, float]
+    requests: list[_Request]
+    engine: str | None
+    version: str | None
+    model: str | None
+    k: int | None
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _requests(rows: Sequence[dict[str, Any]]) -> list[_Request]:
+    out = []
+    for row in rows:
+        start, ttft, latency = row.get("start_s"), row.get("ttft_s"), row.get("latency_s")
+        if start is None or ttft is None or latency is None or row.get("prompt_tokens") is None:
+            continue
+        first, t = start + ttft, start + ttft
+        chunks = []
+        for gap, n in row.get("itl_runs_s") or []:
+            chunks.append((t, t + gap * n, int(n)))
+            t += gap * n
+        out.append(_Request(start, first, start + latency, int(row["prompt_tokens"]), chunks))
+    return out
+
+
+def observe(path: Path) -> Observed:
+    from speclens.runs.compare import InputError, read_run
+
+    try:
+        run = read_run(path)
+    except InputError as exc:
+        raise CalibrationError(exc.lines) from None
+    settings = run.settings
+    load = ("request_rate", float(settings["request_rate"])) if settings.get("request_rate") \
+        else ("concurrency", float(settings.get("concurrency") or 1))  # fmt: skip
+    requests = _requests(run.completed)
+    if not any(r.chunks for r in requests):
+        raise CalibrationError([f"{path / 'records.jsonl'}: no request has inter-token timings "
+                                "(itl_runs_s): a calibration needs a streamed run"])  # fmt: skip
+    raw = run.summary.get("server")
+    server: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    ks = run.ks()
+    return Observed(path, load, requests, server.get("engine") or run.engine,
+                    server.get("version"), settings.get("model"),
+                    next(iter(ks)) if len(ks) == 1 else None, run.summary)  # fmt: skip
+
+
+def _rows(run: Observed) -> tuple[list[list[float]], list[float], list[int]]:
+    """Per decode interval: [1, requests, context tokens, prompt tokens prefilled], its
+    seconds, and its batch width."""
+    decoding = run.requests
+    firsts = np.array([r.first for r in decoding])
+    prompts = np.array([r.prompt for r in decoding])
+    x, y, widths = [], [], []
+    for r in decoding:
+        for begin, end, _ in r.chunks:
+            if end <= begin:
+                continue
+            mid = (begin + end) / 2
+            batch = [q for q in decoding if q.first <= mid <= q.end]
+            context = sum(q.prompt + _tokens_by(q, mid) for q in batch)
+            inside = (firsts > begin) & (firsts <= end)
+            prefills = len(set(firsts[inside].tolist()))  # requests admitted together share one
+            x.append([1.0, float(len(batch)), float(context), float(prompts[inside].sum()),
+                      float(prefills)])  # fmt: skip
+            y.append(end - begin)
+            widths.append(len(batch))
+    return x, y, widths
+
+
+def _tokens_by(r: _Request, t: float) -> int:
+    return 1 + sum(n for _, end, n in r.chunks if end <= t)
+
+
+def _idle_ttfts(run: Observed) -> list[tuple[int, float]]:
+    """(prompt tokens, TTFT) of requests no other request of the run overlapped at arrival."""
+    out = []
+    for r in run.requests:
+        busy = any(q is not r and q.start <= r.start < q.end for q in run.requests)
+        if not busy:
+            out.append((r.prompt, r.first - r.start))
+    return out
+
+
+def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
+    """The step cost and what the fit says of itself (steps, widths seen, residuals)."""
+    loads = sorted({run.load for run in runs})
+    if len(loads) < MIN_LOAD_POINTS:
+        shown = ", ".join(f"{name} {value:g}" for name, value in loads)
+        raise CalibrationError([f"calibrate: runs at one load point only ({shown}): the "
+                                "per-request cost cannot be told from the base; add a run at "
+                                "another concurrency or rate"])  # fmt: skip
+    x, y, widths = [], [], []
+    for run in runs:
+        rx, ry, rw = _rows(run)
+        x += rx
+        y += ry
+        widths += rw
+    if len(y) < MIN_STEPS:
+        raise CalibrationError([f"calibrate: {len(y)} decode steps observed, at least "
+                                f"{MIN_STEPS} needed"])  # fmt: skip
+    if len(set(widths)) < 2:
+        raise CalibrationError([f"calibrate: every observed step had {widths[0]} requests: "
+                                "the per-request cost cannot be told from the base"])  # fmt: skip
+    xa, ya = np.array(x), np.array(y)
+    base, per_seq, per_context, per_prompt, per_prefill = _nonnegative_lstsq(xa, ya)
+    idle = [p for run in runs for p in _idle_ttfts(run)]
+    prefill_base, prefill_per_token = _prefill(idle, per_prompt, per_prefill)
+    cost = StepCost(base=base, per_token=0.0, per_seq=per_seq, per_context_token=per_context,
+                    draft_base=0.0, draft_per_token=0.0, prefill_base=prefill_base,
+                    prefill_per_token=prefill_per_token)  # fmt: skip
+    predicted = xa @ np.array([base, per_seq, per_context, per_prompt, per_prefill])
+    relative = np.abs(predicted - ya) / ya
+    report = {
+        "method": "linear: client-observed decode steps (non-negative least squares) and the "
+                  "TTFT of requests that found the server idle",
+        "decode_steps": len(y),
+        "batch_widths": [min(widths), max(widths)],
+        "idle_requests": len(idle),
+        "residual_rms_s": float(np.sqrt(np.mean((predicted - ya) ** 2))),
+        "step_error_median": float(np.median(relative)),
+        "step_error_p90": float(np.quantile(relative, 0.9)),
+        "load_points": [{name: value} for name, value in loads],
+    }  # fmt: skip
+    return cost, report
+
+
+def _prefill(
+    idle: Sequence[tuple[int, float]], per_prompt: float, per_prefill: float
+) -> tuple[float, float]:
+    """(prefill_base, prefill_per_token) from idle TTFTs (they include what the client waits
+    for beyond the engine's step); the step fit's prices where no request found the server
+    idle, and its per-prompt-token price where the prompts do not vary enough for a slope."""
+    if not idle:
+        return per_prefill, per_prompt
+    prompts = np.array([p for p, _ in idle], dtype=float)
+    ttfts = np.array([t for _, t in idle], dtype=float)
+    if len(idle) >= 3 and prompts.std() > 0.05 * prompts.mean():
+        intercept, slope = _nonnegative_lstsq(
+            np.column_stack([np.ones_like(prompts), prompts]), ttfts
+        )
+        return intercept, slope
+    return max(0.0, float(np.median(ttfts - per_prompt * prompts))), per_prompt
+
+
+def document(runs: Sequence[Observed], cost: StepCost, report: dict[str, Any]) -> dict[str, Any]:
+    """The file ``calibrate`` writes: the step cost, the fit's report, and its provenance."""
+    from dataclasses import asdict
+
+    engines = sorted({f"{r.engine or 'unknown'}=={r.version or 'unknown'}" for r in runs})
+    models = sorted({r.model for r in runs if r.model})
+    ks = sorted({r.k for r in runs if r.k is not None})
+    return {
+        "kind": KIND,
+        "step_cost": asdict(cost),
+        "fit": report,
+        "provenance": {
+            "runs": [str(r.path) for r in runs], "engine": ", ".join(engines),
+            "model": ", ".join(models) or None, "num_spec_tokens": ks[0] if len(ks) == 1 else None,
+            "fitted_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        },
+    }  # fmt: skip
+
+
+def read_cost_file(path: Path) -> tuple[StepCost, dict[str, Any]]:
+    """A step cost from a YAML file: ``calibrate``'s output (its ``step_cost``, with ``fit`` and
+    ``provenance`` returned beside it) or a bare mapping of StepCost fields."""
+    from speclens.acceptance import Problem, ValidationError, read_yaml
+    from speclens.acceptance.files import validate
+    from speclens.sim.cost import _schema
+
+    data = read_yaml(path)
+    meta: dict[str, Any] = {}
+    if isinstance(data, dict) and data.get("kind") == KIND:
+        meta = {k: data.get(k) for k in ("fit", "provenance")}
+        data = data.get("step_cost")
+        if not isinstance(data, dict):
+            raise ValidationError(
+                [Problem(str(path), "step_cost", "expected a mapping of StepCost fields")]
+            )
+    fields = validate(_schema(), data, str(path))
+    return StepCost(**dict(fields)), meta
+
+
+def extrapolation(meta: dict[str, Any], widths: tuple[int, int]) -> str | None:
+    """A note when a replay runs batches wider or narrower than the fit saw, or None."""
+    seen = (meta.get("fit") or {}).get("batch_widths")
+    if not (isinstance(seen, list) and len(seen) == 2):
+        return None
+    low, high = seen
+    if widths[0] >= low and widths[1] <= high:
+        return None
+    return (f"the step cost was fitted on batches of {low} to {high} requests and this run "
+            f"reaches {widths[0]} to {widths[1]}: outside them it extrapolates")  # fmt: skip

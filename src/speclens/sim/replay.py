@@ -1,0 +1,149 @@
+"""Replay a trace in the simulator: the observed requests, at their arrivals (open loop) or at
+the run's concurrency (closed loop), each with its own lengths and its own realized acceptance,
+priced by a step cost. The fast path's schedule and prices run unchanged; only the requests'
+decode steps come from the trace instead of a forced schedule's draws.
+
+A request's decode steps: its verify steps each emit one token plus the drafts it accepted (the
+histogram's steps in a seeded random order; counts only, the accepted drafts spread as evenly
+as they go), and steps that drafted nothing (one token each) fill up to its completion tokens.
+A request whose trace states no acceptance decodes one token a step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from speclens.runs.request import RequestRecord
+from speclens.runs.trace import Trace, TraceRequest
+from speclens.sim import fast
+from speclens.sim.cost import StepCost
+from speclens.sim.run_output import from_trace
+from speclens.sim.sketch import Tally, Totals
+
+#: The stream of a replay's draws (the order of a request's verify steps).
+REPLAY_STREAM = 0x5E_91A7
+
+
+class Recorded:
+    """Each request's decode steps from its trace entry (``fast.Trajectories``)."""
+
+    def __init__(self, trace: Trace, k: int, cost: StepCost, rng: np.random.Generator) -> None:
+        self.by_index = {r.index: r for r in trace.requests}
+        self.k, self.cost, self.rng = k, cost, rng
+        self.histogram = np.zeros(k + 1, dtype=np.int64)
+        self.request_steps = 0
+        self.drafting_steps = 0
+
+    def _verify_steps(self, r: TraceRequest) -> np.ndarray:
+        """The drafts accepted at each of the request's verify steps, in a random order."""
+        if not self.k or r.steps is None or not r.steps:
+            return np.zeros(0, dtype=np.int64)
+        if r.histogram:
+            keys = np.array(sorted(r.histogram), dtype=np.int64)
+            counts = np.array([r.histogram[j] for j in sorted(r.histogram)], dtype=np.int64)
+            drawn: np.ndarray = self.rng.permutation(np.repeat(np.minimum(keys, self.k), counts))
+            return drawn
+        each, extra = divmod(r.accepted or 0, r.steps)
+        spread: np.ndarray = np.minimum(each + (self.rng.permutation(r.steps) < extra), self.k)
+        return spread
+
+    def trajectories(
+        self, inputs: np.ndarray, outputs: np.ndarray, indices: Sequence[int]
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        for prompt, completion, index in zip(
+            inputs.tolist(), outputs.tolist(), indices, strict=True
+        ):
+            yield self._one(int(prompt), int(completion), self.by_index[index])
+
+    def _one(
+        self, prompt: int, completion: int, r: TraceRequest
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        need = max(completion - 1, 0)  # the prefill emits the first token
+        accepted = self._verify_steps(r)
+        plain = max(0, need - int((1 + accepted).sum()))
+        order = self.rng.permutation(accepted.size + plain) if plain and accepted.size else None
+        drafting = np.concatenate([np.ones(accepted.size, bool), np.zeros(plain, bool)])
+        accepted = np.concatenate([accepted, np.zeros(plain, np.int64)])
+        if order is not None:
+            drafting, accepted = drafting[order], accepted[order]
+        total = np.cumsum(1 + accepted)
+        steps = int(np.searchsorted(total, need)) + 1 if need else 0
+        drafting, accepted = drafting[:steps], accepted[:steps]
+        emitted = 1 + accepted
+        if steps:
+            emitted[-1] -= int(total[steps - 1]) - need
+        context = prompt + 1 + np.concatenate([[0], np.cumsum(emitted)[:-1]]).astype(np.int64)
+        drafts = drafting * self.k
+        share = self.cost.decode_share(drafts + 1, context + drafts, drafting, self.k)
+        if self.k:
+            self.histogram += np.bincount(accepted[drafting], minlength=self.k + 1)
+            self.request_steps += steps
+            self.drafting_steps += int(drafting.sum())
+        return emitted, np.asarray(share, dtype=float), drafting, accepted
+
+
+@dataclass
+class Replayed:
+    records: list[RequestRecord]
+    makespan: float
+    counts: fast.Counts
+    tally: Tally
+
+
+def replay(
+    trace: Trace,
+    cost: StepCost,
+    k: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    seed: int = 0,
+    concurrency: int | None = None,
+) -> Replayed:
+    """Run ``trace`` on one replica; every request's record, in index order, as bench keeps it.
+    ``concurrency`` overrides the trace's loop (closed at it; the trace's own when None)."""
+    closed = concurrency if concurrency is not None else trace.concurrency
+    rng = np.random.default_rng([REPLAY_STREAM, seed])
+    draws = Recorded(trace, k, cost, rng)
+    tally, pooled = Tally(), Totals()
+    records: list[RequestRecord] = []
+    category = {r.index: r.category for r in trace.requests}
+    replica = "sim://replay"
+
+    def traced(t: fast.Trace) -> None:
+        records.append(from_trace(t, k, category[t.index], replica))
+
+    longest = max(r.output_tokens for r in trace.requests)
+    counts = fast.run_replica(
+        ((r.index, r.arrival, r.input_tokens, r.output_tokens) for r in trace.requests),
+        k, None, 1.0, cost, max_num_seqs, max_num_batched_tokens, longest, closed, rng, tally,
+        pooled, traced, draws=draws,
+    )  # fmt: skip
+    records.sort(key=lambda r: r.index)
+    return Replayed(records, tally.end - tally.start, counts, tally)
+
+
+def settings(trace: Trace, cost_source: str | None, seed: int, k: int) -> dict[str, Any]:
+    """summary.json's ``settings`` for a replay: the observed run's own where they mean the same
+    (so compare sees the same sampling and lengths), and what says it was a replay."""
+    observed = trace.settings
+    keep = ("url", "model", "endpoint", "backend", "max_tokens", "ignore_eos", "temperature",
+            "stream", "dataset", "dataset_path", "categories", "warmup")  # fmt: skip
+    out: dict[str, Any] = {key: observed.get(key) for key in keep}
+    out.update({
+        "url": None, "model": trace.model or observed.get("model") or "trace",
+        "num_requests": len(trace.requests), "duration": None,
+        "concurrency": trace.concurrency, "request_rate": observed.get("request_rate"),
+        "burstiness": observed.get("burstiness"), "seed": seed, "warmup": 0,
+        "ignore_eos": bool(observed.get("ignore_eos", True)),
+        "temperature": float(observed.get("temperature") or 0.0),
+        "max_tokens": observed.get("max_tokens") or max(r.output_tokens for r in trace.requests),
+        "executor": "sim", "loop": "fast", "fallback": None, "shard": None,
+        "trace": str(trace.source), "trace_kind": trace.kind, "trace_sha256": trace.identity,
+        "step_cost": cost_source, "num_spec_tokens": k or None,
+        "prompts_sha256": observed.get("prompts_sha256"),
+    })  # fmt: skip
+    return out

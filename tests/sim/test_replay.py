@@ -1,0 +1,277 @@
+"""``sim --trace``: a trace's requests replayed with their own lengths and acceptance, at their
+arrivals or at the run's concurrency; and ``calibrate``: a step cost fitted from what a client
+saw recovers the cost that produced the observations, and predicts a held-out run with it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import launch
+from speclens.runs.report import RecordStream
+from speclens.runs.trace import Trace, TraceError, TraceRequest, read_trace
+from speclens.sim import run_output
+from speclens.sim.calibrate import CalibrationError, fit, observe, read_cost_file
+from speclens.sim.cost import StepCost
+from speclens.sim.replay import replay, settings
+
+K = 4
+#: A cost with every term the black-box fit can see (per_token folded into per_seq).
+TRUE = StepCost(base=0.004, per_token=0.0, per_seq=0.0015, per_context_token=2e-6,
+                draft_base=0.0, draft_per_token=0.0, prefill_base=0.003,
+                prefill_per_token=4e-5)  # fmt: skip
+
+
+def requests(
+    n: int, seed: int, gap: float = 0.0, prompts: tuple[int, int] = (20, 400),
+    outputs: tuple[int, int] = (24, 80),
+) -> list[TraceRequest]:  # fmt: skip
+    """n requests with varied lengths and histograms at K 4, arriving ``gap`` s apart."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        prompt, completion = int(rng.integers(*prompts)), int(rng.integers(*outputs))
+        hist = {j: int(c) for j, c in enumerate(rng.multinomial(12, [0.3, 0.2, 0.2, 0.1, 0.2]))}
+        hist = {j: c for j, c in hist.items() if c}
+        steps, accepted = sum(hist.values()), sum(j * c for j, c in hist.items())
+        out.append(TraceRequest(i, i * gap, prompt, completion, "random", steps, accepted, hist))
+    return out
+
+
+def trace(reqs: list[TraceRequest], concurrency: int | None) -> Trace:
+    return Trace(Path("synthetic"), "run", reqs, concurrency, K, "dummy",
+                 {"model": "dummy", "max_tokens": 80, "ignore_eos": True, "temperature": 0.0,
+                  "concurrency": concurrency})  # fmt: skip
+
+
+def write(out: Path, t: Trace, cost: StepCost, seed: int = 0) -> Path:
+    """The replay written as a run directory (what calibrate reads as an observation)."""
+    result = replay(t, cost, K, 256, 8192, seed)
+    server = {"engine": "speclens", "version": "test", "model": t.model,
+              "acceptance": {"num_speculative_tokens": K, "forced": False}}  # fmt: skip
+    summary = run_output.summary(result.records, result.makespan,
+                                 settings(t, "cost", seed, K), server, {})  # fmt: skip
+    run_output.write_run(RecordStream(out), summary, result.records)
+    return out
+
+
+# --- replay ---------------------------------------------------------------------------------------
+
+
+def test_one_at_a_time_each_request_costs_its_prefill_and_its_verify_steps() -> None:
+    """Closed loop at concurrency 1: request i starts when i - 1 ends, and lasts its prefill
+    plus one decode step per verify step it realized (each emitting 1 + accepted tokens),
+    priced by the step cost's formula."""
+    reqs = [TraceRequest(0, 0.0, 100, 1 + 3 + 5, "c", 3, 5, {0: 1, 2: 1, 3: 1}),
+            TraceRequest(1, 0.0, 50, 1 + 2 + 2, "c", 2, 2, {1: 2})]  # fmt: skip
+    cost = StepCost(base=0.01, per_token=0.0, per_seq=0.002, per_context_token=0.0,
+                    draft_base=0.0, draft_per_token=0.0)  # fmt: skip
+    result = replay(trace(reqs, 1), cost, K, 256, 8192)
+    first, second = result.records
+    step = 0.01 + 0.002
+    assert first.start == 0.0 and first.ttft == pytest.approx(cost.prefill(100, 1, 100))
+    assert first.latency == pytest.approx(cost.prefill(100, 1, 100) + 3 * step)
+    assert second.start == pytest.approx(first.end)
+    assert second.latency == pytest.approx(cost.prefill(50, 1, 50) + 2 * step)
+    for record, req in zip(result.records, reqs, strict=True):
+        spec = record.spec
+        assert spec is not None and record.completion_tokens == req.output_tokens
+        assert spec["acceptance_histogram"] == req.histogram  # its own acceptance, step for step
+        assert sorted(n for _, n in record.itl_runs) == sorted(1 + j for j, c in req.histogram.items() for _ in range(c))  # fmt: skip
+
+
+def test_open_loop_requests_start_at_their_arrivals_and_keep_their_indices() -> None:
+    reqs = requests(12, seed=1, gap=0.5)
+    result = replay(trace(reqs, None), TRUE, K, 256, 8192)
+    assert [r.index for r in result.records] == [r.index for r in reqs]
+    assert [r.start for r in result.records] == pytest.approx([r.arrival for r in reqs])
+    assert [r.prompt_tokens for r in result.records] == [r.input_tokens for r in reqs]
+
+
+def test_closed_loop_keeps_its_concurrency() -> None:
+    result = replay(trace(requests(16, seed=2), 4), TRUE, K, 256, 8192)
+    events = sorted([(r.start, 1) for r in result.records] + [(r.end, -1) for r in result.records])
+    live = np.cumsum([e for _, e in sorted(events, key=lambda e: (e[0], e[1]))])
+    assert live.max() == 4
+
+
+def test_counts_only_acceptance_spreads_the_accepted_drafts_over_its_steps() -> None:
+    req = TraceRequest(0, 0.0, 10, 1 + 4 + 6, "c", 4, 6, None)
+    result = replay(trace([req], 1), TRUE, K, 256, 8192)
+    (record,) = result.records
+    assert record.spec is not None and record.spec["num_accepted_draft_tokens"] == 6
+    assert sorted(n for _, n in record.itl_runs) == [2, 2, 3, 3]
+
+
+def test_a_request_without_acceptance_decodes_a_token_a_step() -> None:
+    req = TraceRequest(0, 0.0, 10, 9, "c")
+    result = replay(Trace(Path("t"), "mooncake", [req]), TRUE, 0, 256, 8192)
+    (record,) = result.records
+    assert [n for _, n in record.itl_runs] == [1] * 8 and record.spec is None
+
+
+# --- Mooncake-style traces ------------------------------------------------------------------------
+
+
+def test_a_mooncake_trace_is_read_in_arrival_order_from_zero(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    rows = [{"timestamp": 1000 + 250 * i, "input_length": 10 + i, "output_length": 5, "hash_ids": [i]}
+            for i in range(4)]  # fmt: skip
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    t = read_trace(path)
+    assert t.kind == "mooncake" and t.concurrency is None and not t.states_acceptance
+    assert [r.arrival for r in t.requests] == [0.0, 0.25, 0.5, 0.75]
+    assert [r.input_tokens for r in t.requests] == [10, 11, 12, 13]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("{not json", "line 2: not JSON"),
+        ('{"timestamp": -1, "input_length": 3, "output_length": 3}', "line 2: timestamp: expected milliseconds >= 0"),
+        ('{"timestamp": 5, "input_length": 0, "output_length": 3}', "line 2: input_length: expected a token count >= 1"),
+        ('{"timestamp": 5, "input_length": 3}', "line 2: output_length: expected a token count >= 1"),
+        ('{"timestamp": 0, "input_length": 3, "output_length": 3}', "timestamps must not decrease"),
+        ("[1, 2]", "line 2: expected an object"),
+    ],
+)  # fmt: skip
+def test_a_bad_mooncake_line_is_named(tmp_path: Path, line: str, expected: str) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"timestamp": 1, "input_length": 3, "output_length": 3}\n' + line + "\n")
+    with pytest.raises(TraceError) as caught:
+        read_trace(path)
+    assert caught.value.lines[0].startswith(str(path)) and expected in caught.value.lines[0]
+
+
+def test_a_run_without_timings_is_not_a_trace(tmp_path: Path) -> None:
+    run = write(tmp_path / "run", trace(requests(4, seed=3), 1), TRUE)
+    rows = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["latency_s"] = None
+        row["success"] = True
+    (run / "records.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(TraceError):
+        read_trace(run)
+
+
+def test_a_run_directory_is_a_trace_with_its_loop_k_and_acceptance(tmp_path: Path) -> None:
+    reqs = requests(8, seed=4)
+    run = write(tmp_path / "run", trace(reqs, 2), TRUE)
+    t = read_trace(run)
+    assert t.kind == "run" and t.concurrency == 2 and t.k == K and t.model == "dummy"
+    assert [r.index for r in sorted(t.requests, key=lambda r: r.index)] == list(range(8))
+    by = {r.index: r for r in t.requests}
+    for req in reqs:
+        assert by[req.index].histogram == req.histogram
+        assert by[req.index].output_tokens == req.output_tokens
+
+
+# --- calibration ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """Runs at concurrency 1, 4 and 8 whose every step the true cost priced: short prompts and
+    long outputs, so a step's context is mostly the tokens its requests have decoded so far."""
+    root = tmp_path_factory.mktemp("observed")
+    reqs = {
+        c: requests(8 * c, seed=10 + c, prompts=(16, 200), outputs=(64, 160)) for c in (1, 4, 8)
+    }
+    return {c: write(root / f"c{c}", trace(reqs[c], c), TRUE) for c in (1, 4, 8)}
+
+
+def test_calibration_recovers_the_cost_that_priced_the_steps(observed: dict[int, Path]) -> None:
+    cost, report = fit([observe(observed[1]), observe(observed[4])])
+    assert report["batch_widths"] == [1, 4]
+    assert cost.base == pytest.approx(TRUE.base, rel=0.05)
+    assert cost.per_seq == pytest.approx(TRUE.per_seq, rel=0.05)
+    assert cost.per_context_token == pytest.approx(TRUE.per_context_token, rel=0.05)
+    assert cost.prefill_per_token == pytest.approx(TRUE.prefill_per_token, rel=0.1)
+    assert cost.prefill_base == pytest.approx(TRUE.prefill_base, rel=0.1)
+    assert report["step_error_median"] < 0.02
+
+
+def test_a_calibrated_cost_predicts_a_held_out_run(observed: dict[int, Path]) -> None:
+    """Fit on concurrency 1 and 4, replay the concurrency-8 trace: per-request E2E within 3%."""
+    cost, _ = fit([observe(observed[1]), observe(observed[4])])
+    held = read_trace(observed[8])
+    predicted = replay(held, cost, K, 256, 8192, seed=99)
+    truth = {r["index"]: r for r in map(json.loads, (observed[8] / "records.jsonl").read_text().splitlines())}  # fmt: skip
+    errors = [abs(r.latency - truth[r.index]["latency_s"]) / truth[r.index]["latency_s"]
+              for r in predicted.records]  # fmt: skip
+    assert float(np.median(errors)) < 0.03, np.median(errors)
+
+
+def test_one_load_point_is_refused_not_fitted(observed: dict[int, Path]) -> None:
+    with pytest.raises(CalibrationError, match="one load point only"):
+        fit([observe(observed[4]), observe(observed[4])])
+
+
+def test_the_cli_writes_a_cost_file_sim_replays_with(
+    observed: dict[int, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "cost.yaml"
+    done = launch.run([sys.executable, "-m", "speclens", "calibrate", observed[1], observed[4],
+                       "-o", out], timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "wrote" in done.stdout and "decode steps" in done.stdout
+    document = yaml.safe_load(out.read_text())
+    assert document["kind"] == "StepCostFit" and document["provenance"]["model"] == "dummy"
+    assert document["provenance"]["runs"] == [str(observed[1]), str(observed[4])]
+    cost, meta = read_cost_file(out)
+    assert asdict(cost) == document["step_cost"] and meta["fit"]["batch_widths"] == [1, 4]
+    sim8 = tmp_path / "sim8"
+    done = launch.run([sys.executable, "-m", "speclens", "sim", "--trace", observed[8],
+                       "--step-cost", out, "--output-dir", sim8], timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "outside them it extrapolates" in done.stderr  # fitted on 1..4, replayed at 8
+    observed_rows = (observed[8] / "records.jsonl").read_text().splitlines()
+    replayed_rows = (sim8 / "records.jsonl").read_text().splitlines()
+    assert sorted(json.loads(r)["index"] for r in replayed_rows) == sorted(
+        json.loads(r)["index"] for r in observed_rows
+    )
+    summary = json.loads((sim8 / "summary.json").read_text())
+    assert (
+        summary["settings"]["trace"] == str(observed[8])
+        and summary["settings"]["executor"] == "sim"
+    )
+
+
+def test_a_single_run_is_refused_in_one_line(observed: dict[int, Path], tmp_path: Path) -> None:
+    done = launch.run([sys.executable, "-m", "speclens", "calibrate", observed[4], "-o",
+                       tmp_path / "cost.yaml"], timeout=120)  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "calibrate: runs at one load point only (concurrency 4): the per-request cost cannot be "
+        "told from the base; add a run at another concurrency or rate"
+    ]
+    assert not (tmp_path / "cost.yaml").exists()
+
+
+def test_a_cost_file_for_another_model_is_refused(
+    observed: dict[int, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "cost.yaml"
+    document = {"kind": "StepCostFit", "step_cost": asdict(TRUE), "fit": {},
+                "provenance": {"model": "llama-3.1-8b"}}  # fmt: skip
+    out.write_text(yaml.safe_dump(document))
+    done = launch.run([sys.executable, "-m", "speclens", "sim", "--trace", observed[8],
+                       "--step-cost", out], timeout=120)  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"{out}: provenance.model: fitted on 'llama-3.1-8b', but the trace {observed[8]} ran "
+        "'dummy': a cost file prices one model"
+    ]
+
+
+def test_a_trace_without_a_cost_is_a_usage_error(observed: dict[int, Path]) -> None:
+    done = launch.run(
+        [sys.executable, "-m", "speclens", "sim", "--trace", observed[8]], timeout=120
+    )
+    assert done.returncode == 2 and "--trace needs --step-cost" in done.stderr

@@ -124,3 +124,42 @@ def write_sweep(path: Path, points: list[tuple[int, int, dict[str, Any]]]) -> Pa
              "stats": []}  # fmt: skip
     (path / "sweep.json").write_bytes(orjson.dumps(sweep))
     return path
+
+
+def timed_row(
+    index: int,
+    *,
+    latency_s: float | None,
+    ttft_s: float | None,
+    tpot_s: float | None,
+    itl_runs_s: list[list[float]],
+    completion_tokens: int = 64,
+    success: bool = True,
+) -> dict[str, Any]:
+    """A request with the timings given (no acceptance record): for checks that need known
+    per-request values. A failed one has an error and no times."""
+    out = row(index, prompt_tokens=300, completion_tokens=completion_tokens, tpot_s=0.01,
+              histogram=None, k=0)  # fmt: skip
+    out.update(latency_s=latency_s, ttft_s=ttft_s, tpot_s=tpot_s, itl_runs_s=itl_runs_s)
+    if not success:
+        out.update(success=False, status=500, error="server error", latency_s=None,
+                   ttft_s=None, tpot_s=None, itl_runs_s=[], completion_tokens=None,
+                   finish_reason=None)  # fmt: skip
+    return out
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]], *, duration_s: float) -> Path:
+    """A run directory holding ``rows`` as given (their order kept), natural acceptance and no K;
+    its summary's own throughput is a decoy (999) that compare must not read."""
+    summary = {
+        "settings": {"url": "http://127.0.0.1:1", "model": "dummy", "concurrency": 4,
+                     "request_rate": None, "max_tokens": 64, "ignore_eos": True,
+                     "temperature": 0.0, "dataset": "random", "prompts_sha256": DIGEST},
+        "server": {"engine": "speclens", "model": "dummy", "acceptance": None},
+        "figures": {"duration_s": duration_s, "interrupted": False,
+                    "throughput": {"output_tokens_per_s": 999.0}},
+    }  # fmt: skip
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "summary.json").write_bytes(orjson.dumps(summary))
+    (path / "records.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path

@@ -191,10 +191,10 @@ def test_calibration_recovers_the_cost_that_priced_the_steps(observed: dict[int,
     assert report["batch_widths"] == [1, 4]
     assert cost.base == pytest.approx(TRUE.base, rel=0.05)
     assert cost.per_seq == pytest.approx(TRUE.per_seq, rel=0.05)
-    assert cost.per_context_token == pytest.approx(TRUE.per_context_token, rel=0.05)
+    assert cost.per_context_token == pytest.approx(TRUE.per_context_token, rel=0.1)
     assert cost.prefill_per_token == pytest.approx(TRUE.prefill_per_token, rel=0.1)
     assert cost.prefill_base == pytest.approx(TRUE.prefill_base, rel=0.1)
-    assert report["step_error_median"] < 0.02
+    assert report["decode_time_error_median"] < 0.02
 
 
 def test_a_calibrated_cost_predicts_a_held_out_run(observed: dict[int, Path]) -> None:

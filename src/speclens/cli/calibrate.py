@@ -52,9 +52,10 @@ def calibrate(
         f"prompt token", markup=False,
     )  # fmt: skip
     out_console.print(
-        f"fit: {report['decode_steps']} decode steps, batches of {report['batch_widths'][0]} to "
-        f"{report['batch_widths'][1]} requests, step error median "
-        f"{report['step_error_median']:.1%} (P90 {report['step_error_p90']:.1%}), "
-        f"{report['idle_requests']} idle TTFTs", markup=False,
+        f"fit: {report['requests']} requests, {report['decode_steps']} decode steps, batches of "
+        f"{report['batch_widths'][0]} to {report['batch_widths'][1]} requests, decode-time error "
+        f"median {report['decode_time_error_median']:.1%} (P90 "
+        f"{report['decode_time_error_p90']:.1%}), {report['idle_requests']} idle TTFTs",
+        markup=False,
     )  # fmt: skip
     out_console.print(f"wrote {output}", markup=False)

@@ -132,3 +132,38 @@ def _print(result: dict[str, Any]) -> None:
         note = pair["deltas"].get("interactivity_note")
         if note:
             out_console.print(f"  interactivity: {escape(note)}")
+        for i, line in enumerate(fidelity_lines(pair)):
+            indent = "  " if i == 0 else "    "  # the header, then one line a figure
+            out_console.print(f"{indent}{tag}{escape(line)}")
+
+
+def fidelity_lines(pair: dict[str, Any]) -> list[str]:
+    """The pair's fidelity block (B's per-request error against A, the observed run), one line
+    a figure; none when compare made none (a sweep, or too few requests in common)."""
+    fid = pair.get("fidelity")
+    if not fid:
+        return []
+    lines = [f"fidelity of {pair['b']} against {pair['a']}, request by request: "
+             f"{fid['matched']} matched by index, {fid['unmatched']} left out"]  # fmt: skip
+    for name, e in fid["figures"].items():
+        n = e["requests"]
+        if not n:
+            lines.append(f"{name.upper()}: no matched request reports it")
+            continue
+        lines.append(
+            f"{name.upper()}: median error {_pct(e['median_ape'])}, P90 {_pct(e['p90_ape'])}, "
+            f"MAPE {_pct(e['mape'])}, bias {_pct(e['bias'], '+')} "
+            f"({n} request{'s' if n != 1 else ''})"
+        )
+    error = fid["throughput_error"]
+    missing = f"unknown (no output tokens/s for {pair['a']})"
+    lines.append("throughput: " + (missing if error is None else _pct(error, "+")))
+    return lines
+
+
+def _pct(value: float | None, sign: str = "") -> str:
+    """A fraction as a percentage; "unknown" for an error too large for a float (null, or one
+    whose percentage is past the largest float)."""
+    if value is None or not math.isfinite(value * 100):
+        return "unknown"
+    return f"{value:{sign}.1%}"

@@ -12,6 +12,10 @@ Deltas, each with a 95% interval: the ratio B / A at matched concurrency (or req
 at matched interactivity (tokens/s per user) read off each input's Pareto curve of throughput per
 GPU, interpolated only where both curves reach. Every file is read through bounds and the record
 validators (``record.row_problems``); nothing here trusts a figure it did not recompute.
+
+Fidelity, for a pair of two single runs that sent the same requests (a simulator's replay of an
+observed run keeps each request's index): B's error against A request by request, matched by
+index, for TTFT, TPOT, ITL and E2E, and B's throughput error, the figure the deltas use.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from scipy import stats as _stats
 from speclens.acceptance import ValidationError
 from speclens.acceptance.errors import Problem
 from speclens.runs.points import PointError, point_figures
-from speclens.runs.record import MAX_COUNT, MAX_LINE_BYTES, parse_row
+from speclens.runs.record import MAX_COUNT, MAX_LINE_BYTES, MAX_SECONDS, parse_row
 from speclens.runs.stats import CONFIDENCE, Interval, RealizedAL, realized_al
 
 SCHEMA = "speclens.compare/1"
@@ -50,6 +54,12 @@ NAMEABLE = ("k",)
 
 #: Figures compared at matched load.
 DELTA_FIGURES = ("output_tokens_per_s", "tokens_per_s_per_user", "ttft_ms")
+
+#: Per-request figures of the fidelity block, in the order it lists them.
+FIDELITY_FIGURES = ("e2e", "ttft", "tpot", "itl")
+
+#: Fewest requests matched by index for a fidelity block: one request is an anecdote.
+MIN_MATCHED = 2
 
 #: Bounds on what is read: one file, one records.jsonl line, rows per run, points per sweep, inputs.
 MAX_FILE_BYTES = 64 * 2**20
@@ -725,6 +735,97 @@ def matched_interactivity(a: Input, b: Input, prefix: str) -> tuple[list[dict[st
     return out, f"{span}: compared inside {low:.1f} to {high:.1f} only"
 
 
+# --- fidelity: B against A, request by request ----------------------------------------------------
+
+
+def _seconds(value: object) -> float | None:
+    """A time a row holds, bounded as every checked time is (``tpot_s`` is not checked on read)."""
+    return float(value) if _is_number(value) and 0 <= value <= MAX_SECONDS else None
+
+
+#: One request's per-request figures (``request_figures``), in seconds.
+RequestFigures = dict[str, float | None]
+
+
+def request_figures(row: dict[str, Any]) -> RequestFigures:
+    """One request's E2E, TTFT, TPOT and ITL in seconds (ITL: its token-weighted mean gap, the
+    per-request form of what the ITL figure pools); None where the request has none."""
+    runs = row.get("itl_runs_s") or []
+    tokens = sum(n for _, n in runs)
+    return {
+        "e2e": _seconds(row.get("latency_s")),
+        "ttft": _seconds(row.get("ttft_s")),
+        "tpot": _seconds(row.get("tpot_s")),
+        "itl": sum(g * n for g, n in runs) / tokens if tokens else None,
+    }
+
+
+def _by_index(run: Run) -> dict[int, dict[str, Any]]:
+    """A run's completed requests by index; an index completed twice is ambiguous, so dropped."""
+    seen = Counter(int(r["index"]) for r in run.completed)
+    return {int(r["index"]): r for r in run.completed if seen[int(r["index"])] == 1}
+
+
+def match_requests(a: Run, b: Run) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], int]:
+    """(A's row, B's row) of each request completed in both, by index, never by position (the
+    files may list them in another order); and how many measured indices of either run were
+    left out (absent or failed in one, or repeated)."""
+    ra, rb = _by_index(a), _by_index(b)
+    keys = sorted(ra.keys() & rb.keys())
+    measured = {int(r["index"]) for r in (*a.rows, *b.rows)}
+    return [(ra[k], rb[k]) for k in keys], len(measured) - len(keys)
+
+
+def _signed_error(observed: float | None, other: float | None) -> float | None:
+    """(B - A) / A; None where A has no value to divide by (none, 0, or so near 0 that the
+    error is past any float)."""
+    if observed is None or observed <= 0 or other is None:
+        return None
+    error = (other - observed) / observed
+    return error if math.isfinite(error) else None
+
+
+def figure_errors(
+    values: Sequence[tuple[RequestFigures, RequestFigures]], name: str
+) -> dict[str, Any]:
+    """One figure's per-request error of B against A: the median, P90 (linear between order
+    statistics) and mean (MAPE) of |B - A| / A, and the bias, the median of (B - A) / A, so a
+    simulator that is as often fast as slow does not look exact."""
+    found = [_signed_error(a[name], b[name]) for a, b in values]
+    signed = np.array([e for e in found if e is not None], dtype=float)
+    if not len(signed):
+        return {"median_ape": None, "p90_ape": None, "mape": None, "bias": None, "requests": 0}
+    ape = np.abs(signed)
+    with np.errstate(over="ignore", invalid="ignore"):  # huge errors: a sum past floats is null
+        stats = [float(np.median(ape)), float(np.percentile(ape, 90)), float(ape.mean()),
+                 float(np.median(signed))]  # fmt: skip
+    median, p90, mape, bias = (_num(v) for v in stats)
+    return {"median_ape": median, "p90_ape": p90, "mape": mape, "bias": bias,
+            "requests": len(signed)}  # fmt: skip
+
+
+def throughput_error(a: Input, b: Input) -> float | None:
+    """(B - A) / A of output tokens/s, from the figures the deltas use (``point_figures``)."""
+    ia = a.points[0].figures.get("output_tokens_per_s")
+    ib = b.points[0].figures.get("output_tokens_per_s")
+    return None if ia is None or ib is None else _signed_error(ia.mean, ib.mean)
+
+
+def fidelity(a: Input, b: Input) -> dict[str, Any] | None:
+    """How closely B reproduces A (the observed run) request by request: a mean can agree while
+    every request is off. None unless both are single runs with ``MIN_MATCHED`` requests in
+    common."""
+    if a.kind != "run" or b.kind != "run" or len(a.runs) != 1 or len(b.runs) != 1:
+        return None
+    pairs, unmatched = match_requests(a.runs[0], b.runs[0])
+    if len(pairs) < MIN_MATCHED:
+        return None
+    values = [(request_figures(ra), request_figures(rb)) for ra, rb in pairs]
+    return {"matched": len(pairs), "unmatched": unmatched,
+            "figures": {name: figure_errors(values, name) for name in FIDELITY_FIGURES},
+            "throughput_error": throughput_error(a, b)}  # fmt: skip
+
+
 # --- the comparison -------------------------------------------------------------------------------
 
 
@@ -751,13 +852,13 @@ def compare_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
         "checks": [c.to_json() for c in found],
         "deltas": {"matched_concurrency": matched_concurrency(a, b),
                    "matched_interactivity": interactivity, "interactivity_note": note},
-        "label": label,
+        "fidelity": fidelity(a, b), "label": label,
     }  # fmt: skip
 
 
 def compare(inputs: Sequence[Input], named: Sequence[str] = (), seed: int = 0) -> dict[str, Any]:
-    """compare.json: every input, and every pair (A against each later input) with its checks
-    and deltas."""
+    """compare.json: every input, and every pair (A against each later input) with its checks,
+    deltas and, for two single runs of the same requests, fidelity."""
     for item in inputs:
         for point in item.points:
             point.figures = _figures(point, seed)

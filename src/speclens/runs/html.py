@@ -940,6 +940,28 @@ def _pair_section(page: Page, f: Fields, i: int) -> None:
          f.text(*mi, j, "sentence") if ok else f"not comparable: {f.text(*mi, j, 'sentence')}")
         for j, _ in f.rows(*mi)
     ])  # fmt: skip
+    _fidelity_table(page, f, i)
+
+
+def _fidelity_table(page: Page, f: Fields, i: int) -> None:
+    """The pair's fidelity block as a table (what the console prints, as fractions of A's value
+    so each shown number is the file's)."""
+    fid = ("pairs", i, "fidelity")
+    if not isinstance(f.get(*fid), dict):
+        return
+    a, b = f.get("pairs", i, "a"), f.get("pairs", i, "b")
+    tag = "" if f.get("pairs", i, "comparable") is True else " (NOT COMPARABLE)"
+    page.table(f"Fidelity of {b} against {a}, request by request" + tag,
+               ["figure", "requests", "median |B-A|/A", "P90 |B-A|/A", "MAPE", "bias (B-A)/A"], [
+        (esc(name.upper()), f.num(*fid, "figures", name, "requests"),
+         *(f.num(*fid, "figures", name, key, digits=4)
+           for key in ("median_ape", "p90_ape", "mape", "bias")))
+        for name, _ in f.items(*fid, "figures")
+    ])  # fmt: skip
+    page.note(f"{f.num(*fid, 'matched')} requests matched by index, {f.num(*fid, 'unmatched')} "
+              "left out; errors are fractions of A's value (0.05 is 5%), bias the median signed "
+              "error. Throughput (output tokens/s) error (B-A)/A: "
+              f"{f.num(*fid, 'throughput_error', digits=4)}.")  # fmt: skip
 
 
 def _input_dir(raw: Any, out_dir: Path) -> Path | None:

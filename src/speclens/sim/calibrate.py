@@ -1,20 +1,23 @@
 """Fit a step cost from observed runs of any engine, black box: only what the client saw.
 
-A streamed request's chunks are the engine's decode steps as the client received them: the gap
-before a chunk of n tokens is one step of its batch. The batch is rebuilt from the run itself:
-the requests decoding at the step's midpoint (first token to finish), their context (prompt plus
-tokens so far), and the prompts prefilled inside the step's interval (a request whose first
-token arrived in it). A least-squares fit with non-negative coefficients then gives
+A streamed request's chunks show when its decode steps ended, and its acceptance says how many
+there were (completion tokens - 1 - accepted drafts: every step emits one token plus the drafts
+it accepted). The batch around it is rebuilt from the run itself: over each chunk, the requests
+decoding (first token to finish) and their context (prompt plus tokens so far), weighted by the
+chunk's time; and the prompts prefilled while it decoded (requests whose first token arrived in
+its span, those admitted together counted as one prefill step). Per request, then, its decode
+time (E2E - TTFT) is
 
-    step seconds = base + per_seq * requests + per_context_token * context tokens
-                   + prefill_per_token * prompt tokens prefilled in the interval
-                   + prefill_base * prefill steps in the interval
+    n * (base + per_seq * w + per_context_token * c) + prefill_per_token * P + prefill_base * Q
 
-(``per_token`` is folded into ``per_seq``: every speculating request verifies K + 1 positions,
-so the two cannot be told apart from outside; the drafter's cost is in the same terms, as the
-client cannot see it apart). The prefill's fixed part comes from the TTFT of requests that found
-the server idle: TTFT = prefill_base + prefill_per_token * prompt, with prefill_per_token from the
-step fit where the idle requests cannot separate it.
+for its n decode steps at mean batch width w and mean context c, with P prompt tokens in Q
+prefill steps run meanwhile; a least-squares fit with non-negative coefficients over every
+request gives the five prices. Summed per request, the fit does not depend on how the stream's
+events were grouped into reads. ``per_token`` is folded into ``per_seq`` (every speculating
+request verifies K + 1 positions, so the two cannot be told apart from outside) and the drafter's
+cost into the same terms (the client cannot see it apart). The prefill comes from the TTFT of
+requests that found the server idle: TTFT = prefill_base + prefill_per_token * prompt (what the
+client waits for, so HTTP and tokenizing are in it), the step fit's prices where none did.
 
 A fit needs two load points or more (two concurrencies or rates): from one, the per-request
 cost cannot be told from the base, and it is refused rather than fitted.
@@ -34,8 +37,8 @@ from speclens.sim.cost import StepCost, _nonnegative_lstsq
 
 #: The file kind ``calibrate`` writes; ``read_cost_file`` also takes a bare StepCost mapping.
 KIND = "StepCostFit"
-#: Fewest decode intervals and load points a fit needs.
-MIN_STEPS = 20
+#: Fewest requests and load points a fit needs.
+MIN_REQUESTS = 8
 MIN_LOAD_POINTS = 2
 
 
@@ -51,7 +54,8 @@ class _Request:
     first: float
     end: float
     prompt: int
-    chunks: list[tuple[float, float, int]]  # (from, to, tokens) per decode step
+    chunks: list[tuple[float, float, int]]  # (from, to, tokens) per chunk received
+    steps: int = 1  # its decode steps
 
 
 @dataclass
@@ -68,18 +72,27 @@ class Observed:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
+def _decode_steps(row: dict[str, Any]) -> int:
+    """The request's decode steps: each emits one token plus the drafts it accepted."""
+    spec = row.get("spec_decode_acceptance") or {}
+    accepted = spec.get("num_accepted_draft_tokens") if isinstance(spec, dict) else None
+    return max(1, int(row["completion_tokens"]) - 1 - int(accepted or 0))
+
+
 def _requests(rows: Sequence[dict[str, Any]]) -> list[_Request]:
     out = []
     for row in rows:
         start, ttft, latency = row.get("start_s"), row.get("ttft_s"), row.get("latency_s")
-        if start is None or ttft is None or latency is None or row.get("prompt_tokens") is None:
+        if None in (start, ttft, latency, row.get("prompt_tokens"), row.get("completion_tokens")):
             continue
         first, t = start + ttft, start + ttft
         chunks = []
         for gap, n in row.get("itl_runs_s") or []:
             chunks.append((t, t + gap * n, int(n)))
             t += gap * n
-        out.append(_Request(start, first, start + latency, int(row["prompt_tokens"]), chunks))
+        if chunks:
+            out.append(_Request(start, first, start + latency, int(row["prompt_tokens"]), chunks,
+                                _decode_steps(row)))  # fmt: skip
     return out
 
 
@@ -105,26 +118,30 @@ def observe(path: Path) -> Observed:
                     next(iter(ks)) if len(ks) == 1 else None, run.summary)  # fmt: skip
 
 
-def _rows(run: Observed) -> tuple[list[list[float]], list[float], list[int]]:
-    """Per decode interval: [1, requests, context tokens, prompt tokens prefilled], its
-    seconds, and its batch width."""
-    decoding = run.requests
-    firsts = np.array([r.first for r in decoding])
-    prompts = np.array([r.prompt for r in decoding])
+def _rows(run: Observed) -> tuple[list[list[float]], list[float], list[float]]:
+    """Per request: [n, n * w, n * c, P, Q] (see the module), its decode seconds, and its
+    mean batch width w."""
+    requests = run.requests
+    firsts = np.array([r.first for r in requests])
+    prompts = np.array([r.prompt for r in requests])
     x, y, widths = [], [], []
-    for r in decoding:
+    for r in requests:
+        span = r.end - r.first
+        if span <= 0:
+            continue
+        width = context = 0.0
         for begin, end, _ in r.chunks:
-            if end <= begin:
-                continue
             mid = (begin + end) / 2
-            batch = [q for q in decoding if q.first <= mid <= q.end]
-            context = sum(q.prompt + _tokens_by(q, mid) for q in batch)
-            inside = (firsts > begin) & (firsts <= end)
-            prefills = len(set(firsts[inside].tolist()))  # requests admitted together share one
-            x.append([1.0, float(len(batch)), float(context), float(prompts[inside].sum()),
-                      float(prefills)])  # fmt: skip
-            y.append(end - begin)
-            widths.append(len(batch))
+            batch = [q for q in requests if q.first <= mid <= q.end]
+            width += len(batch) * (end - begin)
+            context += sum(q.prompt + _tokens_by(q, mid) for q in batch) * (end - begin)
+        width, context = width / span, context / span
+        inside = (firsts > r.first) & (firsts <= r.end)
+        prefills = len(set(firsts[inside].tolist()))  # requests admitted together share one
+        n = float(r.steps)
+        x.append([n, n * width, n * context, float(prompts[inside].sum()), float(prefills)])
+        y.append(span)
+        widths.append(width)
     return x, y, widths
 
 
@@ -156,12 +173,9 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
         x += rx
         y += ry
         widths += rw
-    if len(y) < MIN_STEPS:
-        raise CalibrationError([f"calibrate: {len(y)} decode steps observed, at least "
-                                f"{MIN_STEPS} needed"])  # fmt: skip
-    if len(set(widths)) < 2:
-        raise CalibrationError([f"calibrate: every observed step had {widths[0]} requests: "
-                                "the per-request cost cannot be told from the base"])  # fmt: skip
+    if len(y) < MIN_REQUESTS:
+        raise CalibrationError([f"calibrate: {len(y)} requests with inter-token timings, at "
+                                f"least {MIN_REQUESTS} needed"])  # fmt: skip
     xa, ya = np.array(x), np.array(y)
     base, per_seq, per_context, per_prompt, per_prefill = _nonnegative_lstsq(xa, ya)
     idle = [p for run in runs for p in _idle_ttfts(run)]
@@ -172,14 +186,16 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
     predicted = xa @ np.array([base, per_seq, per_context, per_prompt, per_prefill])
     relative = np.abs(predicted - ya) / ya
     report = {
-        "method": "linear: client-observed decode steps (non-negative least squares) and the "
-                  "TTFT of requests that found the server idle",
-        "decode_steps": len(y),
-        "batch_widths": [min(widths), max(widths)],
+        "method": "linear: each request's decode time over its decode steps, batch and context "
+                  "as the client saw them (non-negative least squares), and the TTFT of "
+                  "requests that found the server idle",
+        "requests": len(y),
+        "decode_steps": int(xa[:, 0].sum()),
+        "batch_widths": [max(1, round(min(widths))), round(max(widths))],
         "idle_requests": len(idle),
         "residual_rms_s": float(np.sqrt(np.mean((predicted - ya) ** 2))),
-        "step_error_median": float(np.median(relative)),
-        "step_error_p90": float(np.quantile(relative, 0.9)),
+        "decode_time_error_median": float(np.median(relative)),
+        "decode_time_error_p90": float(np.quantile(relative, 0.9)),
         "load_points": [{name: value} for name, value in loads],
     }  # fmt: skip
     return cost, report

@@ -1,0 +1,88 @@
+"""Observe, calibrate, replay, compare, end to end against a real server: ``speclens serve`` on
+the dummy model with n-gram K 4 (real drafting), benched closed-loop at concurrency 1 and 4,
+``calibrate`` on those two runs, a held-out run at concurrency 8 replayed from its trace with the
+fitted cost, and ``compare OBSERVED SIMULATED``. What is checked is the plumbing: the replay
+sends the same requests (indices, lengths, each one's acceptance) in the same loop, and compare
+reports its fidelity request by request. How close the prediction is, is a timing claim:
+``benchmarks/replay.py`` measures it (with the machine's own noise beside it), and
+``tests/sim/test_replay.py`` checks the fit recovers a known cost exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import launch
+import serverkit
+
+NGRAM = ["--model", "dummy", "--method", "ngram", "--num-speculative-tokens", "4",
+         "--per-request-spec-decode-stats", "summary",
+         "--speculative-config", '{"prompt_lookup_min": 2, "prompt_lookup_max": 4}']  # fmt: skip
+LOAD = ["--model", "dummy", "--max-tokens", "48", "--ignore-eos", "--dataset", "random",
+        "--input-len", "64", "--stream", "--warmup", "1"]  # fmt: skip
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def speclens(*args: str | Path, code: int = 0) -> tuple[str, str]:
+    done = launch.run([sys.executable, "-m", "speclens", *map(str, args)], timeout=240)
+    assert done.returncode == code, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    return done.stdout, done.stderr
+
+
+def rows(run: Path) -> dict[int, dict[str, Any]]:
+    out = {}
+    for line in (run / "records.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if not row["warmup"]:
+            out[row["index"]] = row
+    return out
+
+
+def test_observe_calibrate_replay_compare(tmp_path: Path) -> None:
+    runs = {}
+    with serverkit.running_server(tmp_path, *NGRAM) as server:
+        for concurrency, count in ((1, 8), (4, 16), (8, 24)):
+            runs[concurrency] = tmp_path / f"c{concurrency}"
+            speclens("bench", "--url", server.url, *LOAD, "--concurrency", concurrency,
+                     "--num-requests", count, "--output-dir", runs[concurrency])  # fmt: skip
+    cost = tmp_path / "cost.yaml"
+    out, _ = speclens("calibrate", runs[1], runs[4], "-o", cost)
+    fitted = yaml.safe_load(cost.read_text())
+    assert fitted["fit"]["batch_widths"] == [1, 4] and fitted["fit"]["requests"] == 24, fitted[
+        "fit"
+    ]
+    assert fitted["provenance"]["engine"].startswith("speclens==") and "decode steps" in out
+
+    sim = tmp_path / "sim8"
+    _, err = speclens("sim", "--trace", runs[8], "--step-cost", cost, "--output-dir", sim)
+    assert "outside them it extrapolates" in err
+    observed, replayed = rows(runs[8]), rows(sim)
+    assert replayed.keys() == observed.keys()
+    for index, row in observed.items():
+        mine = replayed[index]
+        assert (mine["prompt_tokens"], mine["completion_tokens"]) == (
+            row["prompt_tokens"], row["completion_tokens"])  # fmt: skip
+        theirs, ours = row["spec_decode_acceptance"], mine["spec_decode_acceptance"]
+        assert ours["num_spec_steps"] == theirs["num_spec_steps"], index
+        assert ours["acceptance_histogram"] == theirs["acceptance_histogram"], index
+    summary = json.loads((sim / "summary.json").read_text())
+    assert summary["settings"]["concurrency"] == 8 and summary["settings"]["executor"] == "sim"
+
+    out, _ = speclens("compare", runs[8], sim, "--label", "observed", "--label", "replay",
+                      "--json")  # fmt: skip
+    (pair,) = json.loads(out)["pairs"]
+    checks = {c["name"]: c for c in pair["checks"]}
+    assert checks["prompts"]["ok"] and checks["lengths"]["ok"] and checks["k"]["ok"], checks
+    fidelity = pair["fidelity"]
+    assert fidelity["matched"] == 24 and fidelity["unmatched"] == 0
+    for name in ("e2e", "ttft", "tpot", "itl"):
+        assert fidelity["figures"][name]["requests"] == 24, name
+        assert fidelity["figures"][name]["median_ape"] >= 0, name
+    assert fidelity["throughput_error"] is not None

@@ -104,6 +104,8 @@ class Prompt:
     category: str
     max_tokens: int | None = None
     id: str | None = None
+    #: A trace's arrival: seconds from the run's start when this request is due.
+    due: float | None = None
 
 
 def random_prompts(count: int, input_len: int, output_len: int, seed: int) -> list[Prompt]:
@@ -114,6 +116,20 @@ def random_prompts(count: int, input_len: int, output_len: int, seed: int) -> li
         Prompt(" ".join(rng.choice(WORDS) for _ in range(input_len)), "random", output_len, str(i))
         for i in range(count)
     ]
+
+
+def trace_prompts(path: Path) -> list[Prompt]:
+    """A trace's requests (``speclens.runs.trace``: a Mooncake-style JSONL file or a run
+    directory) as prompts due at their arrivals: seeded filler of the request's input length in
+    words (a word is about a token), asking for its output length. Raises ``TraceError``."""
+    from speclens.runs.trace import read_trace
+
+    requests = read_trace(path).requests
+    return [
+        Prompt(" ".join(random.Random(r.index).choice(WORDS) for _ in range(r.input_tokens)),
+               r.category, r.output_tokens, str(r.index), r.arrival)
+        for r in requests
+    ]  # fmt: skip
 
 
 #: Bounds on a prompt file: far above Spec-Bench (about 0.5 MB), small enough to hold in memory.

@@ -53,6 +53,8 @@ class LoadConfig:
     #: Every replica's base URL (empty: ``url`` alone), and how requests are spread over them.
     urls: tuple[str, ...] = ()
     routing: Routing = "round-robin"
+    #: Open loop at each prompt's own ``due`` time (a trace), every prompt once, in order.
+    trace: bool = False
     #: This generator's part of the run, (p, P): it sends the requests whose index is p modulo
     #: P, at the times a single generator would, with its share of the concurrency. Shards (``--shard``) and worker processes (``--workers``) are parts.
     part: tuple[int, int] = (0, 1)
@@ -255,6 +257,12 @@ class LoadGenerator:
         rate, shape = config.request_rate, config.burstiness
         prompts = self.prompts
         due, i = 0.0, 0
+        if config.trace:  # every request once, at its own arrival (warm-up ones at once)
+            for i, prompt in enumerate(
+                prompts[first_index : first_index + (count or len(prompts))]
+            ):
+                yield i, prompt, 0.0 if warmup else float(prompt.due or 0.0)
+            return
         while count is None or i < count:
             n = len(prompts)
             yield i, prompts[order.randrange(n) if random_order else (first_index + i) % n], due
@@ -285,7 +293,7 @@ class LoadGenerator:
         concurrency = config.share(config.concurrency) if config.concurrency else None
         limit = asyncio.Semaphore(concurrency) if concurrency else None
         t0 = time.perf_counter() if t0 is None else t0
-        open_loop = bool(config.request_rate)
+        open_loop = bool(config.request_rate) or config.trace
 
         async def one(record: RequestRecord, prompt: Prompt) -> None:
             if limit is None:

@@ -250,10 +250,11 @@ class BenchOptions:
 
     @property
     def count(self) -> int | None:
-        """Measured requests: ``--num-requests``, else 100 unless ``--duration``."""
+        """Measured requests: ``--num-requests``, else 100 unless ``--duration`` (or a trace:
+        every request of it)."""
         if self.num_requests is not None:
             return self.num_requests
-        return None if self.duration else DEFAULT_NUM_REQUESTS
+        return None if self.duration or self.dataset == "trace" else DEFAULT_NUM_REQUESTS
 
     def range_problems(self) -> list[str | None]:
         """Every flag outside its range, one line each."""
@@ -300,6 +301,10 @@ class BenchOptions:
              "give --num-requests or --duration, not both"),
             (self.concurrency is not None and self.request_rate is not None,
              "give --concurrency or --request-rate, not both"),
+            (self.dataset == "trace" and (self.concurrency is not None or self.request_rate is not None
+                                          or self.duration is not None),
+             "command line: --dataset trace sends every request at its own arrival: give no "
+             "--concurrency, --request-rate or --duration"),
             (self.expect_profile and self.expect_acceptance_length is not None,
              "give --expect-acceptance-length or --expect-profile, not both"),
             (self.endpoint is EndpointChoice.native and self.backend is BackendChoice.openai,
@@ -319,17 +324,28 @@ class BenchOptions:
         return replace(self, url=[base for _, base, _ in urls])
 
     def prompts(self) -> list[Prompt]:
-        from speclens.bench.datasets import jsonl_prompts, random_prompts
+        from speclens.bench.datasets import jsonl_prompts, random_prompts, trace_prompts
+        from speclens.runs.trace import TraceError
 
         with reported():
             if self.dataset == "jsonl":
                 if self.dataset_path is None:
                     fail("--dataset jsonl needs --dataset-path", code=2)
                 return jsonl_prompts(self.dataset_path, self.category or None)
+            if self.dataset == "trace":
+                if self.dataset_path is None:
+                    fail(
+                        "--dataset trace needs --dataset-path (a JSONL trace or a run directory)",
+                        code=2,
+                    )
+                try:
+                    return trace_prompts(self.dataset_path)
+                except TraceError as exc:
+                    fail(exc.lines)
             if self.dataset == "random":
                 size = max(self.count or 256, 1)
                 return random_prompts(size, self.input_len, self.max_tokens, self.seed)
-        fail(f"--dataset must be random or jsonl, got {self.dataset!r}", code=2)
+        fail(f"--dataset must be random, jsonl or trace, got {self.dataset!r}", code=2)
 
     def expectation(self) -> Expectation | None:
         """What the run is judged against: ``--expect-acceptance-length``, or the registry's
@@ -377,7 +393,9 @@ class BenchOptions:
             url=self.url[0], urls=tuple(self.url), routing=self.routing.value, part=self.part,
             model=str(self.model), endpoint=self.endpoint.value, backend=backend,
             api_key=self.api_key, num_requests=self.count, duration=self.duration,
-            concurrency=None if self.request_rate else (self.concurrency or DEFAULT_CONCURRENCY),
+            concurrency=None if self.request_rate or self.dataset == "trace"
+            else (self.concurrency or DEFAULT_CONCURRENCY),
+            trace=self.dataset == "trace",
             request_rate=self.request_rate, burstiness=self.burstiness, warmup=self.warmup,
             max_tokens=self.max_tokens, ignore_eos=self.ignore_eos,
             temperature=self.temperature, seed=self.seed, stream=self.stream,
@@ -459,7 +477,10 @@ def bench(
         "llamacpp.",
     ),
     dataset: str = typer.Option(
-        "random", "--dataset", help="random, or jsonl (with --dataset-path)."
+        "random",
+        "--dataset",
+        help="random, jsonl (with --dataset-path), or trace (--dataset-path: a Mooncake-style "
+        "JSONL trace or a run directory, each request sent at its own arrival).",
     ),
     dataset_path: Path | None = typer.Option(
         None,

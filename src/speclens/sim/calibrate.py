@@ -82,9 +82,10 @@ def _decode_steps(row: dict[str, Any]) -> int:
 def _requests(rows: Sequence[dict[str, Any]]) -> list[_Request]:
     out = []
     for row in rows:
-        start, ttft, latency = row.get("start_s"), row.get("ttft_s"), row.get("latency_s")
-        if None in (start, ttft, latency, row.get("prompt_tokens"), row.get("completion_tokens")):
+        times = [row.get(k) for k in ("start_s", "ttft_s", "latency_s")]
+        if None in times or row.get("prompt_tokens") is None or not row.get("completion_tokens"):
             continue
+        start, ttft, latency = (float(t) for t in times if t is not None)
         first, t = start + ttft, start + ttft
         chunks = []
         for gap, n in row.get("itl_runs_s") or []:

@@ -1,0 +1,139 @@
+"""Observe, calibrate, replay: how well a step cost fitted on observed runs predicts a held-out one.
+
+The flow of the issue's "Done means", on ``speclens serve --model smollm2 --method ngram
+--num-speculative-tokens 4`` (prompt lookup 2..4): bench on Spec-Bench at concurrency 1 (12
+requests) and 4 (24), 64 tokens, ignore-eos; ``speclens calibrate c1 c4 -o cost.yaml``; a held-out
+run at concurrency 8 (32 requests); ``speclens sim --trace c8 --step-cost cost.yaml``; then
+``speclens compare c8 sim8``'s fidelity (per-request median and P90 error of E2E, TTFT, TPOT, and
+the throughput error). Beside it, the machine's own noise: a second identical held-out run
+compared with the first the same way. Goal: median E2E error and throughput error within 10%, or
+within 3 points of that noise where the machine is noisier.
+
+    python benchmarks/replay.py [--model smollm2] [--rounds 1] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SPEC_BENCH = REPO_ROOT / ".." / "shared" / "data" / "spec-bench" / "question.jsonl"
+GOAL, MARGIN = 0.10, 0.03
+
+
+def speclens(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-m", "speclens", *map(str, args)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"speclens {args[0]} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return done
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fidelity(a: Path, b: Path) -> dict[str, Any]:
+    done = speclens("compare", a, b, "--json")
+    (pair,) = json.loads(done.stdout)["pairs"]
+    result: dict[str, Any] = pair["fidelity"]
+    return result
+
+
+def row(name: str, f: dict[str, Any]) -> str:
+    figures = f["figures"]
+    cells = [
+        f"{figures[k]['median_ape']:.1%} / {figures[k]['p90_ape']:.1%}"
+        for k in ("e2e", "ttft", "tpot")
+    ]
+    return f"| {name} | {' | '.join(cells)} | {figures['e2e']['bias']:+.1%} | {f['throughput_error']:+.1%} |"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--keep", type=Path, help="keep the runs here (default: a temporary dir)")
+    args = parser.parse_args()
+    work = args.keep or Path(tempfile.mkdtemp(prefix="speclens-replay-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.1f}; model {args.model}; files in {work}", flush=True)  # fmt: skip
+    port = free_port()
+    serve = [sys.executable, "-m", "speclens", "serve", "--model", args.model, "--method", "ngram",
+             "--num-speculative-tokens", "4", "--per-request-spec-decode-stats", "summary",
+             "--speculative-config", '{"prompt_lookup_min": 2, "prompt_lookup_max": 4}',
+             "--port", str(port)]  # fmt: skip
+    load = ["--model", args.model, "--max-tokens", str(args.max_tokens), "--ignore-eos",
+            "--stream", "--warmup", "1"]  # fmt: skip
+    load += ["--dataset", "jsonl", "--dataset-path", str(SPEC_BENCH)] if args.model != "dummy" else ["--dataset", "random"]  # fmt: skip
+    with open(work / "server.log", "wb") as log:
+        server = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        import urllib.request
+
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        for name, concurrency, count in (
+            ("c1", 1, 12),
+            ("c4", 4, 24),
+            ("c8", 8, 32),
+            ("c8b", 8, 32),
+        ):
+            started = time.monotonic()
+            speclens("bench", "--url", url, *load, "--concurrency", concurrency,
+                     "--num-requests", count, "--output-dir", work / name)  # fmt: skip
+            print(f"  {name}: {time.monotonic() - started:.0f} s", flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    done = speclens("calibrate", work / "c1", work / "c4", "-o", work / "cost.yaml")
+    print(done.stdout + done.stderr)
+    done = speclens("sim", "--trace", work / "c8", "--step-cost", work / "cost.yaml",
+                    "--output-dir", work / "sim8")  # fmt: skip
+    print(done.stderr.strip())
+    replay, noise = fidelity(work / "c8", work / "sim8"), fidelity(work / "c8", work / "c8b")
+    print(
+        "\n| against the held-out c8 run | E2E median / P90 | TTFT median / P90 | TPOT median / P90 | E2E bias | throughput |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    print(row("replay (sim --trace c8)", replay))
+    print(row("noise (a second c8 run)", noise))
+    for key, name in (("e2e", "median E2E error"), ("throughput", "throughput error")):
+        value = (
+            replay["figures"]["e2e"]["median_ape"]
+            if key == "e2e"
+            else abs(replay["throughput_error"])
+        )
+        floor = (
+            noise["figures"]["e2e"]["median_ape"]
+            if key == "e2e"
+            else abs(noise["throughput_error"])
+        )
+        bound = max(GOAL, floor + MARGIN)
+        print(
+            f"{name}: {value:.1%} against a bound of {bound:.1%} ({'met' if value <= bound else 'NOT met'})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,11 +3,14 @@ AL 3.78, K 7, one with every step price doubled; plain bench sees about twice th
 the cheaper; a sweep over concurrency 1,4 with 2 rounds against each; ``compare`` calls them
 comparable with the throughput ratio about 2 at each concurrency.
 
-The ratio falls short of 2 by the per-step and per-request work that no step price scales
-(the server's loop, HTTP, streaming, the client): 1.9 to 2 on a quiet 2-core machine, as low as
-1.4 while other processes load it (measured at a load average of 6 on 2 cores). So the issue's
-band is held when the machine is quiet at the start (load average under half a core per core),
-and a looser one otherwise; compare's ratio must agree with plain bench's either way.
+A sim server's step lasts its price with its own work inside it (paced to a deadline), so the
+ratio is 2 less only the per-request work no step price scales (HTTP, streaming, the client):
+measured on a quiet 2-core machine, plain bench 1.93 to 1.95 and compare 1.975 to 1.983 (when
+the server slept each price after its step's work instead, plain bench gave 1.883). Under load
+it falls further (as low as 1.4 at a load average of 6 on 2 cores). So the band, 1.9 to 2.1 (2
+within the rounds' noise), is held when the machine is quiet at the start (load average under
+half a core per core), and a looser one otherwise; compare's ratio must agree with plain
+bench's either way.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ BASE = {"base": 0.01, "per_token": 0, "per_seq": 0, "per_context_token": 0,
 DOUBLED = {**BASE, "base": 0.02, "draft_base": 0.001}
 LOAD = ["--model", "dummy", "--max-tokens", "128", "--ignore-eos", "--num-requests", "8"]
 QUIET = os.getloadavg()[0] / (os.cpu_count() or 1) < 0.5
-LOW, HIGH = (1.9, 2.05) if QUIET else (1.3, 2.1)
+LOW, HIGH = (1.9, 2.1) if QUIET else (1.3, 2.1)
 HAS_SWEEP = importlib.util.find_spec("speclens.cli.sweep") is not None
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -55,6 +58,8 @@ def test_done_means(tmp_path: Path) -> None:
                       "--output-dir", tmp_path / f"bench-{name}")  # fmt: skip
             summary = orjson.loads((tmp_path / f"bench-{name}" / "summary.json").read_bytes())
             plain[name] = summary["figures"]["throughput"]["output_tokens_per_s"]
+        print(f"plain bench ratio {plain['fast'] / plain['slow']:.3f}, band {LOW}-{HIGH} "
+              f"({'quiet' if QUIET else 'loaded'} machine at the start)")  # fmt: skip
         assert LOW <= plain["fast"] / plain["slow"] <= HIGH, (plain, QUIET)
         for name, server in (("fast", fast), ("slow", slow)):
             _speclens("sweep", "--url", server.url, *LOAD, "--concurrency", "1,4", "--rounds", "2",
@@ -67,6 +72,7 @@ def test_done_means(tmp_path: Path) -> None:
     rows = {(r["concurrency"], r["figure"]): r for r in pair["deltas"]["matched_concurrency"]}
     for concurrency in (1, 4):
         throughput = rows[(concurrency, "output_tokens_per_s")]
+        print(f"compare ratio at concurrency {concurrency}: {throughput['ratio']:.3f}")
         assert LOW <= throughput["ratio"] <= HIGH, (throughput, QUIET)
         assert throughput["ratio_low"] <= throughput["ratio"] <= throughput["ratio_high"]
         per_user = rows[(concurrency, "tokens_per_s_per_user")]

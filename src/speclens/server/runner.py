@@ -1,8 +1,9 @@
 """Drive the (single-threaded) engine from an asyncio server.
 
 One thread owns the engine: it drains an inbox of adds and aborts, runs ``step()``, and hands
-each request's outputs to that request's asyncio queue. With the ``sim`` executor it sleeps each
-step's priced cost in real time, so a mock server paces tokens like the real thing.
+each request's outputs to that request's asyncio queue. With the ``sim`` executor each step lasts
+its priced cost in real time (its own work included), so a mock server paces tokens like the real
+thing.
 
 A tensor-parallel engine (``build_engine`` starts its ranks) dies the same way when one of its
 ranks ends: the runner checks between steps, idle or not.
@@ -243,6 +244,7 @@ class EngineRunner:
                 self._wake.wait(timeout=0.1)
                 self._wake.clear()
                 continue
+            started = time.perf_counter()
             with self._lock:
                 outputs = self.engine.step()
                 seconds = self.engine.steps[-1].seconds if self.engine.steps else 0.0
@@ -252,7 +254,11 @@ class EngineRunner:
                     listener(out, now)
                 self._deliver(out.request_id, out)
             if self.realtime and seconds > 0:
-                self._stop.wait(seconds)
+                # The step lasts its price, its own work included: paced to a deadline, so the
+                # host time of scheduling and delivering is not added on top of every step.
+                left = seconds - (time.perf_counter() - started)
+                if left > 0:
+                    self._stop.wait(left)
         self._drain()
 
 

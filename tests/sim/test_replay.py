@@ -275,3 +275,22 @@ def test_a_trace_without_a_cost_is_a_usage_error(observed: dict[int, Path]) -> N
         [sys.executable, "-m", "speclens", "sim", "--trace", observed[8]], timeout=120
     )
     assert done.returncode == 2 and "--trace needs --step-cost" in done.stderr
+
+
+def test_serve_takes_a_calibrated_cost_file(observed: dict[int, Path], tmp_path: Path) -> None:
+    """``serve --executor sim --step-cost FILE`` prices its steps with calibrate's output; a file
+    that is not a cost is refused naming the file and the field (exit 2)."""
+    import typer
+
+    from speclens.cli.serve import _step_cost
+
+    out = tmp_path / "cost.yaml"
+    cost, _ = fit([observe(observed[1]), observe(observed[4])])
+    out.write_text(yaml.safe_dump({"kind": "StepCostFit", "step_cost": asdict(cost), "fit": {},
+                                   "provenance": {}}))  # fmt: skip
+    assert _step_cost(str(out), StepCost) == cost
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"kind": "StepCostFit", "step_cost": {"base": -1}}))
+    with pytest.raises(typer.Exit) as caught:
+        _step_cost(str(bad), StepCost)
+    assert caught.value.exit_code == 2

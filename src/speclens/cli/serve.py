@@ -161,8 +161,18 @@ def _warn_if_exposed(host: str, api_key: str | None) -> None:
 
 
 def _step_cost(text: str | None, cls: Any) -> Any:
+    """``--step-cost``: a JSON object of StepCost fields, or a YAML file (``speclens calibrate``'s
+    output, or a bare mapping of the fields)."""
     if not text:
         return cls()
+    if not text.lstrip().startswith("{"):
+        from speclens.acceptance import ValidationError
+        from speclens.sim.calibrate import read_cost_file
+
+        try:
+            return read_cost_file(Path(text))[0]
+        except ValidationError as exc:
+            fail((f"--step-cost: {p}" for p in exc.problems), code=2)
     try:
         cost = cls(**json.loads(text))
     except (json.JSONDecodeError, TypeError) as exc:
@@ -288,7 +298,8 @@ def serve(
     step_cost: str | None = typer.Option(
         None,
         "--step-cost",
-        help="sim executor: JSON of StepCost fields (seconds), e.g. '{\"base\": 0.002}'.",
+        help="sim executor: JSON of StepCost fields (seconds), e.g. '{\"base\": 0.002}', or a "
+        "step-cost YAML file (speclens calibrate's output).",
     ),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API."""

@@ -118,6 +118,8 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2", help="speclens serve's --model")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--keep", type=Path, help="keep the runs here (default: a temporary dir)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --keep: calibrate and replay the runs already there, no server")  # fmt: skip
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="speclens-replay-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -129,6 +131,15 @@ def main() -> int:
     load = ["--model", served, "--max-tokens", str(args.max_tokens), "--ignore-eos",
             "--stream", "--warmup", "1"]  # fmt: skip
     load += ["--dataset", "jsonl", "--dataset-path", str(SPEC_BENCH)] if args.model != "dummy" else ["--dataset", "random"]  # fmt: skip
+    if args.reuse and args.keep:
+        print("reusing the runs already there", flush=True)
+    else:
+        bench_all(args, work, port, load)
+    calibrate_and_replay(work)
+    return 0
+
+
+def bench_all(args: argparse.Namespace, work: Path, port: int, load: list[str]) -> None:
     server = start(args.engine, args.model, port, work)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -141,6 +152,9 @@ def main() -> int:
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=60)
+
+
+def calibrate_and_replay(work: Path) -> None:
     done = speclens("calibrate", work / "c1", work / "c4", "-o", work / "cost.yaml")
     print(done.stdout + done.stderr)
     print(
@@ -171,7 +185,6 @@ def main() -> int:
         print(
             f"c8 {name}: {value:.1%} against a bound of {bound:.1%} ({'met' if value <= bound else 'NOT met'})"
         )
-    return 0
 
 
 if __name__ == "__main__":

@@ -52,7 +52,8 @@ def test_every_request_is_sent_at_its_arrival_with_its_length(
     due = [(t - ARRIVALS_MS[0]) / 1000 for t in ARRIVALS_MS]
     assert [r["scheduled_s"] for r in rows] == pytest.approx(due)
     for row, when in zip(rows, due, strict=True):
-        assert when <= row["start_s"] < when + 1.0, (row["start_s"], when)  # sent when due, not early
+        # Sent when due: never early, and late only by a loaded machine's scheduling.
+        assert when <= row["start_s"] < when + 1.0, (row["start_s"], when)
     assert [r["completion_tokens"] for r in rows] == OUTPUTS
     settings = json.loads((out / "summary.json").read_text())["settings"]
     assert settings["dataset"] == "trace" and settings["concurrency"] is None

@@ -81,6 +81,29 @@ def bench(
     return figures
 
 
+def prepare(args: argparse.Namespace, prefix: str) -> tuple[Path, Path, Path] | None:
+    """After checking vLLM's environment (None, and why, without it) and printing the machine:
+    a work directory, the exported SmolLM2 (``--model-dir``, or exported there) and the
+    ``--prompts`` spread over Spec-Bench."""
+    if not vllm_env.ready():
+        print(f"the vLLM environment is not built: run python tests/peers/vllm_env.py "
+              f"(expected {vllm_env.stamp()})", file=sys.stderr)  # fmt: skip
+        return None
+    print(f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.1f}; {args.prompts} prompts x {args.max_tokens} "
+          f"tokens, concurrency {args.concurrency}, {args.rounds} rounds", flush=True)  # fmt: skip
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    model_dir = args.model_dir or export_smollm2(work / vllm_env.SERVED_MODEL)
+    return work, model_dir, spread_prompts(args.prompts, work / "prompts.jsonl")
+
+
+def export_smollm2(out: Path) -> Path:
+    """SmolLM2 as a Hugging Face directory vLLM loads (``speclens export smollm2``)."""
+    subprocess.run([sys.executable, "-m", "speclens", "export", "smollm2", str(out)],
+                   check=True, capture_output=True)  # fmt: skip
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=8)
@@ -89,20 +112,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--model-dir", type=Path, help="an exported SmolLM2 (skips the export)")
     args = parser.parse_args()
-    if not vllm_env.ready():
-        print(f"the vLLM environment is not built: run python tests/peers/vllm_env.py "
-              f"(expected {vllm_env.stamp()})", file=sys.stderr)  # fmt: skip
+    prepared = prepare(args, "speclens-peers-")
+    if prepared is None:
         return 1
-    print(f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
-          f"load average {os.getloadavg()[0]:.1f}; {args.prompts} prompts x {args.max_tokens} "
-          f"tokens, concurrency {args.concurrency}, {args.rounds} rounds", flush=True)  # fmt: skip
-    work = Path(tempfile.mkdtemp(prefix="speclens-peers-"))
-    model_dir = args.model_dir
-    if model_dir is None:
-        model_dir = work / vllm_env.SERVED_MODEL
-        subprocess.run([sys.executable, "-m", "speclens", "export", "smollm2", str(model_dir)],
-                       check=True, capture_output=True)  # fmt: skip
-    prompts = spread_prompts(args.prompts, work / "prompts.jsonl")
+    work, model_dir, prompts = prepared
     servers = {
         "speclens serve": (speclens_command, dict(os.environ)),
         "vLLM 0.32 CPU": (

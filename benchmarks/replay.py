@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from peers import export_smollm2, free_port, vllm_env  # the peer tier's vLLM environment
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEC_BENCH = REPO_ROOT / ".." / "shared" / "data" / "spec-bench" / "question.jsonl"
 GOAL, MARGIN = 0.10, 0.03
@@ -40,14 +42,6 @@ def speclens(*args: str | Path) -> subprocess.CompletedProcess[str]:
     if done.returncode not in (0, 1):
         raise RuntimeError(f"speclens {args[0]} exited {done.returncode}:\n{done.stderr[-3000:]}")
     return done
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def fidelity(a: Path, b: Path) -> dict[str, Any]:
@@ -71,15 +65,11 @@ def start(engine: str, model: str, port: int, work: Path) -> subprocess.Popen[by
     environment) on SmolLM2 exported as speclens runs it; n-gram K 4, prompt lookup 2..4."""
     env = dict(os.environ)
     if engine == "vllm":
-        sys.path.insert(0, str(REPO_ROOT / "tests" / "peers"))
-        import vllm_env
-
         if not vllm_env.ready():
             raise RuntimeError("the vLLM environment is not built: python tests/peers/vllm_env.py")
         exported = work / "smollm2-hf"
         if not exported.exists():
-            subprocess.run([sys.executable, "-m", "speclens", "export", "smollm2", str(exported)],
-                           check=True, capture_output=True)  # fmt: skip
+            export_smollm2(exported)
         cmd, env = vllm_env.command(exported, port, vllm_env.NGRAM), vllm_env.environment()
     else:
         cmd = [sys.executable, "-m", "speclens", "serve", "--model", model, "--method", "ngram",

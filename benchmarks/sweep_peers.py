@@ -18,15 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from peers import free_port, launch, speclens_command, spread_prompts, vllm_env
+from peers import free_port, launch, prepare, speclens_command, vllm_env
 
 STARTUP_TIMEOUT_S = 480.0
 
@@ -94,20 +92,10 @@ def main() -> int:
     )
     parser.add_argument("--model-dir", type=Path, help="an exported SmolLM2 (skips the export)")
     args = parser.parse_args()
-    if not vllm_env.ready():
-        print(f"the vLLM environment is not built: run python tests/peers/vllm_env.py "
-              f"(expected {vllm_env.stamp()})", file=sys.stderr)  # fmt: skip
+    prepared = prepare(args, "speclens-sweep-peers-")
+    if prepared is None:
         return 1
-    print(f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
-          f"load average {os.getloadavg()[0]:.1f}; {args.prompts} prompts x {args.max_tokens} "
-          f"tokens, concurrency {args.concurrency}, {args.rounds} rounds", flush=True)  # fmt: skip
-    work = Path(tempfile.mkdtemp(prefix="speclens-sweep-peers-"))
-    model_dir = args.model_dir
-    if model_dir is None:
-        model_dir = work / vllm_env.SERVED_MODEL
-        subprocess.run([sys.executable, "-m", "speclens", "export", "smollm2", str(model_dir)],
-                       check=True, capture_output=True)  # fmt: skip
-    prompts = spread_prompts(args.prompts, work / "prompts.jsonl")
+    work, model_dir, prompts = prepared
     servers = {
         "speclens": (speclens_command, dict(os.environ)),
         "vllm": (lambda d, p: vllm_env.command(d, p, vllm_env.NGRAM), vllm_env.environment()),

@@ -30,6 +30,7 @@ iterating on a test; the tier itself exports).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import subprocess
@@ -45,7 +46,7 @@ import peerlaunch
 import pytest
 import vllm_env
 
-from serverkit import free_port
+from serverkit import ServerProcess, free_port
 
 # Tests call the CLI in process (CliRunner), whose logging setup points the root handler at a
 # stream closed after the call: httpx's per-request INFO lines then print "Logging error".
@@ -55,6 +56,8 @@ SERVED_MODEL = vllm_env.SERVED_MODEL
 SPECULATIVE: dict[str, Any] = vllm_env.NGRAM
 #: Measured 36-66 s on a quiet 2-core machine and 188 s on one loaded by other work.
 STARTUP_TIMEOUT_S = 480.0
+#: ``speclens serve`` on SmolLM2 starts in seconds; this bounds a machine under load.
+SPECLENS_STARTUP_TIMEOUT_S = 240.0
 
 
 class Peer(NamedTuple):
@@ -136,6 +139,26 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def vllm_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Peer]:
     with running_vllm(smollm2_dir, tmp_path_factory.mktemp("vllm")) as peer:
         yield peer
+
+
+@pytest.fixture(scope="module")
+def speclens_ngram(
+    smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory, vllm_server: Peer
+) -> Iterator[ServerProcess]:
+    """``speclens serve`` on the exported weights with vLLM's speculative config, served as
+    vLLM's model name (for the module that asks for it)."""
+    server = ServerProcess(
+        ["--model", str(smollm2_dir), "--served-model-name", SERVED_MODEL,
+         "--speculative-config", json.dumps(vllm_server.speculative),
+         "--per-request-spec-decode-stats", "summary", "--max-model-len", "2048",
+         "--kv-cache-tokens", "16384"],
+        tmp_path_factory.mktemp("speclens-ngram"),
+    )  # fmt: skip
+    try:
+        server.start().wait_ready(SPECLENS_STARTUP_TIMEOUT_S)
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,6 @@ vLLM gets one request at a time (its batch shapes then match a lone request's nu
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,6 @@ PER_CATEGORY = 2
 MAX_TOKENS = 64
 #: The issue's bar for per-category AL, speclens serve against vLLM.
 TOLERANCE = 0.02
-STARTUP_TIMEOUT_S = 240.0
 
 
 def measure(url: str, out: Path, concurrency: int, *extra: str) -> dict[str, Any]:
@@ -53,25 +51,6 @@ def measure(url: str, out: Path, concurrency: int, *extra: str) -> dict[str, Any
 
 def al_by_category(document: dict[str, Any]) -> dict[str, float]:
     return {p["category"]: p["acceptance_length"] for p in document["profiles"]}
-
-
-@pytest.fixture(scope="module")
-def speclens_ngram(
-    smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory, vllm_server: Any
-) -> Iterator[ServerProcess]:
-    """``speclens serve`` on the exported weights with vLLM's speculative config."""
-    server = ServerProcess(
-        ["--model", str(smollm2_dir), "--served-model-name", "smollm2",
-         "--speculative-config", json.dumps(vllm_server.speculative),
-         "--per-request-spec-decode-stats", "summary", "--max-model-len", "2048",
-         "--kv-cache-tokens", "16384"],
-        tmp_path_factory.mktemp("measure-speclens"),
-    )  # fmt: skip
-    try:
-        server.start().wait_ready(STARTUP_TIMEOUT_S)
-        yield server
-    finally:
-        server.stop()
 
 
 def test_measure_against_vllm_matches_speclens_serve(

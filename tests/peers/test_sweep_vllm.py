@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,6 @@ SPEC_BENCH = Path(__file__).parents[2] / ".." / "shared" / "data" / "spec-bench"
 #: The issue's load: concurrency 1 and 4, 2 rounds, 64 tokens, ignore-eos, on Spec-Bench.
 LOAD = ["--model", vllm_env.SERVED_MODEL, "--dataset", "jsonl", "--dataset-path", str(SPEC_BENCH),
         "--num-requests", "8", "--max-tokens", "64", "--ignore-eos", "--endpoint", "completions"]  # fmt: skip
-STARTUP_TIMEOUT_S = 240.0
 pytestmark = pytest.mark.timeout(1800)
 
 
@@ -55,25 +53,6 @@ def compare(*paths: Path, extra: tuple[str, ...] = ()) -> tuple[int, dict[str, A
 
 def checks(pair: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in pair["checks"]}
-
-
-@pytest.fixture(scope="module")
-def speclens_ngram(
-    smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory, vllm_server: Any
-) -> Iterator[ServerProcess]:
-    """``speclens serve`` on the exported weights with vLLM's speculative config."""
-    server = ServerProcess(
-        ["--model", str(smollm2_dir), "--served-model-name", vllm_env.SERVED_MODEL,
-         "--speculative-config", json.dumps(vllm_server.speculative),
-         "--per-request-spec-decode-stats", "summary", "--max-model-len", "2048",
-         "--kv-cache-tokens", "16384"],
-        tmp_path_factory.mktemp("sweep-speclens"),
-    )  # fmt: skip
-    try:
-        server.start().wait_ready(STARTUP_TIMEOUT_S)
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -135,6 +135,8 @@ def sim(
     from speclens.sim.scenario import load_scenario
     from speclens.sim.simulate import fast_fallback
 
+    if not 0 <= seed <= MAX_SEED:
+        fail(f"--seed: expected an integer in 0..{MAX_SEED}, got {seed}", code=2)
     if trace is not None:
         from speclens.cli.sim_trace import replay_command
 
@@ -144,9 +146,6 @@ def sim(
         fail("--step-cost goes with --trace (a scenario prices its pools itself)", code=2)
     if scenario_path is None:
         fail("missing SCENARIO: give a scenario file, or --trace to replay a run", code=2)
-
-    if not 0 <= seed <= MAX_SEED:
-        fail(f"--seed: expected an integer in 0..{MAX_SEED}, got {seed}", code=2)
     if max_request_steps is not None and max_request_steps < 1:
         fail(f"--max-request-steps: expected an integer >= 1, got {max_request_steps}", code=2)
     if jobs is not None and jobs < 1:

@@ -12,8 +12,6 @@ import typer
 
 from speclens.cli._common import err_console, fail, out_console, reported
 
-MAX_SEED = 2**32 - 1
-
 
 def _engine_limits(scenario: Any) -> tuple[int, int]:
     """(max_num_seqs, the step's token budget): the scenario's first pool, or its defaults."""
@@ -96,8 +94,6 @@ def replay_command(
     from speclens.sim.replay import replay, settings
     from speclens.sim.scenario import load_scenario
 
-    if not 0 <= seed <= MAX_SEED:
-        fail(f"--seed: expected an integer in 0..{MAX_SEED}, got {seed}", code=2)
     scenario = None
     if scenario_path is not None:
         with reported():
@@ -138,12 +134,11 @@ def replay_command(
     if note:
         err_console.print(f"note: {note}", markup=False)
     if stream is not None:
-        server = {"version": None, "engine": "speclens", "model": trace.model, "executor": "sim",
-                  "hardware": None, "acceptance": {"method": None, "num_speculative_tokens": k or None,
-                                                   "forced": False}}  # fmt: skip
         from speclens import __version__
 
-        server["version"] = __version__
+        acceptance = {"method": None, "num_speculative_tokens": k or None, "forced": False}
+        server = {"version": __version__, "engine": "speclens", "model": trace.model,
+                  "executor": "sim", "hardware": None, "acceptance": acceptance}  # fmt: skip
         simulation = {"trace": str(trace.source), "trace_kind": trace.kind, "step_cost": cost_source,
                       "seed": seed, "fit": meta.get("fit"), "extrapolation": note}  # fmt: skip
         summary = run_output.summary(result.records, result.makespan,

@@ -14,7 +14,8 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -119,9 +120,7 @@ def _run_trace(path: Path) -> Trace:
     if problems:
         raise TraceError(problems[:10])
     requests.sort(key=lambda r: (r.arrival, r.index))
-    start = requests[0].arrival
-    requests = [_shifted(r, start) for r in requests]
-    return Trace(path, "run", requests, None if open_loop else settings.get("concurrency"),
+    return Trace(path, "run", _from_zero(requests), None if open_loop else settings.get("concurrency"),
                  _k(run), settings.get("model"), settings)  # fmt: skip
 
 
@@ -143,9 +142,10 @@ def _k(run: Any) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def _shifted(r: TraceRequest, start: float) -> TraceRequest:
-    return TraceRequest(r.index, r.arrival - start, r.input_tokens, r.output_tokens, r.category,
-                        r.steps, r.accepted, r.histogram)  # fmt: skip
+def _from_zero(requests: list[TraceRequest]) -> list[TraceRequest]:
+    """Arrivals counted from the first request's (the list is in arrival order)."""
+    start = requests[0].arrival
+    return [replace(r, arrival=r.arrival - start) for r in requests]
 
 
 # --- a Mooncake-style JSONL file --------------------------------------------------------------
@@ -199,7 +199,6 @@ def _mooncake(path: Path) -> Trace:
     if not requests:
         raise TraceError([f"{path}: no request (expected one JSON object per line with "
                           "timestamp, input_length and output_length)"])  # fmt: skip
-    order = sorted(requests, key=lambda r: (r.arrival, r.index))
-    if order != requests:
+    if any(b.arrival < a.arrival for a, b in pairwise(requests)):
         raise TraceError([f"{path}: timestamps must not decrease (line order is arrival order)"])
-    return Trace(path, "mooncake", [_shifted(r, requests[0].arrival) for r in requests])
+    return Trace(path, "mooncake", _from_zero(requests))

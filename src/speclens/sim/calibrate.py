@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ class _Request:
     end: float
     prompt: int
     chunks: list[tuple[float, float, int]]  # (from, to, tokens) per chunk received
-    steps: int = 1  # its decode steps
+    steps: int  # its decode steps
 
 
 @dataclass
@@ -77,7 +77,6 @@ class Observed:
     version: str | None
     model: str | None
     k: int | None
-    summary: dict[str, Any] = field(default_factory=dict)
 
 
 def _decode_steps(row: dict[str, Any]) -> int:
@@ -115,8 +114,8 @@ def observe(path: Path) -> Observed:
     settings = run.settings
     load = ("request_rate", float(settings["request_rate"])) if settings.get("request_rate") \
         else ("concurrency", float(settings.get("concurrency") or 1))  # fmt: skip
-    requests = _requests(run.completed)
-    if not any(r.chunks for r in requests):
+    requests = _requests(run.completed)  # those with inter-token timings only
+    if not requests:
         raise CalibrationError([f"{path / 'records.jsonl'}: no request has inter-token timings "
                                 "(itl_runs_s): a calibration needs a streamed run"])  # fmt: skip
     raw = run.summary.get("server")
@@ -124,7 +123,7 @@ def observe(path: Path) -> Observed:
     ks = run.ks()
     return Observed(path, load, requests, server.get("engine") or run.engine,
                     server.get("version"), settings.get("model"),
-                    next(iter(ks)) if len(ks) == 1 else None, run.summary)  # fmt: skip
+                    next(iter(ks)) if len(ks) == 1 else None)  # fmt: skip
 
 
 def _rows(run: Observed) -> tuple[list[list[float]], list[float], list[float]]:
@@ -259,22 +258,16 @@ def document(runs: Sequence[Observed], cost: StepCost, report: dict[str, Any]) -
 
 def read_cost_file(path: Path) -> tuple[StepCost, dict[str, Any]]:
     """A step cost from a YAML file: ``calibrate``'s output (its ``step_cost``, with ``fit`` and
-    ``provenance`` returned beside it) or a bare mapping of StepCost fields."""
-    from speclens.acceptance import Problem, ValidationError, read_yaml
+    ``provenance`` returned beside it) or a bare mapping of StepCost fields, validated as a
+    scenario's ``step_cost_file`` is."""
+    from speclens.acceptance import read_yaml
     from speclens.acceptance.files import validate
-    from speclens.sim.cost import _schema
 
     data = read_yaml(path)
-    meta: dict[str, Any] = {}
     if isinstance(data, dict) and data.get("kind") == KIND:
         meta = {k: data.get(k) for k in ("fit", "provenance")}
-        data = data.get("step_cost")
-        if not isinstance(data, dict):
-            raise ValidationError(
-                [Problem(str(path), "step_cost", "expected a mapping of StepCost fields")]
-            )
-    fields = validate(_schema(), data, str(path))
-    return StepCost(**dict(fields)), meta
+        return validate(StepCost, data.get("step_cost"), str(path), "step_cost"), meta
+    return validate(StepCost, data, str(path)), {}
 
 
 def extrapolation(meta: dict[str, Any], widths: tuple[int, int]) -> str | None:

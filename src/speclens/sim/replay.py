@@ -43,8 +43,7 @@ class Recorded:
         if not self.k or r.steps is None or not r.steps:
             return np.zeros(0, dtype=np.int64)
         if r.histogram:
-            keys = np.array(sorted(r.histogram), dtype=np.int64)
-            counts = np.array([r.histogram[j] for j in sorted(r.histogram)], dtype=np.int64)
+            keys, counts = np.array(sorted(r.histogram.items()), dtype=np.int64).T
             drawn: np.ndarray = self.rng.permutation(np.repeat(np.minimum(keys, self.k), counts))
             return drawn
         each, extra = divmod(r.accepted or 0, r.steps)
@@ -90,7 +89,6 @@ class Recorded:
 class Replayed:
     records: list[RequestRecord]
     makespan: float
-    counts: fast.Counts
     tally: Tally
 
 
@@ -101,11 +99,9 @@ def replay(
     max_num_seqs: int,
     max_num_batched_tokens: int,
     seed: int = 0,
-    concurrency: int | None = None,
 ) -> Replayed:
-    """Run ``trace`` on one replica; every request's record, in index order, as bench keeps it.
-    ``concurrency`` overrides the trace's loop (closed at it; the trace's own when None)."""
-    closed = concurrency if concurrency is not None else trace.concurrency
+    """Run ``trace`` on one replica, in its own loop; every request's record, in index order,
+    as bench keeps it."""
     rng = np.random.default_rng([REPLAY_STREAM, seed])
     draws = Recorded(trace, k, cost, rng)
     tally, pooled = Tally(), Totals()
@@ -117,13 +113,13 @@ def replay(
         records.append(from_trace(t, k, category[t.index], replica))
 
     longest = max(r.output_tokens for r in trace.requests)
-    counts = fast.run_replica(
+    fast.run_replica(
         ((r.index, r.arrival, r.input_tokens, r.output_tokens) for r in trace.requests),
-        k, None, 1.0, cost, max_num_seqs, max_num_batched_tokens, longest, closed, rng, tally,
-        pooled, traced, draws=draws,
+        k, None, 1.0, cost, max_num_seqs, max_num_batched_tokens, longest, trace.concurrency, rng,
+        tally, pooled, traced, draws=draws,
     )  # fmt: skip
     records.sort(key=lambda r: r.index)
-    return Replayed(records, tally.end - tally.start, counts, tally)
+    return Replayed(records, tally.end - tally.start, tally)
 
 
 def settings(trace: Trace, cost_source: str | None, seed: int, k: int) -> dict[str, Any]:

@@ -79,3 +79,16 @@ def test_a_bad_trace_is_refused_naming_its_line(tmp_path: Path) -> None:
                        "--dataset-path", path)  # fmt: skip
     assert code == 1, text
     assert f"{path}: line 2: input_length: expected a token count >= 1" in text
+
+
+def test_a_trace_prompt_is_varied_filler_of_its_length(tmp_path: Path) -> None:
+    """Filler of the request's input length in words, not one word repeated (a prompt that
+    repeats itself hands an n-gram drafter every draft)."""
+    from speclens.bench.datasets import trace_prompts
+
+    prompts = trace_prompts(mooncake(tmp_path / "t.jsonl"))
+    for i, prompt in enumerate(prompts):
+        words = prompt.text.split()
+        assert len(words) == 20 + 5 * i
+        assert len(set(words)) > len(words) // 4, prompt.text[:80]
+    assert prompts[0].text != prompts[1].text  # each request its own seeded text

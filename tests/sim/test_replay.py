@@ -300,3 +300,38 @@ def test_serve_takes_a_calibrated_cost_file(observed: dict[int, Path], tmp_path:
     with pytest.raises(typer.Exit) as caught:
         _step_cost(str(bad), StepCost)
     assert caught.value.exit_code == 2
+
+
+def test_a_trace_of_bad_lines_reports_the_first_ten_and_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading stops at the tenth problem: a file of bad lines costs ten parses, not one a line."""
+    import speclens.runs.trace as trace_module
+
+    parsed = []
+    loads = trace_module.orjson.loads
+    monkeypatch.setattr(trace_module.orjson, "loads", lambda b: parsed.append(b) or loads(b))
+    path = tmp_path / "trace.jsonl"
+    path.write_text("{not json\n" * 100_000)
+    with pytest.raises(TraceError) as caught:
+        read_trace(path)
+    assert len(parsed) == 10
+    assert len(caught.value.lines) == 10
+    assert caught.value.lines[-1] == f"{path}: line 10: not JSON"
+
+
+@pytest.mark.parametrize("field", ["input_length", "output_length"])
+def test_a_length_no_request_has_is_refused_before_anything_is_built(
+    tmp_path: Path, field: str
+) -> None:
+    """A billion-token request would be a billion words of filler for bench and a billion decode
+    steps of arrays for the replay: refused when the trace is read."""
+    row = {"timestamp": 0, "input_length": 10, "output_length": 10, field: 10**9}
+    path = tmp_path / "trace.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(TraceError) as caught:
+        read_trace(path)
+    assert caught.value.lines == [
+        f"{path}: line 1: {field}: expected a token count >= 1 and at most 1,048,576, "
+        "got 1000000000"
+    ]

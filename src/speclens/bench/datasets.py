@@ -124,12 +124,12 @@ def trace_prompts(path: Path) -> list[Prompt]:
     words (a word is about a token), asking for its output length. Raises ``TraceError``."""
     from speclens.runs.trace import read_trace
 
-    requests = read_trace(path).requests
-    return [
-        Prompt(" ".join(random.Random(r.index).choice(WORDS) for _ in range(r.input_tokens)),
-               r.category, r.output_tokens, str(r.index), r.arrival)
-        for r in requests
-    ]  # fmt: skip
+    prompts = []
+    for r in read_trace(path).requests:
+        rng = random.Random(r.index)
+        words = " ".join(rng.choice(WORDS) for _ in range(r.input_tokens))
+        prompts.append(Prompt(words, r.category, r.output_tokens, str(r.index), r.arrival))
+    return prompts
 
 
 #: Bounds on a prompt file: far above Spec-Bench (about 0.5 MB), small enough to hold in memory.

@@ -21,9 +21,11 @@ from typing import Any
 
 import orjson
 
-#: Bounds on a trace file: its size and its requests.
+#: Bounds on a trace file: its size, its requests, and a request's tokens (each becomes words of
+#: filler for bench and decode steps of arrays for the replay).
 MAX_TRACE_BYTES = 256 * 2**20
 MAX_TRACE_REQUESTS = 2**20
+MAX_TRACE_TOKENS = 2**20
 
 
 class TraceError(Exception):
@@ -104,6 +106,11 @@ def _run_trace(path: Path) -> Trace:
             problems.append(f"{where}: expected prompt_tokens and completion_tokens (the server's "
                             "usage) to replay its lengths")  # fmt: skip
             continue
+        lengths = [(k, why) for k in ("prompt_tokens", "completion_tokens")
+                   if (why := _length_problem(row[k]))]  # fmt: skip
+        if lengths:
+            problems += [f"{where}: {k}: {why}" for k, why in lengths]
+            continue
         if row.get("start_s") is None or row.get("latency_s") is None:
             problems.append(f"{where}: expected start_s and latency_s: a trace needs timings")
             continue
@@ -151,8 +158,11 @@ def _from_zero(requests: list[TraceRequest]) -> list[TraceRequest]:
 # --- a Mooncake-style JSONL file --------------------------------------------------------------
 
 
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 2**31
+def _length_problem(value: object) -> str | None:
+    """Why ``value`` cannot be a request's token count, or None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_TRACE_TOKENS:
+        return None
+    return f"expected a token count >= 1 and at most {MAX_TRACE_TOKENS:,}, got {value!r:.40}"
 
 
 def _mooncake(path: Path) -> Trace:
@@ -166,6 +176,8 @@ def _mooncake(path: Path) -> Trace:
     requests: list[TraceRequest] = []
     problems: list[str] = []
     for number, line in enumerate(data.splitlines(), start=1):
+        if len(problems) >= 10:
+            break
         if not line.strip():
             continue
         if len(requests) >= MAX_TRACE_REQUESTS:
@@ -185,15 +197,13 @@ def _mooncake(path: Path) -> Trace:
             problems.append(f"{path}: line {number}: timestamp: expected milliseconds >= 0, "
                             f"got {stamp!r:.40}")  # fmt: skip
             continue
-        bad = [k for k in ("input_length", "output_length") if not _positive_int(row.get(k))]
+        bad = [(k, why) for k in ("input_length", "output_length")
+               if (why := _length_problem(row.get(k)))]  # fmt: skip
         if bad:
-            problems += [f"{path}: line {number}: {k}: expected a token count >= 1, got "
-                         f"{row.get(k)!r:.40}" for k in bad]  # fmt: skip
+            problems += [f"{path}: line {number}: {k}: {why}" for k, why in bad]
             continue
         requests.append(TraceRequest(len(requests), stamp / 1000.0, row["input_length"],
                                      row["output_length"]))  # fmt: skip
-        if len(problems) >= 10:
-            break
     if problems:
         raise TraceError(problems[:10])
     if not requests:

@@ -202,8 +202,8 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
     relative = np.abs(predicted - ya) / ya
     report = {
         "method": "linear: each request's decode time over its decode steps, batch and context "
-                  "as the client saw them (non-negative least squares), and the TTFT of "
-                  "requests that found the server idle",
+                  "as the client saw them, and the prefills it decoded through (non-negative "
+                  "least squares)",
         "requests": len(y),
         "decode_steps": int(xa[:, 0].sum()),
         "batch_widths": [max(1, round(min(widths))), round(max(widths))],

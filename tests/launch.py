@@ -48,6 +48,7 @@ class _Zygote:
         self.changed = threading.Condition(self.lock)
         self.pids: dict[int, int] = {}
         self.codes: dict[int, int] = {}
+        self.cpu: dict[int, float] = {}
         self.next_id = 0
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -60,6 +61,7 @@ class _Zygote:
                     self.pids[reply["id"]] = reply["pid"]
                 else:
                     self.codes[reply["pid"]] = reply["code"]
+                    self.cpu[reply["pid"]] = reply["cpu"]
                 self.changed.notify_all()
         with self.changed:  # it died: nothing more will be reported
             self.proc.wait()
@@ -129,6 +131,11 @@ class Child:
         if self.returncode is None:
             self.returncode = self.zygote.wait(self.pid, 0)
         return self.returncode
+
+    @property
+    def cpu_s(self) -> float | None:
+        """CPU seconds the command used, once it has ended (not counting the skipped import)."""
+        return self.zygote.cpu.get(self.pid) if self.returncode is not None else None
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
@@ -202,13 +209,20 @@ def popen(
     return Child(zygote, zygote.fork(request), command)
 
 
+class Completed(subprocess.CompletedProcess[str]):
+    """``subprocess.CompletedProcess``, plus ``cpu_s``: the CPU seconds a forked command used
+    (its own work, without the import), or None for one run fresh (whose CPU includes it)."""
+
+    cpu_s: float | None = None
+
+
 def run(
     command: Sequence[str | Path],
     *,
     timeout: float,
     env: Mapping[str, str] | None = None,
     cwd: str | Path | None = None,
-) -> subprocess.CompletedProcess[str]:
+) -> Completed:
     """``subprocess.run(..., capture_output=True, text=True)``; on timeout the command is killed
     and ``subprocess.TimeoutExpired`` carries what it wrote."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -226,7 +240,9 @@ def run(
                 output=out_path.read_text(errors="replace"),
                 stderr=err_path.read_text(errors="replace"),
             ) from None  # fmt: skip
-        return subprocess.CompletedProcess(
+        done = Completed(
             [str(c) for c in command], code,
             out_path.read_text(errors="replace"), err_path.read_text(errors="replace"),
         )  # fmt: skip
+        done.cpu_s = proc.cpu_s if isinstance(proc, Child) else None
+        return done

@@ -8,13 +8,14 @@ mean 1/R the coefficient of variation is 1/sqrt(k); over n gaps the sample mean 
 standard error sqrt((k + 1) / (2 k^2 n)). Each statistic must fall within 4 standard errors of
 its design value: a two-sided false-alarm rate of 6e-5 each under the normal approximation.
 
-The mean gap is taken from the send times: it is (last send - first send) / (n - 1), so a late
-wake-up of a loaded machine moves it only through the end points, while a generator that sleeps
-each gap after the previous send adds its own overhead to every gap (several standard errors at
-300 requests/s). The CV is taken from the times each arrival was due (``scheduled``): a stalled
-process sends the overdue arrivals in a burst, which would inflate the CV of the send times with
-the machine's load rather than the generator's draw; that every send is at or after its due time
-is checked instead.
+Both statistics are taken from the times each arrival was due (``scheduled``), which the
+generator draws; the send times carry the machine's load as well (a CI run whose client stalled
+for 0.6 s sent the overdue arrivals in a burst, which moved the mean of the send gaps by 5
+standard errors). What the send times must show is that arrivals are sent at their absolute due
+times rather than a gap after the previous send: every send is at or after its due time, and a
+send's lateness falls below the previous one's for many sends (about half, on a quiet machine or
+a loaded one), where a generator that sleeps each gap after the previous send can only add
+lateness, never make it up (none falls).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ pytestmark = pytest.mark.integration
 RATE = 300.0  # requests/s: 600 gaps take about 2 s
 ARRIVALS = 601
 BAND_SE = 4.0
+#: The least share of sends less late than the one before (about 0.5 measured, 0 for a generator
+#: that sleeps each gap after the previous send).
+MADE_UP = 0.2
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +63,15 @@ def test_open_loop_gaps_have_the_asked_mean_and_cv(canned: str, shape: float, se
     records = sorted(outcome.records, key=lambda r: r.index)
     assert len(records) == ARRIVALS and all(r.success for r in records)
     n = ARRIVALS - 1
-    sent = np.diff([r.start for r in records])
-    mean_se = (1 / RATE) / math.sqrt(shape * n)
-    assert abs(sent.mean() - 1 / RATE) <= BAND_SE * mean_se, (sent.mean(), 1 / RATE, mean_se)
     due = np.array([r.scheduled for r in records], dtype=float)
     assert due[0] == 0.0 and np.all(np.diff(due) > 0)
-    assert all(r.start >= r.scheduled - 1e-4 for r in records)  # type: ignore[operator]
     gaps = np.diff(due)
+    mean_se = (1 / RATE) / math.sqrt(shape * n)
+    assert abs(gaps.mean() - 1 / RATE) <= BAND_SE * mean_se, (gaps.mean(), 1 / RATE, mean_se)
+    late = np.array([r.start for r in records], dtype=float) - due
+    assert late.min() >= -1e-4, late.min()
+    made_up = float(np.mean(np.diff(late) < -1e-6))
+    assert made_up >= MADE_UP, f"lateness fell at {made_up:.0%} of sends"
     cv = float(gaps.std(ddof=1) / gaps.mean())
     cv_se = math.sqrt((shape + 1) / (2 * shape**2 * n))
     assert abs(cv - 1 / math.sqrt(shape)) <= BAND_SE * cv_se, (cv, 1 / math.sqrt(shape), cv_se)

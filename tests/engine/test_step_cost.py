@@ -120,8 +120,9 @@ def test_fit_recovers_known_coefficients_through_timing_noise() -> None:
 
 def test_one_type_one_formula() -> None:
     """The engine's StepCost is the scenario's and the fast path's (one type, one block size),
-    and a decode step's price, evaluated on a step's sums, is the part it pays once plus each
-    request's share: the split the fast path adds up, elementwise over numpy arrays."""
+    and a decode step's price is the verify forward plus K drafter forwards over the requests
+    that draft (none when none does), elementwise over numpy arrays of steps as the fast path
+    prices a stretch of them."""
     from speclens.engine import EngineConfig
     from speclens.sim import cost, fast, scenario
 
@@ -137,18 +138,16 @@ def test_one_type_one_formula() -> None:
         queries = 1 + k * drafts
         contexts = rng.integers(1, 4000, n) + k * drafts
         whole = price.decode(queries.sum(), n, contexts.sum(), drafts.sum(), k)
-        shares = price.decode_share(queries, contexts, drafts, k).sum()
-        assert whole == pytest.approx(price.decode_fixed(drafts.sum(), k) + shares, rel=1e-12)
         drafter = k * price.draft(drafts.sum()) if drafts.any() else 0.0
         assert whole == pytest.approx(
             price.verify(queries.sum(), n, contexts.sum()) + drafter, rel=1e-12
         )
     steps = np.array([0, 3, 1])  # drafting requests in each of three steps
-    assert price.decode_fixed(steps, k).tolist() == [
-        price.base,
-        price.base + k * price.draft_base,
-        price.base + k * price.draft_base,
-    ]
+    assert price.decode(steps * 0 + 1, 1, 0, steps, k).tolist() == pytest.approx([
+        price.base + price.per_token + price.per_seq,
+        price.base + price.per_token + price.per_seq + k * (price.draft_base + 3 * price.draft_per_token),
+        price.base + price.per_token + price.per_seq + k * (price.draft_base + price.draft_per_token),
+    ])  # fmt: skip
 
 
 def test_a_step_cost_validates_as_a_scenario_field() -> None:

@@ -114,10 +114,9 @@ def test_a_decode_step_without_drafts_pays_no_drafter(coverage: float) -> None:
     K x (draft_base + per_token + draft_per_token), with the counts the run reports.
 
     Kills the mutation: ``sim/fast.py`` charging the drafter's fixed price (K x draft_base)
-    on every decode step when coverage < 1 (``cost.decode_fixed(1, k)`` for
-    ``cost.decode_fixed(drafting[...], k)`` in ``run_replica``, or its one-number ``fixed`` taken
-    whatever the coverage), which a run of 16 concurrent sequences hides because nearly every
-    step then has a request that drafts."""
+    on every decode step when coverage < 1 (``np.ones_like(drafting[window])`` for
+    ``drafting[window]`` in ``run_replica``'s prices), which a run of 16 concurrent sequences
+    hides because nearly every step then has a request that drafts."""
     k = 7
     cost = StepCost(base=1e-3, per_token=2e-5, per_seq=3e-5, per_context_token=0.0,
                     draft_base=0.1, draft_per_token=4e-6, prefill_base=0.5,

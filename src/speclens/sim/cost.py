@@ -106,23 +106,6 @@ class StepCost:
             drafting > 0
         ) * self.draft(drafting)
 
-    # verify and draft are affine in their counts, so a decode step's price is a part it pays
-    # once plus a share per request: decode(sums) == decode_fixed(D, k) + sum of decode_share.
-    # The fast path adds shares into a window of future steps as requests are admitted.
-    def decode_fixed(self, drafting: Count, k: int) -> Any:
-        """The part of a decode step's price paid once, whatever its requests: the verify
-        forward's base, and the drafter forwards' base when any of its requests drafts."""
-        return self.verify(0, 0, 0) + k * self.draft(0) * (drafting > 0)  # scalars first
-
-    def decode_share(
-        self, query_tokens: Count, context_tokens: Count, drafts: Count, k: int
-    ) -> Any:
-        """One request's share of its decode step's price: its ``query_tokens`` verify slots and
-        ``context_tokens``, and its requests' term in K drafter forwards when it ``drafts``
-        (0 or 1)."""
-        verify = self.verify(query_tokens, 1, context_tokens) - self.verify(0, 0, 0)
-        return verify + k * (self.draft(1) - self.draft(0)) * drafts
-
     @classmethod
     def fit(cls, steps: Sequence[StepLike], num_spec_tokens: int) -> StepCost:
         """Least-squares fit to the steps of a ``torch`` run (``Engine.steps``).

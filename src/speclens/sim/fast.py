@@ -4,8 +4,10 @@ decode steps at a time.
 Under forced acceptance a request's draws do not depend on who shares its batch: each decode
 request-step drafts with probability ``coverage`` and then accepts j drafts with probability
 r_j - r_(j+1). So a request's whole trajectory (tokens per step, drafts, context) is drawn when it
-is admitted, and its share of every future decode step's price is added to a window indexed by
-decode step. With no preemption and every running request in every decode step (``unsupported``
+is admitted, and what it adds to every future decode step (a sequence, its verify slots, its
+context, whether it drafts) is added to windows indexed by decode step; a stretch of steps is
+priced from those sums at once (``decode``), so any step cost works, affine or a roofline.
+With no preemption and every running request in every decode step (``unsupported``
 says when that holds), the batch changes only when a request finishes or is admitted: between
 those events the engine's clock is a cumulative sum over the window. Prefill steps, admission
 (``max_num_seqs``, the token budget), closed and open loops and idle gaps follow the engine's
@@ -58,7 +60,8 @@ def unsupported(
 
 
 #: A request (index, arrival, input tokens, output tokens) with its trajectory: per decode step
-#: the tokens emitted, its price share, whether it drafted and the drafts it accepted.
+#: the tokens emitted, the context it attends over (drafts included), whether it drafted and the
+#: drafts it accepted.
 Item = tuple[int, float, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
@@ -91,21 +94,15 @@ class Counts:
 
 class _Draws:
     """Trajectories for admitted requests: per decode step the tokens gained (uncapped), whether
-    it drafted, and its share of the step's price (``StepCost.decode_share``)."""
+    it drafted, and the context it attends over."""
 
     def __init__(
-        self,
-        k: int,
-        rates: list[float] | None,
-        coverage: float,
-        cost: StepCost,
-        rng: np.random.Generator,
+        self, k: int, rates: list[float] | None, coverage: float, rng: np.random.Generator
     ) -> None:
         self.k = k
         reach = [1.0, *(rates or [])[:k], 0.0] if k else [1.0, 0.0]
         self.cdf = np.cumsum([reach[j] - reach[j + 1] for j in range(len(reach) - 1)])
         self.coverage = coverage if k else 0.0
-        self.cost = cost
         self.rng = rng
         mean_tokens = 1.0 + self.coverage * float(sum(rates or [])) if k else 1.0
         self.mean_tokens = mean_tokens
@@ -129,8 +126,8 @@ class _Draws:
         self, inputs: np.ndarray, outputs: np.ndarray, indices: Sequence[int] = ()
     ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """Each request's decode steps, drawn together: tokens emitted (the last step's capped
-        at the request's length), its share of each step's price, whether it drafted, and the
-        drafts it accepted (uncapped, as the histogram counts them). The draws are counted in
+        at the request's length), the context each step attends over (its drafts included),
+        whether it drafted, and the drafts it accepted (uncapped, as the histogram counts them). The draws are counted in
         the statistics."""
         need = np.maximum(outputs - 1, 0)  # the prefill emits the first token
         lengths = np.minimum(need, (need / self.mean_tokens + 6 * np.sqrt(need) + 8).astype(int))
@@ -156,9 +153,7 @@ class _Draws:
         done = steps > 0
         last = (starts + steps - 1)[done]
         emitted[last] -= (total[last + 1] - before[done]) - need[done]
-        context = inputs[request] + 1 + total[:-1] - before[request]
-        drafts = drafting * self.k
-        share = self.cost.decode_share(drafts + 1, context + drafts, drafting, self.k)
+        context = inputs[request] + 1 + total[:-1] - before[request] + drafting * self.k
         if self.k:
             counted = taken & drafting
             self.histogram += np.bincount(accepted[counted], minlength=self.k + 1)
@@ -166,7 +161,7 @@ class _Draws:
             self.drafting_steps += int(counted.sum())
         for first, n in zip(starts.tolist(), steps.tolist(), strict=True):
             end = first + n
-            yield emitted[first:end], share[first:end], drafting[first:end], accepted[first:end]
+            yield emitted[first:end], context[first:end], drafting[first:end], accepted[first:end]
 
 
 class Trajectories(Protocol):
@@ -254,17 +249,17 @@ def run_replica(
     ``draws``: the requests' decode steps as given (a replay), instead of drawn from
     ``rates`` and ``coverage``."""
     if draws is None:
-        draws = _Draws(k, rates, coverage, cost, rng)
+        draws = _Draws(k, rates, coverage, rng)
     span = longest_output + 2
     width = 4 * span
-    shares = np.zeros(width)  # per decode step, the sum of its requests' price shares
-    drafting = np.zeros(width, dtype=np.int64)  # per decode step, its requests that draft
+    # Per decode step: its sequences, verify slots, context tokens, and requests that draft.
+    seqs = np.zeros(width, dtype=np.int64)
+    slots = np.zeros(width, dtype=np.int64)
+    contexts = np.zeros(width, dtype=np.int64)
+    drafting = np.zeros(width, dtype=np.int64)
     tokens = np.zeros((width, k + 2), dtype=np.int64)  # its later-step requests by tokens
     base = 0  # the decode step at index 0 of the window
     decoded = 0  # decode steps run so far
-    # A step's once-paid price: one number when every request drafts on every step (or none
-    # ever does), else per step from how many of its requests draft.
-    fixed = cost.decode_fixed(1, k) if coverage >= 1.0 or not k else None
     clock = 0.0
     last_decode = 0.0  # when the latest decode step ended
     stream: Iterator[Item] = _prepared(requests, draws, longest_output)
@@ -302,12 +297,12 @@ def run_replica(
             clock += cost.prefill(prompt, len(batch), prompt)  # as the sim executor's prefill
             if decoded - base >= 2 * span:  # slide the window: no live request reaches back
                 shift = decoded - base
-                for array in (shares, drafting, tokens):
+                for array in (seqs, slots, contexts, drafting, tokens):
                     array[: width - shift] = array[shift:]
                     array[width - shift :] = 0
                 base = decoded
             for item in batch:
-                index, arrival, _, outputs, emitted, share, drafted, _ = item
+                index, arrival, _, outputs, emitted, context, drafted, _ = item
                 n = emitted.size
                 if not n:  # one output token: done at its prefill
                     tally.add(arrival, clock, clock, outputs)
@@ -318,7 +313,9 @@ def run_replica(
                 if traced is not None:
                     traces[index] = (item, decoded, clock)
                 at = decoded - base
-                shares[at : at + n] += share
+                seqs[at : at + n] += 1
+                slots[at : at + n] += 1 + drafted * k
+                contexts[at : at + n] += context
                 drafting[at : at + n] += drafted
                 tokens[np.arange(at + 1, at + n), emitted[1:]] += 1
                 r = _Live(arrival, outputs, clock, int(emitted[0]))
@@ -330,8 +327,10 @@ def run_replica(
         # next arrival when it could be admitted at once (open loop, a sequence free).
         at = decoded - base
         m = running[0][0] - decoded + 1
-        once = fixed if fixed is not None else cost.decode_fixed(drafting[at : at + m], k)
-        prices = shares[at : at + m] + once
+        window = slice(at, at + m)
+        prices = np.broadcast_to(
+            cost.decode(slots[window], seqs[window], contexts[window], drafting[window], k), m
+        ).astype(float)
         prices[0] += clock
         times = prices.cumsum()  # the clock after each step, added step by step
         if concurrency is None and upcoming is not None and len(running) < max_num_seqs:

@@ -31,9 +31,9 @@ REPLAY_STREAM = 0x5E_91A7
 class Recorded:
     """Each request's decode steps from its trace entry (``fast.Trajectories``)."""
 
-    def __init__(self, trace: Trace, k: int, cost: StepCost, rng: np.random.Generator) -> None:
+    def __init__(self, trace: Trace, k: int, rng: np.random.Generator) -> None:
         self.by_index = {r.index: r for r in trace.requests}
-        self.k, self.cost, self.rng = k, cost, rng
+        self.k, self.rng = k, rng
         self.histogram = np.zeros(k + 1, dtype=np.int64)
         self.request_steps = 0
         self.drafting_steps = 0
@@ -76,13 +76,12 @@ class Recorded:
         if steps:
             emitted[-1] -= int(total[steps - 1]) - need
         context = prompt + 1 + np.concatenate([[0], np.cumsum(emitted)[:-1]]).astype(np.int64)
-        drafts = drafting * self.k
-        share = self.cost.decode_share(drafts + 1, context + drafts, drafting, self.k)
+        context += drafting * self.k  # a verify step attends over its drafts too
         if self.k:
             self.histogram += np.bincount(accepted[drafting], minlength=self.k + 1)
             self.request_steps += steps
             self.drafting_steps += int(drafting.sum())
-        return emitted, np.asarray(share, dtype=float), drafting, accepted
+        return emitted, context, drafting, accepted
 
 
 @dataclass
@@ -103,7 +102,7 @@ def replay(
     """Run ``trace`` on one replica, in its own loop; every request's record, in index order,
     as bench keeps it."""
     rng = np.random.default_rng([REPLAY_STREAM, seed])
-    draws = Recorded(trace, k, cost, rng)
+    draws = Recorded(trace, k, rng)
     tally, pooled = Tally(), Totals()
     records: list[RequestRecord] = []
     category = {r.index: r.category for r in trace.requests}

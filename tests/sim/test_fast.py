@@ -182,7 +182,6 @@ def test_sketch_percentiles_match_numpy_on_the_expanded_samples() -> None:
 
 SMALL = {
     "model": "kimi-k3",
-    "hardware": "b300",
     "deployment": {"pools": [{"engine": {"speculative": {"method": "dspark", "num_spec_tokens": 7}}}]},
     "workload": {"category": "coding", "thinking": "on", "input_tokens": 64,
                  "output_tokens": {"min": 16, "max": 96}, "concurrency": 8, "requests": 64},

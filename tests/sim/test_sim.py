@@ -16,7 +16,6 @@ from speclens.sim.simulate import SimRequest, _run_replica, simulate
 
 BASE = {
     "model": "kimi-k3",
-    "hardware": "b300",
     "deployment": {"pools": [{"engine": {"speculative": {"method": "dspark", "num_spec_tokens": 7}}}]},
     "workload": {"category": "coding", "thinking": "on", "input_tokens": 64,
                  "output_tokens": 64, "concurrency": 8, "requests": 64},

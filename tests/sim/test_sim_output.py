@@ -23,7 +23,6 @@ from speclens.sim.sketch import RESOLUTION
 
 SCENARIO = {
     "model": "kimi-k3",
-    "hardware": "b300",
     "deployment": {"pools": [{"engine": {"speculative": {"method": "dspark", "num_spec_tokens": 7}},
                               "replicas": 2}]},
     "workload": {"category": "coding", "thinking": "on", "input_tokens": {"min": 16, "max": 64},

@@ -356,6 +356,8 @@ def _print(rows: list[dict[str, Any]], name: str) -> None:
         else f"{rows[0]['loop']} path"
         + (" (--exact for the step-exact loop)" if rows[0]["loop"] == "fast" else "")
     )
+    for index, pricing in rows[0].get("pricing", {}).items():
+        out_console.print(f"pool {index} steps: {_pricing(pricing)}")
     res = rows[0]["resolution"]
     if res:
         out_console.print(
@@ -368,6 +370,17 @@ def _print(rows: list[dict[str, Any]], name: str) -> None:
             )
             + (f"; source: {res['source']}" if res.get("source") else "")
         )
+
+
+def _pricing(p: dict[str, Any]) -> str:
+    if p["kind"] != "roofline":
+        return "stated step cost (base {base:g} s, per_token {per_token:g} s)".format(**p)
+    e = p["efficiency"]
+    return (
+        f"roofline of {p['model']} on {p['parallel']} x {p['chip']} (weights "
+        f"{p['weights_gb']:,.1f} GB, KV {p['kv_cache_tokens']:,} tokens; efficiency compute "
+        f"{e['compute']:g}, memory {e['memory']:g}, overhead {e['overhead'] * 1e3:g} ms)"
+    )
 
 
 def _plot(rows: list[dict[str, Any]], name: str, path: Path) -> None:

@@ -36,13 +36,18 @@ def _cost(
         scenario is None
         or scenario_path is None
         or not (
-            scenario.deployment.pools[0].step_cost or scenario.deployment.pools[0].step_cost_file
+            scenario.deployment.pools[0].step_cost
+            or scenario.deployment.pools[0].step_cost_file
+            or scenario.hardware
+            or scenario.hardware_file
         )
     ):
         fail("--trace needs --step-cost COST.yaml (speclens calibrate writes one), or a "
-             "scenario whose first pool prices its steps", code=2)  # fmt: skip
+             "scenario whose first pool prices its steps (a step cost, or hardware for a "
+             "roofline)", code=2)  # fmt: skip
+    pool = scenario.deployment.pools[0]
     with reported():
-        return pool_cost(scenario.deployment.pools[0], scenario_path.parent), {}, str(scenario_path)
+        return pool_cost(pool, scenario_path.parent, scenario), {}, str(scenario_path)
 
 
 def _k(trace: Any, scenario: Any, scenario_path: Path | None) -> int:

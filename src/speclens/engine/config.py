@@ -20,6 +20,7 @@ from speclens.acceptance import (
     minimum_variance_rates,
 )
 from speclens.sim.cost import BLOCK_SIZE
+from speclens.sim.cost import Pricing as Pricing
 from speclens.sim.cost import StepCost as StepCost  # the sim executor's prices, torch-free
 
 #: Drafters this engine can run with real forward passes.
@@ -313,7 +314,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
-    step_cost: StepCost = field(default_factory=StepCost)
+    step_cost: Pricing = field(default_factory=StepCost)
     #: Decode text as tokens arrive (off for the simulator: only counts and times matter).
     detokenize: bool = True
     #: Rank processes the model is split over (vLLM's ``--tensor-parallel-size``); see

@@ -23,7 +23,7 @@ from speclens.engine.batch import build_batch
 from speclens.engine.kv_cache import BlockManager
 from speclens.engine.model import KVPool, LlamaModel
 from speclens.engine.request import Request
-from speclens.sim.cost import StepCost
+from speclens.sim.cost import Pricing
 
 
 @dataclass
@@ -216,7 +216,7 @@ class DraftModelDrafter:
 class SimDrafter:
     """Seeded random proposals, K per request, priced by the step-cost model."""
 
-    def __init__(self, k: int, vocab_size: int, seed: int, cost: StepCost) -> None:
+    def __init__(self, k: int, vocab_size: int, seed: int, cost: Pricing) -> None:
         self.k = k
         self.vocab_size = vocab_size
         self.generator = torch.Generator().manual_seed(seed)

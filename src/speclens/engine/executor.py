@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from speclens.engine.batch import build_batch
-from speclens.engine.config import StepCost
+from speclens.engine.config import Pricing
 from speclens.engine.kv_cache import BlockManager
 from speclens.engine.model import KVPool, LlamaModel
 from speclens.engine.request import Request
@@ -107,7 +107,7 @@ class TorchExecutor:
 class SimExecutor:
     """No model: seeded token ids, a priced step."""
 
-    def __init__(self, vocab_size: int, cost: StepCost, seed: int) -> None:
+    def __init__(self, vocab_size: int, cost: Pricing, seed: int) -> None:
         self.vocab_size = vocab_size
         self.cost = cost
         self.generator = torch.Generator().manual_seed(seed)

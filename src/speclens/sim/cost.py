@@ -43,6 +43,20 @@ def _seconds(value: float) -> float:
 Seconds = Annotated[float, AfterValidator(_seconds)]
 
 
+class Pricing(Protocol):
+    """What prices steps: ``StepCost`` (affine, fitted or stated) or ``roofline.Roofline``
+    (from a model and a chip). Counts may be numpy arrays, one per step."""
+
+    def problems(self) -> list[str]: ...
+    def describe(self) -> dict[str, Any]: ...
+    def prefill(self, query_tokens: Count, requests: Count, context_tokens: Count) -> Any: ...
+    def verify(self, query_tokens: Count, requests: Count, context_tokens: Count) -> Any: ...
+    def draft(self, requests: Count) -> Any: ...
+    def decode(
+        self, query_tokens: Count, requests: Count, context_tokens: Count, drafting: Count, k: int
+    ) -> Any: ...
+
+
 @dataclass
 class StepCost:
     """A step's price in seconds (fit from a ``torch`` run).
@@ -79,6 +93,10 @@ class StepCost:
             if problem is not None:
                 found.append(f"{name}: {problem}")
         return found
+
+    def describe(self) -> dict[str, Any]:
+        """How steps are priced, for a run's output."""
+        return {"kind": "step_cost", **asdict(self)}
 
     def prefill(self, query_tokens: Count, requests: Count, context_tokens: Count) -> Any:
         if self.prefill_base is None or self.prefill_per_token is None:

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from speclens.engine import Engine, StepCost
+from speclens.engine import Engine
 from speclens.engine.drafters import Proposal, SimDrafter
 from speclens.engine.executor import Forward, SimExecutor
 from speclens.engine.request import Request
+from speclens.sim.cost import Pricing
 
 
 @dataclass
@@ -44,7 +45,7 @@ class CoveredDrafter(SimDrafter):
     draft, and not at all when none does."""
 
     def __init__(
-        self, inner: SimDrafter, cost: StepCost, coverage: float, rng: np.random.Generator
+        self, inner: SimDrafter, cost: Pricing, coverage: float, rng: np.random.Generator
     ) -> None:
         super().__init__(inner.k, inner.vocab_size, 0, cost)
         self.generator = inner.generator  # the same proposals as the engine's own drafter

@@ -28,7 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
-from speclens.sim.cost import BLOCK_SIZE, StepCost
+from speclens.sim.cost import BLOCK_SIZE, Pricing
 from speclens.sim.sketch import Tally, Totals
 
 #: Most request-step draws held at a time (a group of admitted requests is drawn together).
@@ -231,7 +231,7 @@ def run_replica(
     k: int,
     rates: list[float] | None,
     coverage: float,
-    cost: StepCost,
+    cost: Pricing,
     max_num_seqs: int,
     max_num_batched_tokens: int,
     longest_output: int,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from speclens.acceptance import MAX_NUM_SPEC_TOKENS as _MAX_K
 from speclens.acceptance import Problem, ValidationError
-from speclens.sim.cost import StepCost
+from speclens.sim.cost import Pricing
 from speclens.sim.scenario import Lengths, Pool, Scenario, pool_cost
 
 #: Most request-steps a run may take, estimated as requests x the longest output (every step
@@ -147,7 +147,7 @@ def cost_problems(
     sweep_ks = [k for k in num_spec_tokens if k is not None]
     inputs, outputs = longest(workload.input_tokens), longest(workload.output_tokens)
     for index, pool in simulated_pools(scenario):
-        cost = pool_cost(pool, base)
+        cost = pool_cost(pool, base, scenario, file)
         field = "step_cost_file" if pool.step_cost_file is not None else "step_cost"
         where = f"deployment.pools[{index}].{field}"
         if cost.verify(1, 1, 1) <= 0:
@@ -168,7 +168,7 @@ def cost_problems(
     return out
 
 
-def _dearest_step(cost: StepCost, pool: Pool, k: int, tokens: int, requests: int) -> float:
+def _dearest_step(cost: Pricing, pool: Pool, k: int, tokens: int, requests: int) -> float:
     """The most a step of ``pool`` can cost: its most requests, each at its longest and
     drafting (a decode step), or a prefill of its whole token budget."""
     engine = pool.engine

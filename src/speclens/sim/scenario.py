@@ -20,7 +20,9 @@ from speclens.acceptance.schema import (
     Thinking,
     _Model,
 )
+from speclens.sim import catalog
 from speclens.sim.cost import StepCost
+from speclens.sim.roofline import Efficiency, Roofline
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,10 @@ PositiveInt = Annotated[int, Field(ge=1)]
 class Speculative(_Model):
     method: NonEmptyStr
     num_spec_tokens: NumSpecTokens
+    #: A roofline's drafter: a catalog model (method ``draft_model``), or how many layers of the
+    #: target's width an eagle/mtp-style drafter runs.
+    draft_model: NonEmptyStr | None = None
+    draft_layers: Annotated[int, Field(ge=1, le=64)] = 1
 
 
 class PoolEngine(_Model):
@@ -52,6 +58,8 @@ class Pool(_Model):
     engine: PoolEngine = Field(default_factory=PoolEngine)
     step_cost: StepCost | None = None
     step_cost_file: NonEmptyStr | None = None
+    #: A roofline's efficiencies and overhead (with ``hardware`` and no step cost).
+    efficiency: Efficiency | None = None
 
 
 class Deployment(_Model):
@@ -95,6 +103,11 @@ class Workload(_Model):
 class Scenario(_Model):
     model: NonEmptyStr
     hardware: NonEmptyStr | None = None
+    #: The model's architecture from a file (a Hugging Face config.json or a catalog entry),
+    #: instead of the catalog entry named ``model``; relative to the scenario's folder.
+    model_file: NonEmptyStr | None = None
+    #: The chip from a file (``speclens calibrate --host`` writes one), instead of ``hardware``.
+    hardware_file: NonEmptyStr | None = None
     deployment: Deployment
     workload: Workload = Field(default_factory=Workload)
     acceptance: AcceptancePin | None = None
@@ -134,7 +147,8 @@ def bundle_problems(scenario: Scenario, file: str) -> list[Problem]:
 
 
 def load_scenario(path: Path) -> Scenario:
-    """Read and validate a scenario file, bundle checks included."""
+    """Read and validate a scenario file, bundle checks included; a pool priced by a roofline
+    gets the KV capacity its chips hold beyond the weights, unless it states its own."""
     scenario = validate(Scenario, read_yaml(path), str(path))
     problems = bundle_problems(scenario, str(path))
     ks = {
@@ -160,15 +174,76 @@ def load_scenario(path: Path) -> Scenario:
             )
     if problems:
         raise ValidationError(problems)
-    return scenario
+    return _with_kv_capacity(scenario, path.parent, str(path))
 
 
-def pool_cost(pool: Pool, base: Path) -> StepCostSpec:
-    """The pool's step cost: inline, from its file (relative to the scenario), or the default."""
+def _with_kv_capacity(scenario: Scenario, base: Path, file: str) -> Scenario:
+    pools, problems = [], []
+    for index, pool in enumerate(scenario.deployment.pools):
+        try:
+            cost = pool_cost(pool, base, scenario, file)
+        except ValidationError as exc:
+            problems += exc.problems
+            continue
+        if isinstance(cost, Roofline) and "kv_cache_tokens" not in pool.engine.model_fields_set:
+            tokens = cost.kv_tokens()
+            if tokens < 1:
+                problems.append(Problem(file, f"deployment.pools[{index}].parallel", (
+                    f"{cost.model.name}'s weights ({cost.weights_bytes() / 1e9:,.1f} GB) do not "
+                    f"fit in {pool.parallel} x {cost.chip.memory_gb:g} GB of {cost.chip.name} at "
+                    f"{cost.efficiency.memory_utilization:.0%} use: raise parallel"
+                )))  # fmt: skip
+                continue
+            engine = pool.engine.model_copy(update={"kv_cache_tokens": tokens})
+            pool = pool.model_copy(update={"engine": engine})
+        pools.append(pool)
+    if problems:
+        raise ValidationError(problems)
+    deployment = scenario.deployment.model_copy(update={"pools": pools})
+    return scenario.model_copy(update={"deployment": deployment})
+
+
+def pool_cost(
+    pool: Pool, base: Path, scenario: Scenario | None = None, file: str = ""
+) -> StepCostSpec | Roofline:
+    """The pool's step cost: inline, from its file (relative to the scenario), a roofline of
+    the scenario's model on its hardware (when it names hardware), or the default."""
     if pool.step_cost is not None:
         return pool.step_cost
     if pool.step_cost_file is None:
+        if scenario is not None and (scenario.hardware or scenario.hardware_file):
+            return roofline(scenario, pool, base, file)
         return StepCostSpec()
     # Inside the scenario's folder only: a shared scenario must not read any file the user can.
     path = inside(base, pool.step_cost_file, "step_cost_file", str(base / pool.step_cost_file))
     return validate(StepCostSpec, read_yaml(path), str(path))
+
+
+def roofline(scenario: Scenario, pool: Pool, base: Path, file: str = "") -> Roofline:
+    """The pool's roofline: the scenario's model and chip (catalog names, or files inside the
+    scenario's folder), its parallelism, drafter and efficiencies."""
+    file = file or str(base)
+    if scenario.model_file is not None:
+        where = str(base / scenario.model_file)
+        model = catalog.read_model(inside(base, scenario.model_file, "model_file", where))
+    else:
+        model = catalog.model(scenario.model, file, "model")
+    if scenario.hardware_file is not None:
+        where = str(base / scenario.hardware_file)
+        chip = catalog.read_chip(inside(base, scenario.hardware_file, "hardware_file", where))
+    else:
+        chip = catalog.chip(scenario.hardware or "", file, "hardware")
+    spec = pool.engine.speculative
+    drafter = None
+    if spec is not None and spec.draft_model is not None:
+        drafter = Roofline(catalog.model(spec.draft_model, file, "speculative.draft_model"), chip,
+                           pool.parallel, efficiency=pool.efficiency or Efficiency())  # fmt: skip
+    return Roofline(
+        model=model,
+        chip=chip,
+        parallel=pool.parallel,
+        method=spec.method if spec is not None else None,
+        draft_layers=spec.draft_layers if spec is not None else 1,
+        drafter=drafter,
+        efficiency=pool.efficiency or Efficiency(),
+    )

@@ -89,7 +89,13 @@ def _record_exact(tally: Tally, r: SimRequest) -> None:
 
 
 def _engine(
-    pool: Pool, base: Path, rates: list[float] | None, seed: int, longest: int, share: int
+    scenario: Scenario,
+    pool: Pool,
+    base: Path,
+    rates: list[float] | None,
+    seed: int,
+    longest: int,
+    share: int,
 ) -> Engine:
     """One replica's engine with the pool's stated limits. The KV pool is allocated only up to
     what this replica can ever hold (``share`` requests, or ``max_num_seqs`` of them, of at most
@@ -111,7 +117,7 @@ def _engine(
     k = spec.num_spec_tokens if spec is not None else 0
     block = EngineConfig.block_size
     held = blocks_for(longest + k + 1, block) * block * max(1, min(pool.engine.max_num_seqs, share))
-    cost = pool_cost(pool, base)
+    cost = pool_cost(pool, base, scenario)
     target, tokenizer = _dummy()
     return Engine(
         EngineConfig(
@@ -289,7 +295,7 @@ def simulate(
             )
             counts = fast_path.run_replica(
                 ((r.index, r.arrival, r.input_tokens, r.output_tokens) for r in requests),
-                k, rates, draft_coverage, pool_cost(pool, base), pool.engine.max_num_seqs,
+                k, rates, draft_coverage, pool_cost(pool, base, scenario), pool.engine.max_num_seqs,
                 limits.batched_tokens(pool), limits.longest(workload.output_tokens), per_replica,
                 np.random.default_rng([FAST_STREAM, seed, slot]), tally, pooled, traced,
             )  # fmt: skip
@@ -301,7 +307,7 @@ def simulate(
             continue
         from speclens.sim.coverage import cover
 
-        engine = _engine(pool, base, rates, seed + slot, longest, share)
+        engine = _engine(scenario, pool, base, rates, seed + slot, longest, share)
         drafted = cover(
             engine, draft_coverage, np.random.default_rng([COVERAGE_STREAM, seed, slot])
         )
@@ -337,6 +343,10 @@ def simulate(
         "draft_coverage": drafting_steps / request_steps if request_steps else None,
         "decode_request_steps": request_steps if request_steps else None,
         "tokens_per_step": acceptance_length(accepted, request_steps) if request_steps else None,
+        "pricing": {
+            str(index): pool_cost(pool, base, scenario).describe()
+            for index, pool in enumerate(scenario.deployment.pools)
+        },
         "pools": {
             str(index): {
                 "requests": s.requests,

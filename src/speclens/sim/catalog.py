@@ -1,0 +1,189 @@
+"""The catalog: models by architecture and chips by datasheet, for pricing steps from physics.
+
+Shipped entries live in the registry (``registry/catalog/models/<name>.yaml`` and
+``registry/catalog/chips/<name>.yaml``), one per file, each citing its source. A model may also
+come from a Hugging Face ``config.json``, and a chip from a file ``speclens calibrate --host``
+wrote. Every entry is validated like the registry: every problem at once, located by field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from speclens.acceptance import Problem, ValidationError, read_yaml
+from speclens.acceptance.files import validate
+from speclens.acceptance.registry import shipped_registry
+from speclens.acceptance.schema import NonEmptyStr, _Model
+
+Dtype = Literal["fp32", "bf16", "fp16", "fp8", "fp4"]
+#: Bytes per element of each dtype.
+BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5}
+Positive = Annotated[float, Field(gt=0)]
+Count = Annotated[int, Field(ge=1, le=1_000_000)]
+Zero = Annotated[int, Field(ge=0, le=1_000_000)]
+
+
+class Experts(_Model):
+    """A mixture of experts: ``routed`` experts of which ``per_token`` run for each token, plus
+    ``shared`` ones that always run; the first ``dense_layers`` layers keep a dense MLP."""
+
+    routed: Count
+    per_token: Count
+    shared: Zero = 0
+    intermediate_size: Count
+    dense_layers: Zero = 0
+    #: The width routed experts run at, when narrower than the model (a latent MoE).
+    hidden_size: Count | None = None
+    #: The routed experts' weights, when stored apart from the rest (None: the model's dtype).
+    dtype: Dtype | None = None
+
+
+class Mla(_Model):
+    """Multi-head latent attention: the KV cache holds one compressed latent per token."""
+
+    kv_lora_rank: Count
+    q_lora_rank: Count | None = None
+    qk_rope_head_dim: Zero = 64
+    qk_nope_head_dim: Count = 128
+    v_head_dim: Count = 128
+
+
+class ModelSpec(_Model):
+    kind: Literal["Model"] = "Model"
+    name: NonEmptyStr
+    description: str | None = None
+    source: NonEmptyStr
+    notes: str | None = None
+    num_hidden_layers: Count
+    hidden_size: Count
+    num_attention_heads: Count
+    num_key_value_heads: Count
+    head_dim: Count | None = None
+    intermediate_size: Count
+    vocab_size: Count
+    tie_word_embeddings: bool = False
+    dtype: Dtype = "bf16"
+    kv_dtype: Dtype = "bf16"
+    experts: Experts | None = None
+    mla: Mla | None = None
+    #: Layers that keep per-token KV (the rest are linear attention); None: all of them.
+    full_attention_layers: Zero | None = None
+    mtp_layers: Zero = 0
+
+
+class ChipSpec(_Model):
+    kind: Literal["Chip"] = "Chip"
+    name: NonEmptyStr
+    description: str | None = None
+    source: NonEmptyStr
+    notes: str | None = None
+    #: Dense (no sparsity) peak TFLOP/s by the dtype a matmul runs in.
+    tflops: dict[Dtype, Positive]
+    memory_gb: Positive
+    memory_bandwidth_tbps: Positive
+    #: Scale-up bandwidth per GPU, one direction (GB/s).
+    interconnect_gbps: Positive
+
+    @classmethod
+    def _cross_checks(cls, data: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        tflops = data.get("tflops")
+        if isinstance(tflops, dict) and "bf16" not in tflops:
+            return [(("tflops",), "must give bf16 (the dtype every chip runs)")]
+        return []
+
+
+CATALOG = "catalog"
+
+
+def catalog_dir(kind: str) -> Path:
+    return shipped_registry() / CATALOG / kind
+
+
+def names(kind: str) -> list[str]:
+    """The shipped entries of ``kind`` (``models`` or ``chips``)."""
+    return sorted(p.stem for p in catalog_dir(kind).glob("*.yaml"))
+
+
+def _lookup(kind: str, name: str, file: str, field: str) -> Path:
+    path = catalog_dir(kind) / f"{name}.yaml"
+    if name not in names(kind):
+        known = ", ".join(names(kind))
+        raise ValidationError([Problem(file, field, f"{name!r} is not in the catalog ({known})")])
+    return path
+
+
+def model(name: str, file: str = "", field: str = "model") -> ModelSpec:
+    """A shipped model entry by its catalog name."""
+    return read_model(_lookup("models", name, file, field))
+
+
+def chip(name: str, file: str = "", field: str = "hardware") -> ChipSpec:
+    """A shipped chip entry by its catalog name."""
+    return read_chip(_lookup("chips", name, file, field))
+
+
+def read_chip(path: Path) -> ChipSpec:
+    return validate(ChipSpec, read_yaml(path), str(path))
+
+
+def read_model(path: Path) -> ModelSpec:
+    """A model entry (YAML), or a Hugging Face ``config.json`` read into one."""
+    if path.suffix == ".json":
+        return from_hf_config(path)
+    return validate(ModelSpec, read_yaml(path), str(path))
+
+
+def _dtype(config: dict[str, Any]) -> str:
+    quant = config.get("quantization_config")
+    if isinstance(quant, dict) and "fp8" in str(quant.get("quant_method", "")).lower():
+        return "fp8"
+    raw = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(raw, "bf16")
+
+
+def from_hf_config(path: Path) -> ModelSpec:
+    """A model entry from a Hugging Face ``config.json`` (a multimodal one's ``text_config``):
+    the fields a roofline needs, under the spellings the common architectures use."""
+    raw = read_yaml(path)  # JSON is YAML: the same bounded, located reading
+    if not isinstance(raw, dict):
+        raise ValidationError([Problem(str(path), "(document)", "expected a JSON object")])
+    text = raw.get("text_config")
+    config: dict[str, Any] = text if isinstance(text, dict) else raw
+
+    def first(*keys: str) -> Any:
+        return next((config[k] for k in keys if config.get(k) is not None), None)
+
+    heads = first("num_attention_heads")
+    data: dict[str, Any] = {
+        "name": str(raw.get("_name_or_path") or path.parent.name or "model"),
+        "source": str(path),
+        "num_hidden_layers": first("num_hidden_layers", "n_layer", "num_layers"),
+        "hidden_size": first("hidden_size", "n_embd", "d_model"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": first("num_key_value_heads") or heads,
+        "intermediate_size": first("intermediate_size", "ffn_dim", "n_inner"),
+        "vocab_size": first("vocab_size"),
+        "tie_word_embeddings": bool(raw.get("tie_word_embeddings", False)),
+        "dtype": _dtype(raw),
+        "mtp_layers": int(first("num_nextn_predict_layers") or 0),
+    }
+    if first("head_dim") is not None:  # may differ from hidden / heads (Qwen3)
+        data["head_dim"] = first("head_dim")
+    routed = first("n_routed_experts", "num_experts", "num_local_experts")
+    if routed:
+        experts = {
+            "routed": routed,
+            "per_token": first("num_experts_per_tok", "num_experts_per_token"),
+            "shared": first("n_shared_experts", "num_shared_experts") or 0,
+            "intermediate_size": first("moe_intermediate_size") or data["intermediate_size"],
+            "dense_layers": first("first_k_dense_replace") or 0,
+        }
+        if first("routed_expert_hidden_size"):
+            experts["hidden_size"] = first("routed_expert_hidden_size")
+        data["experts"] = experts
+    if first("kv_lora_rank"):
+        data["mla"] = {key: config[key] for key in Mla.model_fields if config.get(key) is not None}
+    return validate(ModelSpec, data, str(path))

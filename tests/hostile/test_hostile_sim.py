@@ -433,3 +433,31 @@ def test_a_run_of_zero_seconds_is_refused_not_printed() -> None:
             "s.yaml: deployment.pools: the run took 0 s of virtual time (every step it ran was "
             "priced at 0 s): no throughput can be computed; price the steps (step_cost)"
         ]
+
+
+# ------------------------------------------------------------------------------ the catalog
+@pytest.mark.timeout(60)
+def test_a_chip_with_a_negative_bandwidth_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A chip file (as ``calibrate --host`` writes one) with a negative memory bandwidth would
+    price every step at a negative time: refused, naming the file and the field."""
+    chip = tmp_path / "chip.yaml"
+    chip.write_text(
+        "kind: Chip\nname: mine\nsource: measured\ntflops: {bf16: 1.0}\nmemory_gb: 64\n"
+        "memory_bandwidth_tbps: -0.05\ninterconnect_gbps: 10\n"
+    )
+    path = _scenario(tmp_path, hardware_file="chip.yaml")
+    path.write_text(path.read_text().replace("model: kimi-k3", "model: smollm2-135m"))
+    code, err, out, _ = _sim(path, "--acceptance-length", "2.0", timeout=30)
+    assert (code, err, out) == (1, [
+        f"{chip}: memory_bandwidth_tbps: Input should be greater than 0 (got a number (-0.05))"
+    ], "")  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+def test_a_chip_file_outside_the_scenario_folder_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "scenario"
+    folder.mkdir()
+    path = _scenario(folder, hardware_file="../chip.yaml")
+    code, err, _, _ = _sim(path, "--acceptance-length", "2.0", timeout=30)
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith(f"{folder / '../chip.yaml'}: hardware_file: leaves its folder"), err

@@ -137,6 +137,10 @@ class Shape:
         moe = self.moe_layers * (self.shared * self.expert + self.moe_fixed)
         return self.layers * self.attention + self.dense_layers * self.dense_mlp + moe
 
+    def parameters(self) -> float:
+        """Every parameter but the MTP layers' (as model cards count them)."""
+        return self._dense_part() + self.embeddings + self.moe_layers * self.routed * self.expert
+
     def weights_bytes(self) -> float:
         """Every weight held in memory (MTP layers included)."""
         routed = self.moe_layers * self.routed * self.expert * self.expert_bytes

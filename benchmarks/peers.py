@@ -32,6 +32,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "peers"))
+import llamacpp_env  # noqa: E402, F401  (the peer tier's llama.cpp build; benchmarks/replay.py)
 import peerlaunch as launch  # noqa: E402  (the peer tier's server launcher)
 import vllm_env  # noqa: E402  (the peer tier's pinned vLLM environment)
 

@@ -10,10 +10,15 @@ compared with the first the same way. Goal: median E2E error and throughput erro
 within 3 points of that noise where the machine is noisier.
 
     python benchmarks/replay.py [--engine speclens|vllm] [--model smollm2] [--keep DIR]
+                                [--roofline smollm2-135m]
 
 Held out besides: a run at concurrency 2 (16 requests) and an open-loop Poisson run at 1.5
 requests/s (24), each replayed from its own trace. ``--engine vllm`` runs the same against vLLM's
-CPU build (the peer tier's environment) on SmolLM2 exported as speclens runs it.
+CPU build (the peer tier's environment) on SmolLM2 exported as speclens runs it, ``--engine
+llamacpp`` against llama-server (the peer tier's build) on SmolLM2's GGUF with n-gram drafting
+(``--spec-type ngram-simple``, lookup 2, K 4).
+``--roofline MODEL`` fits the roofline too (``calibrate --model MODEL --hardware host.yaml``,
+this machine measured by ``calibrate --host``) and replays the held-out runs with it.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from peers import export_smollm2, free_port, vllm_env  # the peer tier's vLLM environment
+# The peer tier's vLLM environment and llama.cpp build.
+from peers import export_smollm2, free_port, llamacpp_env, vllm_env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEC_BENCH = REPO_ROOT / ".." / "shared" / "data" / "spec-bench" / "question.jsonl"
@@ -71,6 +77,12 @@ def start(engine: str, model: str, port: int, work: Path) -> subprocess.Popen[by
         if not exported.exists():
             export_smollm2(exported)
         cmd, env = vllm_env.command(exported, port, vllm_env.NGRAM), vllm_env.environment()
+    elif engine == "llamacpp":
+        from speclens.engine.weights import smollm2_gguf_path
+
+        if not llamacpp_env.ready():
+            raise RuntimeError("llama.cpp is not built: python tests/peers/llamacpp_env.py")
+        cmd = llamacpp_env.command(smollm2_gguf_path(), port, llamacpp_env.NGRAM)
     else:
         cmd = [sys.executable, "-m", "speclens", "serve", "--model", model, "--method", "ngram",
                "--num-speculative-tokens", "4", "--per-request-spec-decode-stats", "summary",
@@ -104,10 +116,15 @@ RUNS = [("c1", ["--concurrency", "1"], 12), ("c4", ["--concurrency", "4"], 24),
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engine", choices=["speclens", "vllm"], default="speclens")
+    parser.add_argument("--engine", choices=["speclens", "vllm", "llamacpp"], default="speclens")
     parser.add_argument("--model", default="smollm2", help="speclens serve's --model")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--keep", type=Path, help="keep the runs here (default: a temporary dir)")
+    parser.add_argument(
+        "--roofline",
+        metavar="MODEL",
+        help="also fit a roofline of this catalog model on this machine",
+    )
     parser.add_argument("--reuse", action="store_true",
                         help="with --keep: calibrate and replay the runs already there, no server")  # fmt: skip
     args = parser.parse_args()
@@ -117,7 +134,7 @@ def main() -> int:
           f"load average {os.getloadavg()[0]:.1f}; {args.engine}, model {args.model}; files in "
           f"{work}", flush=True)  # fmt: skip
     port = free_port()
-    served = "smollm2" if args.engine == "vllm" else args.model
+    served = "smollm2" if args.engine in ("vllm", "llamacpp") else args.model
     load = ["--model", served, "--max-tokens", str(args.max_tokens), "--ignore-eos",
             "--stream", "--warmup", "1"]  # fmt: skip
     load += ["--dataset", "jsonl", "--dataset-path", str(SPEC_BENCH)] if args.model != "dummy" else ["--dataset", "random"]  # fmt: skip
@@ -125,7 +142,12 @@ def main() -> int:
         print("reusing the runs already there", flush=True)
     else:
         bench_all(args, work, port, load)
-    calibrate_and_replay(work)
+    calibrate_and_replay(work, "cost.yaml", "linear")
+    if args.roofline:
+        done = speclens("calibrate", "--host", "-o", work / "host.yaml")
+        print(done.stdout + done.stderr)
+        calibrate_and_replay(work, "roofline.yaml", "roofline", "--model", args.roofline,
+                             "--hardware", work / "host.yaml", "--method", "ngram")  # fmt: skip
     return 0
 
 
@@ -144,8 +166,8 @@ def bench_all(args: argparse.Namespace, work: Path, port: int, load: list[str]) 
         server.wait(timeout=60)
 
 
-def calibrate_and_replay(work: Path) -> None:
-    done = speclens("calibrate", work / "c1", work / "c4", "-o", work / "cost.yaml")
+def calibrate_and_replay(work: Path, cost: str, kind: str, *flags: str | Path) -> None:
+    done = speclens("calibrate", work / "c1", work / "c4", "-o", work / cost, *flags)
     print(done.stdout + done.stderr)
     print(
         "| against the observed run | E2E median / P90 | TTFT median / P90 | TPOT median / P90 | E2E bias | throughput |"
@@ -153,10 +175,11 @@ def calibrate_and_replay(work: Path) -> None:
     print("|---|---:|---:|---:|---:|---:|")
     results = {}
     for name in ("c2", "c8", "rate"):
-        done = speclens("sim", "--trace", work / name, "--step-cost", work / "cost.yaml",
-                        "--output-dir", work / f"sim-{name}")  # fmt: skip
-        results[name] = fidelity(work / name, work / f"sim-{name}")
-        print(row(f"replay of {name}", results[name]))
+        out = work / f"sim-{kind}-{name}"
+        done = speclens("sim", "--trace", work / name, "--step-cost", work / cost,
+                        "--output-dir", out)  # fmt: skip
+        results[name] = fidelity(work / name, out)
+        print(row(f"{kind} replay of {name}", results[name]))
     noise = fidelity(work / "c8", work / "c8b")
     print(row("noise: c8b against c8", noise))
     replay = results["c8"]
@@ -173,7 +196,7 @@ def calibrate_and_replay(work: Path) -> None:
         )
         bound = max(GOAL, floor + MARGIN)
         print(
-            f"c8 {name}: {value:.1%} against a bound of {bound:.1%} ({'met' if value <= bound else 'NOT met'})"
+            f"{kind} c8 {name}: {value:.1%} against a bound of {bound:.1%} ({'met' if value <= bound else 'NOT met'})"
         )
 
 

@@ -175,22 +175,10 @@ def vllm_launcher(
     return launch
 
 
-#: llama-server's speculation flags (b11434 spells them ``--spec-*``; ``--draft-max`` is gone).
-LLAMACPP_DRAFT_MODEL = ("--spec-type", "draft-simple", "--spec-draft-n-max", "4",
-                        "--spec-draft-n-min", "0")  # fmt: skip
-#: n-gram drafting as vLLM's lookup 2 with K 4 (llama.cpp's defaults, a 12-token lookup and 48-token
-#: drafts, find nothing in short prompts; ``common/common.h``, ``ngram_simple``).
-LLAMACPP_NGRAM = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2",
-                  "--spec-ngram-simple-size-m", "4")  # fmt: skip
+LLAMACPP_DRAFT_MODEL = llamacpp_env.DRAFT_MODEL
+LLAMACPP_NGRAM = llamacpp_env.NGRAM
 LLAMACPP_STARTUP_TIMEOUT_S = 120.0
-
-
-def llamacpp_command(gguf: Path, port: int, spec_args: Sequence[str]) -> list[str]:
-    cmd = [str(llamacpp_env.server()), "-m", str(gguf), "-a", SERVED_MODEL]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "-c", "2048", "-t", "2", "--metrics"]
-    if "draft-simple" in spec_args:
-        cmd += ["-md", str(gguf)]  # the target as its own draft: the same GGUF
-    return cmd + list(spec_args)
+llamacpp_command = llamacpp_env.command
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 BUILD = 11434
@@ -37,6 +38,25 @@ CMAKE_FLAGS = (
     f"-DLLAMA_BUILD_NUMBER={BUILD}",
     "-DBUILD_SHARED_LIBS=OFF",  # one self-contained binary: the build tree is deleted afterwards
 )
+
+
+#: llama-server's speculation flags (b11434 spells them ``--spec-*``; ``--draft-max`` is gone).
+DRAFT_MODEL = ("--spec-type", "draft-simple", "--spec-draft-n-max", "4", "--spec-draft-n-min", "0")
+#: n-gram drafting as vLLM's lookup 2 with K 4 (llama.cpp's defaults, a 12-token lookup and 48-token
+#: drafts, find nothing in short prompts; ``common/common.h``, ``ngram_simple``).
+NGRAM = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2",
+         "--spec-ngram-simple-size-m", "4")  # fmt: skip
+#: The model name the peers serve (vLLM's too).
+SERVED_MODEL = "smollm2"
+
+
+def command(gguf: Path, port: int, spec_args: Sequence[str]) -> list[str]:
+    """llama-server on ``gguf`` at ``port`` (2 threads, 2,048 tokens, ``/metrics`` on)."""
+    cmd = [str(server()), "-m", str(gguf), "-a", SERVED_MODEL]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "-c", "2048", "-t", "2", "--metrics"]
+    if "draft-simple" in spec_args:
+        cmd += ["-md", str(gguf)]  # the target as its own draft: the same GGUF
+    return cmd + list(spec_args)
 
 
 def env_dir() -> Path:

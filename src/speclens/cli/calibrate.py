@@ -1,5 +1,7 @@
 """``speclens calibrate RUN_DIR... -o COST.yaml``: a step cost fitted from observed runs of any
-engine, from what the client saw (``speclens.sim.calibrate``).
+engine, from what the client saw (``speclens.sim.calibrate``): the linear cost, or with
+``--model`` and ``--hardware`` the roofline's efficiencies and overhead. ``speclens calibrate
+--host -o CHIP.yaml`` measures this machine as a chip entry instead (``speclens.sim.host``).
 
 Exit codes: 0 written; 1 a run that cannot be read or a fit that is refused (one load point,
 too few steps); 2 usage.
@@ -8,6 +10,7 @@ too few steps); 2 usage.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 import yaml
@@ -17,33 +20,76 @@ from speclens.cli._common import fail, out_console
 
 def calibrate(
     runs: list[Path] = typer.Argument(
-        ..., help="Run directories (bench --output-dir) of one engine, at two load points or more."
+        None, help="Run directories (bench --output-dir) of one engine, at two load points or more."
     ),
-    output: Path = typer.Option(..., "--output", "-o", help="The step-cost YAML to write."),
+    output: Path = typer.Option(..., "--output", "-o", help="The YAML file to write."),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        help="Fit a roofline: the model, a catalog name or a config.json / entry "
+        "file (with --hardware).",
+    ),
+    hardware: str | None = typer.Option(
+        None,
+        "--hardware",
+        help="Fit a roofline: the chip, a catalog name or an entry file "
+        "(calibrate --host writes one).",
+    ),
+    parallel: int = typer.Option(1, "--parallel", min=1, max=1024, help="Tensor-parallel size."),
+    method: str | None = typer.Option(
+        None, "--method", help="The runs' speculative method (prices the drafter), e.g. ngram."
+    ),
+    host: bool = typer.Option(
+        False,
+        "--host",
+        help="Measure this machine (memory bandwidth, matmul FLOP/s) and write "
+        "a chip entry instead of fitting runs.",
+    ),
 ) -> None:
     """Fit a step cost (seconds per step) from observed runs: sim and serve --executor sim
-    accept the file it writes."""
+    accept the file it writes. With --model and --hardware it fits the roofline's efficiencies
+    and overhead; with --host it measures this machine as a chip entry."""
     from speclens.sim import calibrate as cal
 
-    for path in runs:
-        if not path.is_dir():
-            fail(f"command line: RUNS: {path}: not a directory (expected a run directory)", 2)
     if output.is_dir() or output.is_symlink():
         fail(f"command line: --output: {output}: expected a file to write (not a directory "
              "or a symbolic link)", 2)  # fmt: skip
+    if host:
+        if runs:
+            fail("command line: --host measures this machine; it takes no RUNS", 2)
+        _host(output)
+        return
+    if not runs:
+        fail("command line: RUNS: expected run directories (or --host)", 2)
+    if (model is None) != (hardware is None):
+        fail("command line: --model and --hardware go together (a roofline needs both)", 2)
+    for path in runs:
+        if not path.is_dir():
+            fail(f"command line: RUNS: {path}: not a directory (expected a run directory)", 2)
     try:
         observed = [cal.observe(path) for path in runs]
         models = {o.model for o in observed if o.model}
         if len(models) > 1:
             fail(f"calibrate: runs of different models: {', '.join(sorted(models))}", 2)
+        if model is not None and hardware is not None:
+            roof, report = cal.fit_roofline(observed, _roofline(model, hardware, parallel, method))
+            _write(output, cal.document(observed, roof, report))
+            e = roof.efficiency
+            out_console.print(
+                f"roofline of {roof.model.name} on {parallel} x {roof.chip.name}: compute "
+                f"efficiency {e.compute:.3g}, memory efficiency {e.memory:.3g}, overhead "
+                f"{e.overhead * 1e3:.3f} ms per step + {e.per_sequence * 1e3:.3f} ms per "
+                f"sequence", markup=False,
+            )  # fmt: skip
+            if report["at_the_grid_edge"]:
+                out_console.print(f"note: {', '.join(report['at_the_grid_edge'])} efficiency at "
+                                  "the edge of the searched range", markup=False)  # fmt: skip
+            _summary(report, output)
+            return
         cost, report = cal.fit(observed)
     except cal.CalibrationError as exc:
         fail(exc.lines)
-    text = yaml.safe_dump(cal.document(observed, cost, report), sort_keys=False)
-    try:
-        output.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        fail(f"{output}: cannot write: {exc.strerror or exc}")
+    _write(output, cal.document(observed, cost, report))
     c = cost
     out_console.print(
         f"step cost: base {c.base * 1e3:.3f} ms + {c.per_seq * 1e3:.3f} ms per request + "
@@ -51,11 +97,47 @@ def calibrate(
         f"{(c.prefill_base or 0) * 1e3:.3f} ms + {(c.prefill_per_token or 0) * 1e6:.2f} us per "
         f"prompt token", markup=False,
     )  # fmt: skip
+    _summary(report, output)
+
+
+def _summary(report: dict[str, Any], output: Path) -> None:
+    idle = f", {report['idle_requests']} idle TTFTs" if "idle_requests" in report else ""
     out_console.print(
         f"fit: {report['requests']} requests, {report['decode_steps']} decode steps, batches of "
         f"{report['batch_widths'][0]} to {report['batch_widths'][1]} requests, decode-time error "
         f"median {report['decode_time_error_median']:.1%} (P90 "
-        f"{report['decode_time_error_p90']:.1%}), {report['idle_requests']} idle TTFTs",
+        f"{report['decode_time_error_p90']:.1%}){idle}",
         markup=False,
     )  # fmt: skip
     out_console.print(f"wrote {output}", markup=False)
+
+
+def _write(output: Path, document: dict[str, Any]) -> None:
+    try:
+        output.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    except OSError as exc:
+        fail(f"{output}: cannot write: {exc.strerror or exc}")
+
+
+def _roofline(model: str, hardware: str, parallel: int, method: str | None) -> Any:
+    from speclens.acceptance import ValidationError
+    from speclens.sim import catalog
+    from speclens.sim.roofline import Roofline
+
+    try:
+        return Roofline(catalog.resolve_model(model, "--model", "--model"),
+                        catalog.resolve_chip(hardware, "--hardware", "--hardware"),
+                        parallel, method)  # fmt: skip
+    except ValidationError as exc:
+        fail([str(p) for p in exc.problems], 2)
+
+
+def _host(output: Path) -> None:
+    from speclens.sim.host import measure
+
+    entry = measure(output.stem)
+    _write(output, entry)
+    out_console.print(
+        f"this machine: memory {entry['memory_bandwidth_tbps'] * 1e3:.1f} GB/s, matmul "
+        f"{entry['tflops']['bf16'] * 1e3:.0f} GFLOP/s bf16 at best; wrote {output}", markup=False,
+    )  # fmt: skip

@@ -31,14 +31,19 @@ cost cannot be told from the base, and it is refused rather than fitted.
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import Field
 
+from speclens.acceptance.schema import _Model
+from speclens.sim.catalog import ChipSpec, ModelSpec
 from speclens.sim.cost import StepCost, _nonnegative_lstsq
+from speclens.sim.roofline import Efficiency, Roofline
 
 #: The file kind ``calibrate`` writes; ``read_cost_file`` also takes a bare StepCost mapping.
 KIND = "StepCostFit"
@@ -64,6 +69,8 @@ class _Request:
     prompt: int
     chunks: list[tuple[float, float, int]]  # (from, to, tokens) per chunk received
     steps: int  # its decode steps
+    drafts: int  # draft tokens it verified (each decode step verifies 1 + its drafts)
+    spec_steps: int  # its decode steps that drafted
 
 
 @dataclass
@@ -77,6 +84,18 @@ class Observed:
     version: str | None
     model: str | None
     k: int | None
+
+
+def _drafts(row: dict[str, Any]) -> int:
+    spec = row.get("spec_decode_acceptance") or {}
+    drafts = spec.get("num_draft_tokens") if isinstance(spec, dict) else None
+    return int(drafts or 0)
+
+
+def _spec_steps(row: dict[str, Any]) -> int:
+    spec = row.get("spec_decode_acceptance") or {}
+    steps = spec.get("num_spec_steps") if isinstance(spec, dict) else None
+    return int(steps or 0)
 
 
 def _decode_steps(row: dict[str, Any]) -> int:
@@ -100,7 +119,7 @@ def _requests(rows: Sequence[dict[str, Any]]) -> list[_Request]:
             t += gap * n
         if chunks:
             out.append(_Request(start, first, start + latency, int(row["prompt_tokens"]), chunks,
-                                _decode_steps(row)))  # fmt: skip
+                                _decode_steps(row), _drafts(row), _spec_steps(row)))  # fmt: skip
     return out
 
 
@@ -169,12 +188,7 @@ def _idle_ttfts(run: Observed) -> list[tuple[int, float]]:
 
 def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
     """The step cost and what the fit says of itself (steps, widths seen, residuals)."""
-    loads = sorted({run.load for run in runs})
-    if len(loads) < MIN_LOAD_POINTS:
-        shown = ", ".join(f"{name} {value:g}" for name, value in loads)
-        raise CalibrationError([f"calibrate: runs at one load point only ({shown}): the "
-                                "per-request cost cannot be told from the base; add a run at "
-                                "another concurrency or rate"])  # fmt: skip
+    loads = _check_loads(runs)
     x, y, widths = [], [], []
     for run in runs:
         rx, ry, rw = _rows(run)
@@ -219,6 +233,120 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
     return cost, report
 
 
+def _check_loads(runs: Sequence[Observed]) -> list[tuple[str, float]]:
+    loads = sorted({run.load for run in runs})
+    if len(loads) < MIN_LOAD_POINTS:
+        shown = ", ".join(f"{name} {value:g}" for name, value in loads)
+        raise CalibrationError([f"calibrate: runs at one load point only ({shown}): the "
+                                "per-request cost cannot be told from the base; add a run at "
+                                "another concurrency or rate"])  # fmt: skip
+    return loads
+
+
+#: The grid of efficiencies a roofline fit searches first (each from 0.1% to 100% of peak).
+EFFICIENCIES = np.geomspace(1e-3, 1.0, 61)
+
+
+def _binomial(m: np.ndarray, share: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """P(J = j) for J ~ Binomial(m, share), per row (rows of m and share; columns of j)."""
+    comb = np.array([[math.comb(int(mi), int(k)) for k in j] for mi in m], dtype=float)
+    fail = np.maximum(m[:, None] - j[None, :], 0)
+    pmf: np.ndarray = comb * share[:, None] ** j[None, :] * (1 - share[:, None]) ** fail
+    return pmf
+
+
+class _Priced:
+    """The decode time the roofline gives each request of the fit: its n decode steps in
+    batches of its mean width w (floor(w) and floor(w) + 1, mixed to w), each batch with a
+    binomial count of drafting requests at the request's own share of drafting steps and
+    drafts per drafting step (so the roofline's max is taken step by step, not of a mean
+    step); plus the Q prefill steps of P prompt tokens it decoded through."""
+
+    def __init__(self, rows: Sequence[Sequence[float]]) -> None:
+        cols = [np.array(col, dtype=float) for col in zip(*rows, strict=True)]
+        self.n, self.w, self.c, p, self.q, share, per_draft, self.y = cols
+        self.prompt = np.where(self.q > 0, p / np.maximum(self.q, 1), 0.0)
+        low = np.maximum(np.floor(self.w), 1.0)
+        j = np.arange(int(low.max()) + 2)
+        self.parts = []  # (width, weight per row and drafting count, positions)
+        for m, weight in ((low, 1.0 - (self.w - low)), (low + 1, self.w - low)):
+            pmf = _binomial(m, share, j) * np.clip(weight, 0, 1)[:, None]
+            self.parts.append((m[:, None], pmf, m[:, None] + per_draft[:, None] * j[None, :]))
+
+    def work(self, roof: Roofline) -> np.ndarray:
+        """Each request's decode time but the overheads."""
+        steps = sum(
+            (pmf * roof.forward(tokens, m, self.c[:, None] * m / self.w[:, None])).sum(axis=1)
+            for m, pmf, tokens in self.parts
+        )
+        prefills = self.q * roof.forward(self.prompt, 1, self.prompt)
+        out: np.ndarray = np.asarray(self.n * steps + prefills, dtype=float)
+        return out
+
+
+def fit_roofline(runs: Sequence[Observed], roof: Roofline) -> tuple[Roofline, dict[str, Any]]:
+    """The roofline's compute and memory efficiencies and its overheads (per step, per sequence
+    in a step), fitted to the same per-request decode times as ``fit``, priced by ``_Priced``.
+    The efficiencies are searched on a grid (the roofline's max makes the error piecewise),
+    then on a finer one around the best; the overheads are solved at each point (non-negative
+    least squares on the relative error)."""
+    loads = _check_loads(runs)
+    rows = []
+    for run in runs:
+        rx, ry, _ = _rows(run)
+        kept = [r for r in run.requests if r.end > r.first]  # as _rows keeps them
+        for row, seconds, r in zip(rx, ry, kept, strict=True):
+            steps, by_width, by_context, prompts, prefills = row
+            share = min(1.0, r.spec_steps / steps)
+            per_draft = r.drafts / r.spec_steps if r.spec_steps else 0.0
+            rows.append((steps, by_width / steps, by_context / steps, prompts, prefills, share,
+                         per_draft, seconds))  # fmt: skip
+    if len(rows) < MIN_REQUESTS:
+        raise CalibrationError([f"calibrate: {len(rows)} requests with inter-token timings, at "
+                                f"least {MIN_REQUESTS} needed"])  # fmt: skip
+    priced = _Priced(rows)
+    n, w, q, y = priced.n, priced.w, priced.q, priced.y
+    # Per step, and per sequence in a step: the overheads' columns, scaled to relative error.
+    paid = np.column_stack([n + q, n * w + q]) / y[:, None]
+
+    def trial(compute: float, memory: float) -> tuple[float, float, float, list[float]]:
+        work = priced.work(replace(roof, efficiency=roof.efficiency.model_copy(
+            update={"compute": compute, "memory": memory})))  # fmt: skip
+        overheads = _nonnegative_lstsq(paid, 1.0 - work / y)
+        return float(np.sum((paid @ overheads + work / y - 1.0) ** 2)), compute, memory, overheads
+
+    best = min((trial(float(a), float(b)) for a in EFFICIENCIES for b in EFFICIENCIES),
+               key=lambda t: t[0])  # fmt: skip
+    # Then a finer grid within one step of the best (the coarse one moves 12% a step).
+    step = float(EFFICIENCIES[1] / EFFICIENCIES[0])
+    fine = [np.geomspace(v / step, min(1.0, v * step), 21) for v in best[1:3]]
+    best = min([best, *(trial(float(a), float(b)) for a in fine[0] for b in fine[1])],
+               key=lambda t: t[0])  # fmt: skip
+    _, compute, memory, (overhead, per_sequence) = best
+    efficiency = roof.efficiency.model_copy(update={
+        "compute": compute, "memory": memory, "overhead": float(overhead),
+        "per_sequence": float(per_sequence)})  # fmt: skip
+    fitted = replace(roof, efficiency=efficiency)
+    predicted = priced.work(fitted) + overhead * (n + q) + per_sequence * (n * w + q)
+    relative = np.abs(predicted - y) / y
+    edge = [name for name, value in (("compute", compute), ("memory", memory))
+            if value in (EFFICIENCIES[0], EFFICIENCIES[-1])]  # fmt: skip
+    report = {
+        "method": "roofline: efficiencies (grid) and overheads (least squares) fitted to each "
+                  "request's decode time over its decode steps, batch and context as the client "
+                  "saw them, and the prefills it decoded through",
+        "requests": len(y),
+        "decode_steps": int(n.sum()),
+        "batch_widths": [max(1, round(float(w.min()))), round(float(w.max()))],
+        "residual_rms_s": float(np.sqrt(np.mean((predicted - y) ** 2))),
+        "decode_time_error_median": float(np.median(relative)),
+        "decode_time_error_p90": float(np.quantile(relative, 0.9)),
+        "at_the_grid_edge": edge,
+        "load_points": [{name: value} for name, value in loads],
+    }  # fmt: skip
+    return fitted, report
+
+
 def _prefill(
     idle: Sequence[tuple[int, float]], per_prompt: float, per_prefill: float
 ) -> tuple[float, float]:
@@ -237,16 +365,29 @@ def _prefill(
     return max(0.0, float(np.median(ttfts - per_prompt * prompts))), per_prompt
 
 
-def document(runs: Sequence[Observed], cost: StepCost, report: dict[str, Any]) -> dict[str, Any]:
-    """The file ``calibrate`` writes: the step cost, the fit's report, and its provenance."""
+def document(
+    runs: Sequence[Observed], cost: StepCost | Roofline, report: dict[str, Any]
+) -> dict[str, Any]:
+    """The file ``calibrate`` writes: the step cost (or the roofline, its model and chip entries
+    in full, so the file stands alone), the fit's report, and its provenance."""
     from dataclasses import asdict
 
+    priced: dict[str, Any] = (
+        {"roofline": {
+            "model": cost.model.model_dump(exclude_none=True),
+            "chip": cost.chip.model_dump(exclude_none=True),
+            "parallel": cost.parallel, "method": cost.method, "draft_layers": cost.draft_layers,
+            "efficiency": cost.efficiency.model_dump(),
+        }}
+        if isinstance(cost, Roofline)
+        else {"step_cost": asdict(cost)}
+    )  # fmt: skip
     engines = sorted({f"{r.engine or 'unknown'}=={r.version or 'unknown'}" for r in runs})
     models = sorted({r.model for r in runs if r.model})
     ks = sorted({r.k for r in runs if r.k is not None})
     return {
         "kind": KIND,
-        "step_cost": asdict(cost),
+        **priced,
         "fit": report,
         "provenance": {
             "runs": [str(r.path) for r in runs], "engine": ", ".join(engines),
@@ -256,16 +397,30 @@ def document(runs: Sequence[Observed], cost: StepCost, report: dict[str, Any]) -
     }  # fmt: skip
 
 
-def read_cost_file(path: Path) -> tuple[StepCost, dict[str, Any]]:
-    """A step cost from a YAML file: ``calibrate``'s output (its ``step_cost``, with ``fit`` and
-    ``provenance`` returned beside it) or a bare mapping of StepCost fields, validated as a
-    scenario's ``step_cost_file`` is."""
+class _RooflineFile(_Model):
+    model: ModelSpec
+    chip: ChipSpec
+    parallel: Annotated[int, Field(ge=1, le=1024)] = 1
+    method: str | None = None
+    draft_layers: Annotated[int, Field(ge=1, le=64)] = 1
+    efficiency: Efficiency = Field(default_factory=Efficiency)
+
+
+def read_cost_file(path: Path) -> tuple[StepCost | Roofline, dict[str, Any]]:
+    """A step cost from a YAML file: ``calibrate``'s output (its ``step_cost`` or ``roofline``,
+    with ``fit`` and ``provenance`` returned beside it) or a bare mapping of StepCost fields,
+    validated as a scenario's ``step_cost`` is."""
     from speclens.acceptance import read_yaml
     from speclens.acceptance.files import validate
 
     data = read_yaml(path)
     if isinstance(data, dict) and data.get("kind") == KIND:
         meta = {k: data.get(k) for k in ("fit", "provenance")}
+        if "roofline" in data:
+            spec = validate(_RooflineFile, data.get("roofline"), str(path), "roofline")
+            roof = Roofline(spec.model, spec.chip, spec.parallel, spec.method, spec.draft_layers,
+                            efficiency=spec.efficiency)  # fmt: skip
+            return roof, meta
         return validate(StepCost, data.get("step_cost"), str(path), "step_cost"), meta
     return validate(StepCost, data, str(path)), {}
 

@@ -86,6 +86,8 @@ class ChipSpec(_Model):
     memory_bandwidth_tbps: Positive
     #: Scale-up bandwidth per GPU, one direction (GB/s).
     interconnect_gbps: Positive
+    #: What ``calibrate --host`` measured, and how (free-form).
+    measured: dict[str, Any] | None = None
 
     @classmethod
     def _cross_checks(cls, data: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
@@ -113,6 +115,20 @@ def _lookup(kind: str, name: str, file: str, field: str) -> Path:
         known = ", ".join(names(kind))
         raise ValidationError([Problem(file, field, f"{name!r} is not in the catalog ({known})")])
     return path
+
+
+def resolve_model(text: str, file: str = "", field: str = "model") -> ModelSpec:
+    """A catalog name, or a path to a model entry or a ``config.json``."""
+    path = Path(text)
+    return (
+        read_model(path) if path.suffix in (".json", ".yaml", ".yml") else model(text, file, field)
+    )
+
+
+def resolve_chip(text: str, file: str = "", field: str = "hardware") -> ChipSpec:
+    """A catalog name, or a path to a chip entry (``calibrate --host`` writes one)."""
+    path = Path(text)
+    return read_chip(path) if path.suffix in (".yaml", ".yml") else chip(text, file, field)
 
 
 def model(name: str, file: str = "", field: str = "model") -> ModelSpec:

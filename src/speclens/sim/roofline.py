@@ -3,12 +3,14 @@
 A step of T query tokens over C context tokens of R sequences, on ``parallel`` chips (tensor
 parallel), costs
 
-    overhead
-    + max(2 * active_params(T) * T / (peak * e_c),  weight_bytes_read(T) / (bandwidth * e_m))
+    overhead + per_sequence * R
+    + max(2 * active_params(T) * T / (peak(T) * e_c),  weight_bytes_read(T) / (bandwidth * e_m))
     + max(attention_flops(T, C / R) / (peak * e_c),  kv_bytes_per_token * C / (bandwidth * e_m))
     + 2 * layers * (ring all-reduce of T * hidden activations + latency)      (parallel > 1)
 
-each compute and memory term divided over the chips. The weights are read once per step: all of
+each compute and memory term divided over the chips. peak(T) is the chip's peak, or, for a chip
+``calibrate --host`` measured, its matmul FLOP/s at T tokens (interpolated on the measured
+curve: a CPU reaches its peak only at wide batches). The weights are read once per step: all of
 a dense model's, and of a mixture of experts the shared parts plus the routed experts the T
 tokens touch (E * (1 - (1 - a / E)^T) per layer, for uniform routing), so a MoE step's bytes grow
 with its batch. A speculating sequence's verify step carries K + 1 query tokens. The drafter runs
@@ -56,6 +58,8 @@ class Efficiency(_Model):
     memory: Fraction = 0.8
     interconnect: Fraction = 0.7
     overhead: Seconds = 1e-3
+    #: Per sequence in a step: the engine's own work per request (scheduling, sampling).
+    per_sequence: Seconds = 2e-5
     all_reduce_latency: Seconds = 1e-5
     #: The share of memory the engine may fill (weights and KV cache).
     memory_utilization: Fraction = 0.9
@@ -192,9 +196,20 @@ class Roofline:
         return Shape.of(self.model)
 
     @property
-    def peak_flops(self) -> float:
-        tflops = self.chip.tflops
-        return 1e12 * float(tflops.get(self.model.dtype, tflops["bf16"]))
+    def dtype(self) -> str:
+        """The dtype the matmuls run in: the model's, where the chip has a peak for it."""
+        return self.model.dtype if self.model.dtype in self.chip.tflops else "bf16"
+
+    def peak_flops(self, tokens: Any) -> Any:
+        """Matmul FLOP/s at ``tokens`` query tokens: the measured curve where the chip has one
+        for the dtype (log-interpolated, flat past its ends), else the datasheet peak."""
+        curve = ((self.chip.measured or {}).get("matmul_tflops_by_tokens") or {}).get(self.dtype)
+        if not curve:
+            return 1e12 * float(self.chip.tflops[self.dtype])  # type: ignore[index]
+        widths = sorted(int(w) for w in curve)
+        values = [float(curve[str(w)]) for w in widths]
+        t = np.log(np.maximum(np.asarray(tokens, dtype=float), 1.0))
+        return 1e12 * np.interp(t, np.log(widths), values)
 
     @property
     def bandwidth(self) -> float:
@@ -223,7 +238,7 @@ class Roofline:
     def _linear(self, tokens: Any, flops: Any, read: Any) -> Any:
         e, tp = self.efficiency, self.parallel
         return np.maximum(
-            flops * tokens / (self.peak_flops * e.compute * tp),
+            flops * tokens / (self.peak_flops(tokens) * e.compute * tp),
             read / (self.bandwidth * e.memory * tp),
         )
 
@@ -244,14 +259,16 @@ class Roofline:
         linear = self._linear(q, s.flops_per_token(), s.read_bytes(q))
         kv_ranks = tp if s.kv_split else 1
         attention = np.maximum(
-            s.attention_flops_per_pair * q * mean_context / (self.peak_flops * e.compute * tp),
+            s.attention_flops_per_pair * q * mean_context / (self.peak_flops(q) * e.compute * tp),
             s.kv_bytes_per_token * c / (self.bandwidth * e.memory * kv_ranks),
         )
         return linear + attention + self._all_reduce(q)
 
     def verify(self, query_tokens: Any, requests: Any, context_tokens: Any) -> Any:
         return _plain(
-            self.efficiency.overhead + self.forward(query_tokens, requests, context_tokens)
+            self.efficiency.overhead
+            + self.efficiency.per_sequence * np.asarray(requests, dtype=float)
+            + self.forward(query_tokens, requests, context_tokens)
         )
 
     def prefill(self, query_tokens: Any, requests: Any, context_tokens: Any) -> Any:

@@ -216,7 +216,9 @@ def pool_cost(
         return StepCostSpec()
     # Inside the scenario's folder only: a shared scenario must not read any file the user can.
     path = inside(base, pool.step_cost_file, "step_cost_file", str(base / pool.step_cost_file))
-    return validate(StepCostSpec, read_yaml(path), str(path))
+    from speclens.sim.calibrate import read_cost_file  # calibrate's output, or bare fields
+
+    return read_cost_file(path)[0]
 
 
 def roofline(scenario: Scenario, pool: Pool, base: Path, file: str = "") -> Roofline:

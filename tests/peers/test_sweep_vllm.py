@@ -8,6 +8,9 @@
 - A sweep with server axes that starts and stops vLLM itself for K 2 and K 4: each K's server
   reports its own K, and no vLLM process outlives the sweep.
 - The negative: vLLM at K 2 against speclens at K 4 is not comparable, and compare says why.
+- Peer test 7 (vLLM): the vLLM sweep's points (concurrency 1 and 4, two rounds each) calibrate
+  the linear cost and a roofline; held-out runs at concurrency 2 and 8 and at a Poisson rate
+  are replayed from their traces and compared (``fidelity``).
 
 vLLM 0.32.0 takes ``--speculative-config`` as JSON (``vllm/engine/arg_utils.py``,
 ``EngineArgs.speculative_config``); the sweep file writes its braces as ``{{`` and ``}}``.
@@ -21,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import fidelity
 import pytest
 import vllm_env
 import yaml
@@ -29,9 +33,11 @@ import launch
 from serverkit import ServerProcess
 
 SPEC_BENCH = Path(__file__).parents[2] / ".." / "shared" / "data" / "spec-bench" / "question.jsonl"
-#: The issue's load: concurrency 1 and 4, 2 rounds, 64 tokens, ignore-eos, on Spec-Bench.
+#: The issue's load: concurrency 1 and 4, 2 rounds, 64 tokens, ignore-eos, on Spec-Bench;
+#: streamed, so the sweep's points are calibration runs too (``fidelity``).
 LOAD = ["--model", vllm_env.SERVED_MODEL, "--dataset", "jsonl", "--dataset-path", str(SPEC_BENCH),
-        "--num-requests", "8", "--max-tokens", "64", "--ignore-eos", "--endpoint", "completions"]  # fmt: skip
+        "--num-requests", "8", "--max-tokens", "64", "--ignore-eos", "--endpoint", "completions",
+        "--stream"]  # fmt: skip
 pytestmark = pytest.mark.timeout(1800)
 
 
@@ -189,3 +195,17 @@ def _point_dir(sweep: Path, concurrency: int) -> str:
     (point,) = [p for p in data["points"] if p["settings"].get("concurrency") == concurrency
                 and p["id"].endswith("-r0")]  # fmt: skip
     return str(point["dir"])
+
+
+def test_vllm_replays_from_its_calibration(
+    sweeps: dict[str, Path], vllm_server: Any, tmp_path: Path
+) -> None:
+    data = json.loads((sweeps["vllm"] / "sweep.json").read_text())
+    calibration = [sweeps["vllm"] / point["dir"] for point in data["points"]]
+    assert len(calibration) == 4  # concurrency 1 and 4, two rounds each
+    flags = fidelity.load(vllm_env.SERVED_MODEL)
+    held = fidelity.held_out(vllm_server.base_url, flags, tmp_path)
+    outcome = fidelity.calibrate_and_replay(calibration, held, tmp_path)
+    assert outcome.fits["linear"]["batch_widths"][0] == 1
+    assert outcome.fits["linear"]["requests"] >= 30
+    fidelity.assert_sane(outcome)

@@ -235,12 +235,11 @@ def _held_out_run() -> list[tuple[str, float]]:
 def _profile_prediction(category: str, tmp_path: Path) -> tuple[float, float]:
     """The simulator's tokens per decode step for ``category`` from the shipped profile, and
     the profile's AL (over the steps that drafted)."""
-    from speclens.acceptance import shipped_registry
-    from speclens.acceptance.registry import load_registry
+    from speclens.acceptance.registry import Registry
     from speclens.acceptance.resolver import WorkloadAcceptance, resolve
 
     resolution = resolve(model="smollm2-135m-instruct", method="ngram", num_spec_tokens=K,
-                         registry=load_registry(shipped_registry()),
+                         registry=Registry.load(extra=[]),
                          workload=WorkloadAcceptance(thinking="off", category=category))  # fmt: skip
     assert resolution.layer == "registry" and resolution.profile_set == "smollm2-ngram-spec-bench"
     scenario = Scenario.model_validate({

@@ -328,9 +328,8 @@ def run_replica(
         at = decoded - base
         m = running[0][0] - decoded + 1
         window = slice(at, at + m)
-        prices = np.broadcast_to(
-            cost.decode(slots[window], seqs[window], contexts[window], drafting[window], k), m
-        ).astype(float)
+        priced = cost.decode(slots[window], seqs[window], contexts[window], drafting[window], k)
+        prices = np.array(priced, dtype=float) if np.ndim(priced) else np.full(m, priced)
         prices[0] += clock
         times = prices.cumsum()  # the clock after each step, added step by step
         if concurrency is None and upcoming is not None and len(running) < max_num_seqs:

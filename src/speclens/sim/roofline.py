@@ -174,6 +174,63 @@ class Shape:
         return (self.read_bytes(tokens) - self.lm_head * self.weight_bytes) / self.layers
 
 
+@dataclass(frozen=True)
+class _Constants:
+    """A roofline's numbers, worked out once: the fast path prices a stretch of steps per call,
+    many thousand calls a run."""
+
+    peak: float  # FLOP/s (the datasheet's, or the measured curve's best)
+    curve: tuple[np.ndarray, np.ndarray] | None  # log tokens, TFLOP/s: a measured chip's curve
+    compute: float  # e_c x chips
+    memory: float  # bandwidth x e_m x chips
+    kv_memory: float  # bandwidth x e_m x the chips that split the KV cache
+    flops: float  # per token through the linear layers
+    dense_read: float  # bytes read once a step but the routed experts
+    expert_read: float  # bytes of one routed expert, over every MoE layer
+    routed: int
+    keep: float  # the chance a token does not route to a given expert
+    pair: float  # attention FLOPs per query and context token
+    kv_bytes: float  # per context token
+    wire: float  # all-reduce seconds per token, every layer
+    latency: float  # all-reduce latency, every layer
+    draft_flops: float  # a layer drafter's forward, per token
+    draft_dense_read: float
+
+    @classmethod
+    def of(cls, roof: Roofline) -> _Constants:
+        s, e, tp, chip = roof.shape, roof.efficiency, roof.parallel, roof.chip
+        dtype = roof.dtype
+        raw = ((chip.measured or {}).get("matmul_tflops_by_tokens") or {}).get(dtype)
+        curve = None
+        if raw:
+            widths = sorted(int(w) for w in raw)
+            curve = (np.log(widths), np.array([float(raw[str(w)]) for w in widths]))
+        bandwidth = 1e12 * chip.memory_bandwidth_tbps
+        link = 1e9 * chip.interconnect_gbps * e.interconnect
+        many = tp > 1
+        layer_flops = (s.flops_per_token() - 2 * s.lm_head) / s.layers
+        layer_dense = (s._dense_part() * s.weight_bytes) / s.layers
+        lm_read = s.lm_head * s.weight_bytes
+        return cls(
+            peak=1e12 * float(chip.tflops[dtype]),  # type: ignore[index]
+            curve=curve,
+            compute=e.compute * tp,
+            memory=bandwidth * e.memory * tp,
+            kv_memory=bandwidth * e.memory * (tp if s.kv_split else 1),
+            flops=s.flops_per_token(),
+            dense_read=(s._dense_part() + s.lm_head) * s.weight_bytes,
+            expert_read=s.moe_layers * s.expert * s.expert_bytes,
+            routed=s.routed,
+            keep=1.0 - s.per_token / s.routed if s.routed else 1.0,
+            pair=s.attention_flops_per_pair,
+            kv_bytes=s.kv_bytes_per_token,
+            wire=2 * s.layers * 2 * (tp - 1) / tp * s.hidden * ACTIVATION_BYTES / link,
+            latency=2 * s.layers * e.all_reduce_latency if many else 0.0,
+            draft_flops=roof.draft_layers * layer_flops + 2 * s.lm_head,
+            draft_dense_read=roof.draft_layers * layer_dense + lm_read,
+        )
+
+
 def _plain(value: Any) -> Any:
     """A float for one step (as ``StepCost`` gives), the array for many."""
     return float(value) if np.ndim(value) == 0 else value
@@ -200,17 +257,6 @@ class Roofline:
         """The dtype the matmuls run in: the model's, where the chip has a peak for it."""
         return self.model.dtype if self.model.dtype in self.chip.tflops else "bf16"
 
-    def peak_flops(self, tokens: Any) -> Any:
-        """Matmul FLOP/s at ``tokens`` query tokens: the measured curve where the chip has one
-        for the dtype (log-interpolated, flat past its ends), else the datasheet peak."""
-        curve = ((self.chip.measured or {}).get("matmul_tflops_by_tokens") or {}).get(self.dtype)
-        if not curve:
-            return 1e12 * float(self.chip.tflops[self.dtype])  # type: ignore[index]
-        widths = sorted(int(w) for w in curve)
-        values = [float(curve[str(w)]) for w in widths]
-        t = np.log(np.maximum(np.asarray(tokens, dtype=float), 1.0))
-        return 1e12 * np.interp(t, np.log(widths), values)
-
     @property
     def bandwidth(self) -> float:
         return 1e12 * self.chip.memory_bandwidth_tbps
@@ -235,39 +281,51 @@ class Roofline:
             "kv_cache_tokens": self.kv_tokens(),
         }
 
-    def _linear(self, tokens: Any, flops: Any, read: Any) -> Any:
-        e, tp = self.efficiency, self.parallel
-        return np.maximum(
-            flops * tokens / (self.peak_flops(tokens) * e.compute * tp),
-            read / (self.bandwidth * e.memory * tp),
-        )
+    @functools.cached_property
+    def _k(self) -> _Constants:
+        return _Constants.of(self)
+
+    def _peak(self, tokens: Any) -> Any:
+        k = self._k
+        if k.curve is None:
+            return k.peak
+        t = np.log(np.maximum(tokens, 1.0))
+        return 1e12 * np.interp(t, k.curve[0], k.curve[1])
+
+    def _linear(
+        self, tokens: Any, flops: float, dense_read: float, expert_read: float, peak: Any
+    ) -> Any:
+        """The matmuls of one forward over ``tokens`` tokens: max of compute and reading each
+        weight once (the routed experts the tokens touch)."""
+        k = self._k
+        read = dense_read
+        if k.routed:
+            read = read + expert_read * k.routed * (1.0 - np.power(k.keep, tokens))
+        return np.maximum(flops * tokens / (peak * k.compute), read / k.memory)
 
     def _all_reduce(self, tokens: Any) -> Any:
-        tp, e = self.parallel, self.efficiency
-        if tp == 1:
-            return 0.0
-        wire = 2 * (tp - 1) / tp * tokens * self.shape.hidden * ACTIVATION_BYTES
-        link = 1e9 * self.chip.interconnect_gbps * e.interconnect
-        return 2 * self.shape.layers * (wire / link + e.all_reduce_latency)
+        """Two ring all-reduces a layer of ``tokens`` activations (none on one chip)."""
+        k = self._k
+        return k.wire * tokens + k.latency
 
     def forward(self, query_tokens: Any, requests: Any, context_tokens: Any) -> Any:
-        """One target forward, without the step's overhead."""
-        s, e, tp = self.shape, self.efficiency, self.parallel
+        """One target forward, without the step's overheads."""
+        k = self._k
         q = np.asarray(query_tokens, dtype=float)
         c = np.asarray(context_tokens, dtype=float)
-        mean_context = c / np.maximum(np.asarray(requests, dtype=float), 1.0)
-        linear = self._linear(q, s.flops_per_token(), s.read_bytes(q))
-        kv_ranks = tp if s.kv_split else 1
+        mean_context = c / np.maximum(requests, 1.0)
+        peak = self._peak(q)
+        linear = self._linear(q, k.flops, k.dense_read, k.expert_read, peak)
         attention = np.maximum(
-            s.attention_flops_per_pair * q * mean_context / (self.peak_flops(q) * e.compute * tp),
-            s.kv_bytes_per_token * c / (self.bandwidth * e.memory * kv_ranks),
+            k.pair * q * mean_context / (peak * k.compute), k.kv_bytes * c / k.kv_memory
         )
         return linear + attention + self._all_reduce(q)
 
     def verify(self, query_tokens: Any, requests: Any, context_tokens: Any) -> Any:
+        e = self.efficiency
         return _plain(
-            self.efficiency.overhead
-            + self.efficiency.per_sequence * np.asarray(requests, dtype=float)
+            e.overhead
+            + e.per_sequence * np.asarray(requests, dtype=float)
             + self.forward(query_tokens, requests, context_tokens)
         )
 
@@ -281,13 +339,12 @@ class Roofline:
             return _plain(0.0 * r)
         if self.drafter is not None:
             return _plain(self.drafter.forward(r, r, 0.0))
-        s = self.shape
-        layer_flops = (s.flops_per_token() - 2 * s.lm_head) / s.layers
-        flops = self.draft_layers * layer_flops + 2 * s.lm_head
-        read = self.draft_layers * s.layer_bytes(r) + s.lm_head * s.weight_bytes
-        return _plain(
-            self._linear(r, flops, read) + self.draft_layers / s.layers * self._all_reduce(r)
+        k = self._k
+        layers = self.draft_layers / self.shape.layers
+        linear = self._linear(
+            r, k.draft_flops, k.draft_dense_read, layers * k.expert_read, self._peak(r)
         )
+        return _plain(linear + layers * self._all_reduce(r))
 
     def decode(
         self, query_tokens: Any, requests: Any, context_tokens: Any, drafting: Any, k: int

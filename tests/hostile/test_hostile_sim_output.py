@@ -14,7 +14,6 @@ import yaml
 
 SMALL = {
     "model": "kimi-k3",
-    "hardware": "b300",
     "deployment": {"pools": [{"engine": {"speculative": {"method": "dspark", "num_spec_tokens": 7}}}]},
     "workload": {"category": "coding", "thinking": "on", "input_tokens": 16,
                  "output_tokens": 16, "concurrency": 4, "requests": 8},

@@ -140,6 +140,7 @@ async def dying_app() -> AsyncIterator[tuple[httpx.AsyncClient, EngineRunner, di
         "entered": threading.Event(),
         "release": threading.Event(),
         "dead": [],
+        "steps": 0,
     }
     step = engine.step
 
@@ -148,6 +149,7 @@ async def dying_app() -> AsyncIterator[tuple[httpx.AsyncClient, EngineRunner, di
             ctl["entered"].set()
             ctl["release"].wait(10)
             raise RuntimeError("boom in step")
+        ctl["steps"] += 1
         return step()
 
     engine.step = failing_step  # type: ignore[method-assign]
@@ -177,6 +179,10 @@ async def test_engine_death_fails_every_request_at_once() -> None:
         plain = asyncio.ensure_future(c.post(CMPL, json=long))
         stream = asyncio.ensure_future(c.post(CMPL, json={**long, "stream": True}))
         await until(lambda: len(runner._queues) == 2)  # both running in the engine
+        # Two more steps (their prefill, then a decode step): the stream has a token to send
+        # before the engine dies, however slowly a loaded machine ran up to here.
+        done = ctl["steps"]
+        await until(lambda: ctl["steps"] >= done + 2)
         ctl["kill"].set()
         await until(ctl["entered"].is_set)  # the engine thread is inside the failing step
         queued = asyncio.ensure_future(c.post(CMPL, json=long))

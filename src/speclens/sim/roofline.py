@@ -135,7 +135,7 @@ class Shape:
             mtp_layers=m.mtp_layers,
         )
 
-    def _dense_part(self) -> float:
+    def dense_part(self) -> float:
         """Parameters every token runs through, but the routed experts: attention, dense MLPs,
         shared experts, routers and the LM head."""
         moe = self.moe_layers * (self.shared * self.expert + self.moe_fixed)
@@ -143,18 +143,18 @@ class Shape:
 
     def parameters(self) -> float:
         """Every parameter but the MTP layers' (as model cards count them)."""
-        return self._dense_part() + self.embeddings + self.moe_layers * self.routed * self.expert
+        return self.dense_part() + self.embeddings + self.moe_layers * self.routed * self.expert
 
     def weights_bytes(self) -> float:
         """Every weight held in memory (MTP layers included)."""
         routed = self.moe_layers * self.routed * self.expert * self.expert_bytes
-        dense = (self._dense_part() + self.embeddings) * self.weight_bytes
+        dense = (self.dense_part() + self.embeddings) * self.weight_bytes
         return float(dense + routed + self.mtp_layers * self.layer_bytes(1))
 
     def flops_per_token(self) -> float:
         """Matmul FLOPs of one token through the linear layers (2 per multiply-add)."""
         return 2 * (
-            self._dense_part() + self.moe_layers * self.per_token * self.expert + self.lm_head
+            self.dense_part() + self.moe_layers * self.per_token * self.expert + self.lm_head
         )
 
     def touched(self, tokens: Any) -> Any:
@@ -166,7 +166,7 @@ class Shape:
 
     def read_bytes(self, tokens: Any) -> Any:
         """Weight bytes one step over ``tokens`` query tokens reads (each weight once)."""
-        dense = (self._dense_part() + self.lm_head) * self.weight_bytes
+        dense = (self.dense_part() + self.lm_head) * self.weight_bytes
         return dense + self.moe_layers * self.touched(tokens) * self.expert * self.expert_bytes
 
     def layer_bytes(self, tokens: Any) -> Any:
@@ -209,7 +209,7 @@ class _Constants:
         link = 1e9 * chip.interconnect_gbps * e.interconnect
         many = tp > 1
         layer_flops = (s.flops_per_token() - 2 * s.lm_head) / s.layers
-        layer_dense = (s._dense_part() * s.weight_bytes) / s.layers
+        layer_dense = (s.dense_part() * s.weight_bytes) / s.layers
         lm_read = s.lm_head * s.weight_bytes
         return cls(
             peak=1e12 * float(chip.tflops[dtype]),  # type: ignore[index]
@@ -218,7 +218,7 @@ class _Constants:
             memory=bandwidth * e.memory * tp,
             kv_memory=bandwidth * e.memory * (tp if s.kv_split else 1),
             flops=s.flops_per_token(),
-            dense_read=(s._dense_part() + s.lm_head) * s.weight_bytes,
+            dense_read=(s.dense_part() + s.lm_head) * s.weight_bytes,
             expert_read=s.moe_layers * s.expert * s.expert_bytes,
             routed=s.routed,
             keep=1.0 - s.per_token / s.routed if s.routed else 1.0,
@@ -256,10 +256,6 @@ class Roofline:
     def dtype(self) -> str:
         """The dtype the matmuls run in: the model's, where the chip has a peak for it."""
         return self.model.dtype if self.model.dtype in self.chip.tflops else "bf16"
-
-    @property
-    def bandwidth(self) -> float:
-        return 1e12 * self.chip.memory_bandwidth_tbps
 
     def problems(self) -> list[str]:
         return []

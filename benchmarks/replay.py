@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 # The peer tier's vLLM environment and llama.cpp build.
-from peers import export_smollm2, free_port, llamacpp_env, vllm_env
+from peers import export_smollm2, free_port, launch, llamacpp_env, vllm_env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEC_BENCH = REPO_ROOT / ".." / "shared" / "data" / "spec-bench" / "question.jsonl"
@@ -66,46 +66,28 @@ def row(name: str, f: dict[str, Any]) -> str:
     return f"| {name} | {' | '.join(cells)} | {figures['e2e']['bias']:+.1%} | {f['throughput_error']:+.1%} |"
 
 
-def start(engine: str, model: str, port: int, work: Path) -> subprocess.Popen[bytes]:
-    """The server under test on ``port``: speclens serve, or vLLM's CPU build (the peer tier's
-    environment) on SmolLM2 exported as speclens runs it; n-gram K 4, prompt lookup 2..4."""
-    env = dict(os.environ)
+def command(engine: str, model: str, port: int, work: Path) -> tuple[list[str], dict[str, str]]:
+    """The server under test on ``port`` and its environment: speclens serve, vLLM's CPU build
+    (the peer tier's environment) on SmolLM2 exported as speclens runs it, or llama-server;
+    n-gram K 4, prompt lookup 2..4."""
     if engine == "vllm":
         if not vllm_env.ready():
             raise RuntimeError("the vLLM environment is not built: python tests/peers/vllm_env.py")
         exported = work / "smollm2-hf"
         if not exported.exists():
             export_smollm2(exported)
-        cmd, env = vllm_env.command(exported, port, vllm_env.NGRAM), vllm_env.environment()
-    elif engine == "llamacpp":
+        return vllm_env.command(exported, port, vllm_env.NGRAM), vllm_env.environment()
+    if engine == "llamacpp":
         from speclens.engine.weights import smollm2_gguf_path
 
         if not llamacpp_env.ready():
             raise RuntimeError("llama.cpp is not built: python tests/peers/llamacpp_env.py")
-        cmd = llamacpp_env.command(smollm2_gguf_path(), port, llamacpp_env.NGRAM)
-    else:
-        cmd = [sys.executable, "-m", "speclens", "serve", "--model", model, "--method", "ngram",
-               "--num-speculative-tokens", "4", "--per-request-spec-decode-stats", "summary",
-               "--speculative-config", '{"prompt_lookup_min": 2, "prompt_lookup_max": 4}',
-               "--port", str(port)]  # fmt: skip
-    with open(work / "server.log", "wb") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
-
-
-def wait_healthy(url: str, server: subprocess.Popen[bytes], timeout: float = 600) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode} while starting")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError("the server did not become healthy")
+        return llamacpp_env.command(smollm2_gguf_path(), port, llamacpp_env.NGRAM), dict(os.environ)
+    cmd = [sys.executable, "-m", "speclens", "serve", "--model", model, "--method", "ngram",
+           "--num-speculative-tokens", "4", "--per-request-spec-decode-stats", "summary",
+           "--speculative-config", '{"prompt_lookup_min": 2, "prompt_lookup_max": 4}',
+           "--port", str(port)]  # fmt: skip
+    return cmd, dict(os.environ)
 
 
 #: (name, load flags, requests): the two calibration runs, then the held-out ones.
@@ -152,18 +134,13 @@ def main() -> int:
 
 
 def bench_all(args: argparse.Namespace, work: Path, port: int, load: list[str]) -> None:
-    server = start(args.engine, args.model, port, work)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, server)
+    cmd, env = command(args.engine, args.model, port, work)
+    with launch.running(args.engine, cmd, port, work / "server.log", 600, env) as url:
         for name, flags, count in RUNS:
             started = time.monotonic()
             speclens("bench", "--url", url, *load, *flags, "--num-requests", count,
                      "--output-dir", work / name)  # fmt: skip
             print(f"  {name}: {time.monotonic() - started:.0f} s", flush=True)
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=60)
 
 
 def calibrate_and_replay(work: Path, cost: str, kind: str, *flags: str | Path) -> None:

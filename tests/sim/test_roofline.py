@@ -155,7 +155,6 @@ def test_speculation_gains_less_as_the_batch_grows(tmp_path: Path) -> None:
 
 def test_tensor_parallelism_splits_the_reads_and_pays_all_reduces() -> None:
     model, chip = catalog.model("llama-3.1-70b"), catalog.chip("h100")
-    one, two = Roofline(model, chip, 1), Roofline(model, chip, 2)
     idle = Efficiency(overhead=0.0, per_sequence=0.0)
     one, two = Roofline(model, chip, 1, efficiency=idle), Roofline(model, chip, 2, efficiency=idle)
     assert one._all_reduce(8) == 0.0 and two._all_reduce(8) > 0.0

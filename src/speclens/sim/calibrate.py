@@ -86,23 +86,17 @@ class Observed:
     k: int | None
 
 
-def _drafts(row: dict[str, Any]) -> int:
+def _spec(row: dict[str, Any], key: str) -> int:
+    """A count of the record's acceptance (0 when it states none)."""
     spec = row.get("spec_decode_acceptance") or {}
-    drafts = spec.get("num_draft_tokens") if isinstance(spec, dict) else None
-    return int(drafts or 0)
-
-
-def _spec_steps(row: dict[str, Any]) -> int:
-    spec = row.get("spec_decode_acceptance") or {}
-    steps = spec.get("num_spec_steps") if isinstance(spec, dict) else None
-    return int(steps or 0)
+    value = spec.get(key) if isinstance(spec, dict) else None
+    return int(value or 0)
 
 
 def _decode_steps(row: dict[str, Any]) -> int:
     """The request's decode steps: each emits one token plus the drafts it accepted."""
-    spec = row.get("spec_decode_acceptance") or {}
-    accepted = spec.get("num_accepted_draft_tokens") if isinstance(spec, dict) else None
-    return max(1, int(row["completion_tokens"]) - 1 - int(accepted or 0))
+    accepted = _spec(row, "num_accepted_draft_tokens")
+    return max(1, int(row["completion_tokens"]) - 1 - accepted)
 
 
 def _requests(rows: Sequence[dict[str, Any]]) -> list[_Request]:
@@ -119,7 +113,8 @@ def _requests(rows: Sequence[dict[str, Any]]) -> list[_Request]:
             t += gap * n
         if chunks:
             out.append(_Request(start, first, start + latency, int(row["prompt_tokens"]), chunks,
-                                _decode_steps(row), _drafts(row), _spec_steps(row)))  # fmt: skip
+                                _decode_steps(row), _spec(row, "num_draft_tokens"),
+                                _spec(row, "num_spec_steps")))  # fmt: skip
     return out
 
 
@@ -145,31 +140,67 @@ def observe(path: Path) -> Observed:
                     next(iter(ks)) if len(ks) == 1 else None)  # fmt: skip
 
 
-def _rows(run: Observed) -> tuple[list[list[float]], list[float], list[float]]:
-    """Per request: [n, n * w, n * c, P, Q] (see the module), its decode seconds, and its
-    mean batch width w."""
-    requests = run.requests
-    firsts = np.array([r.first for r in requests])
-    prompts = np.array([r.prompt for r in requests])
-    x, y, widths = [], [], []
-    for r in requests:
-        span = r.end - r.first
-        if span <= 0:
-            continue
-        width = context = 0.0
-        for begin, end, _ in r.chunks:
-            mid = (begin + end) / 2
-            batch = [q for q in requests if q.first <= mid <= q.end]
-            width += len(batch) * (end - begin)
-            context += sum(q.prompt + _tokens_by(q, mid) for q in batch) * (end - begin)
-        width, context = width / span, context / span
-        inside = (firsts > r.first) & (firsts <= r.end)
-        prefills = len(set(firsts[inside].tolist()))  # requests admitted together share one
-        n = float(r.steps)
-        x.append([n, n * width, n * context, float(prompts[inside].sum()), float(prefills)])
-        y.append(span)
-        widths.append(width)
-    return x, y, widths
+@dataclass
+class _Sample:
+    """Every request the fits read, over all runs: per request [n, n * w, n * c, P, Q] (see the
+    module), its decode seconds, its mean batch width w, and the request."""
+
+    x: np.ndarray
+    y: np.ndarray
+    widths: np.ndarray
+    requests: list[_Request]
+
+
+def _gather(runs: Sequence[Observed]) -> _Sample:
+    x: list[list[float]] = []
+    y: list[float] = []
+    widths: list[float] = []
+    kept: list[_Request] = []
+    for run in runs:
+        requests = run.requests
+        firsts = np.array([r.first for r in requests])
+        prompts = np.array([r.prompt for r in requests])
+        for r in requests:
+            span = r.end - r.first
+            if span <= 0:
+                continue
+            width = context = 0.0
+            for begin, end, _ in r.chunks:
+                mid = (begin + end) / 2
+                batch = [q for q in requests if q.first <= mid <= q.end]
+                width += len(batch) * (end - begin)
+                context += sum(q.prompt + _tokens_by(q, mid) for q in batch) * (end - begin)
+            width, context = width / span, context / span
+            inside = (firsts > r.first) & (firsts <= r.end)
+            prefills = len(set(firsts[inside].tolist()))  # requests admitted together share one
+            n = float(r.steps)
+            x.append([n, n * width, n * context, float(prompts[inside].sum()), float(prefills)])
+            y.append(span)
+            widths.append(width)
+            kept.append(r)
+    if len(y) < MIN_REQUESTS:
+        raise CalibrationError([f"calibrate: {len(y)} requests with inter-token timings, at "
+                                f"least {MIN_REQUESTS} needed"])  # fmt: skip
+    return _Sample(np.array(x), np.array(y), np.array(widths), kept)
+
+
+def _report(
+    method: str, sample: _Sample, predicted: np.ndarray, loads: Sequence[tuple[str, float]]
+) -> dict[str, Any]:
+    """What every fit says of itself: its data, the widths it saw, its residuals."""
+    y = sample.y
+    relative = np.abs(predicted - y) / y
+    low, high = sample.widths.min(), sample.widths.max()
+    return {
+        "method": method,
+        "requests": len(y),
+        "decode_steps": int(sample.x[:, 0].sum()),
+        "batch_widths": [max(1, round(float(low))), round(float(high))],
+        "residual_rms_s": float(np.sqrt(np.mean((predicted - y) ** 2))),
+        "decode_time_error_median": float(np.median(relative)),
+        "decode_time_error_p90": float(np.quantile(relative, 0.9)),
+        "load_points": [{name: value} for name, value in loads],
+    }
 
 
 def _tokens_by(r: _Request, t: float) -> int:
@@ -189,16 +220,8 @@ def _idle_ttfts(run: Observed) -> list[tuple[int, float]]:
 def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
     """The step cost and what the fit says of itself (steps, widths seen, residuals)."""
     loads = _check_loads(runs)
-    x, y, widths = [], [], []
-    for run in runs:
-        rx, ry, rw = _rows(run)
-        x += rx
-        y += ry
-        widths += rw
-    if len(y) < MIN_REQUESTS:
-        raise CalibrationError([f"calibrate: {len(y)} requests with inter-token timings, at "
-                                f"least {MIN_REQUESTS} needed"])  # fmt: skip
-    xa, ya = np.array(x), np.array(y)
+    sample = _gather(runs)
+    xa, ya = sample.x, sample.y
     base, per_seq, per_context, per_prompt, per_prefill = _nonnegative_lstsq(xa, ya)
     idle = [p for run in runs for p in _idle_ttfts(run)]
     idle_base, idle_per_token = _prefill(idle, per_prompt, per_prefill)
@@ -213,23 +236,17 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
                     draft_base=0.0, draft_per_token=0.0, prefill_base=prefill_base,
                     prefill_per_token=prefill_per_token)  # fmt: skip
     predicted = xa @ np.array([base, per_seq, per_context, per_prompt, per_prefill])
-    relative = np.abs(predicted - ya) / ya
-    report = {
-        "method": "linear: each request's decode time over its decode steps, batch and context "
-                  "as the client saw them, and the prefills it decoded through (non-negative "
-                  "least squares)",
-        "requests": len(y),
-        "decode_steps": int(xa[:, 0].sum()),
-        "batch_widths": [max(1, round(min(widths))), round(max(widths))],
+    report = _report(
+        "linear: each request's decode time over its decode steps, batch and context as the "
+        "client saw them, and the prefills it decoded through (non-negative least squares)",
+        sample, predicted, loads,
+    )  # fmt: skip
+    report.update({
         "idle_requests": len(idle),
         "prefill_from": "decode stalls" if stalled >= MIN_STALLED else "idle TTFTs",
         "requests_stalled_by_a_prefill": stalled,
         "idle_prefill": {"base": idle_base, "per_token": idle_per_token},
-        "residual_rms_s": float(np.sqrt(np.mean((predicted - ya) ** 2))),
-        "decode_time_error_median": float(np.median(relative)),
-        "decode_time_error_p90": float(np.quantile(relative, 0.9)),
-        "load_points": [{name: value} for name, value in loads],
-    }  # fmt: skip
+    })  # fmt: skip
     return cost, report
 
 
@@ -262,10 +279,15 @@ class _Priced:
     drafts per drafting step (so the roofline's max is taken step by step, not of a mean
     step); plus the Q prefill steps of P prompt tokens it decoded through."""
 
-    def __init__(self, rows: Sequence[Sequence[float]]) -> None:
-        cols = [np.array(col, dtype=float) for col in zip(*rows, strict=True)]
-        self.n, self.w, self.c, p, self.q, share, per_draft, self.y = cols
-        self.prompt = np.where(self.q > 0, p / np.maximum(self.q, 1), 0.0)
+    def __init__(self, sample: _Sample) -> None:
+        x, requests = sample.x, sample.requests
+        self.n, self.q, self.y = x[:, 0], x[:, 4], sample.y
+        self.w, self.c = x[:, 1] / self.n, x[:, 2] / self.n
+        self.prompt = np.where(self.q > 0, x[:, 3] / np.maximum(self.q, 1), 0.0)
+        drafted = np.array([r.spec_steps for r in requests], dtype=float)
+        share = np.minimum(1.0, drafted / self.n)
+        drafts = np.array([r.drafts for r in requests], dtype=float)
+        per_draft = np.where(drafted > 0, drafts / np.maximum(drafted, 1), 0.0)
         low = np.maximum(np.floor(self.w), 1.0)
         j = np.arange(int(low.max()) + 2)
         self.parts = []  # (width, weight per row and drafting count, positions)
@@ -291,20 +313,8 @@ def fit_roofline(runs: Sequence[Observed], roof: Roofline) -> tuple[Roofline, di
     then on a finer one around the best; the overheads are solved at each point (non-negative
     least squares on the relative error)."""
     loads = _check_loads(runs)
-    rows = []
-    for run in runs:
-        rx, ry, _ = _rows(run)
-        kept = [r for r in run.requests if r.end > r.first]  # as _rows keeps them
-        for row, seconds, r in zip(rx, ry, kept, strict=True):
-            steps, by_width, by_context, prompts, prefills = row
-            share = min(1.0, r.spec_steps / steps)
-            per_draft = r.drafts / r.spec_steps if r.spec_steps else 0.0
-            rows.append((steps, by_width / steps, by_context / steps, prompts, prefills, share,
-                         per_draft, seconds))  # fmt: skip
-    if len(rows) < MIN_REQUESTS:
-        raise CalibrationError([f"calibrate: {len(rows)} requests with inter-token timings, at "
-                                f"least {MIN_REQUESTS} needed"])  # fmt: skip
-    priced = _Priced(rows)
+    sample = _gather(runs)
+    priced = _Priced(sample)
     n, w, q, y = priced.n, priced.w, priced.q, priced.y
     # Per step, and per sequence in a step: the overheads' columns, scaled to relative error.
     paid = np.column_stack([n + q, n * w + q]) / y[:, None]
@@ -328,22 +338,15 @@ def fit_roofline(runs: Sequence[Observed], roof: Roofline) -> tuple[Roofline, di
         "per_sequence": float(per_sequence)})  # fmt: skip
     fitted = replace(roof, efficiency=efficiency)
     predicted = priced.work(fitted) + overhead * (n + q) + per_sequence * (n * w + q)
-    relative = np.abs(predicted - y) / y
-    edge = [name for name, value in (("compute", compute), ("memory", memory))
-            if value in (EFFICIENCIES[0], EFFICIENCIES[-1])]  # fmt: skip
-    report = {
-        "method": "roofline: efficiencies (grid) and overheads (least squares) fitted to each "
-                  "request's decode time over its decode steps, batch and context as the client "
-                  "saw them, and the prefills it decoded through",
-        "requests": len(y),
-        "decode_steps": int(n.sum()),
-        "batch_widths": [max(1, round(float(w.min()))), round(float(w.max()))],
-        "residual_rms_s": float(np.sqrt(np.mean((predicted - y) ** 2))),
-        "decode_time_error_median": float(np.median(relative)),
-        "decode_time_error_p90": float(np.quantile(relative, 0.9)),
-        "at_the_grid_edge": edge,
-        "load_points": [{name: value} for name, value in loads],
-    }  # fmt: skip
+    report = _report(
+        "roofline: efficiencies (grid) and overheads (least squares) fitted to each request's "
+        "decode time over its decode steps, batch and context as the client saw them, and the "
+        "prefills it decoded through", sample, predicted, loads,
+    )  # fmt: skip
+    report["at_the_grid_edge"] = [
+        name for name, value in (("compute", compute), ("memory", memory))
+        if value in (EFFICIENCIES[0], EFFICIENCIES[-1])
+    ]  # fmt: skip
     return fitted, report
 
 
@@ -373,15 +376,10 @@ def document(
     from dataclasses import asdict
 
     priced: dict[str, Any] = (
-        {"roofline": {
-            "model": cost.model.model_dump(exclude_none=True),
-            "chip": cost.chip.model_dump(exclude_none=True),
-            "parallel": cost.parallel, "method": cost.method, "draft_layers": cost.draft_layers,
-            "efficiency": cost.efficiency.model_dump(),
-        }}
+        {"roofline": _RooflineFile.of(cost).model_dump(exclude_none=True)}
         if isinstance(cost, Roofline)
         else {"step_cost": asdict(cost)}
-    )  # fmt: skip
+    )
     engines = sorted({f"{r.engine or 'unknown'}=={r.version or 'unknown'}" for r in runs})
     models = sorted({r.model for r in runs if r.model})
     ks = sorted({r.k for r in runs if r.k is not None})
@@ -398,12 +396,23 @@ def document(
 
 
 class _RooflineFile(_Model):
+    """A fitted roofline as its file holds it: the entries in full, so the file stands alone."""
+
     model: ModelSpec
     chip: ChipSpec
     parallel: Annotated[int, Field(ge=1, le=1024)] = 1
     method: str | None = None
     draft_layers: Annotated[int, Field(ge=1, le=64)] = 1
     efficiency: Efficiency = Field(default_factory=Efficiency)
+
+    @classmethod
+    def of(cls, roof: Roofline) -> _RooflineFile:
+        return cls(model=roof.model, chip=roof.chip, parallel=roof.parallel, method=roof.method,
+                   draft_layers=roof.draft_layers, efficiency=roof.efficiency)  # fmt: skip
+
+    def roofline(self) -> Roofline:
+        return Roofline(self.model, self.chip, self.parallel, self.method, self.draft_layers,
+                        efficiency=self.efficiency)  # fmt: skip
 
 
 def read_cost_file(path: Path) -> tuple[StepCost | Roofline, dict[str, Any]]:
@@ -418,9 +427,7 @@ def read_cost_file(path: Path) -> tuple[StepCost | Roofline, dict[str, Any]]:
         meta = {k: data.get(k) for k in ("fit", "provenance")}
         if "roofline" in data:
             spec = validate(_RooflineFile, data.get("roofline"), str(path), "roofline")
-            roof = Roofline(spec.model, spec.chip, spec.parallel, spec.method, spec.draft_layers,
-                            efficiency=spec.efficiency)  # fmt: skip
-            return roof, meta
+            return spec.roofline(), meta
         return validate(StepCost, data.get("step_cost"), str(path), "step_cost"), meta
     return validate(StepCost, data, str(path)), {}
 

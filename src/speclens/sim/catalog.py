@@ -51,12 +51,18 @@ class Mla(_Model):
     v_head_dim: Count = 128
 
 
-class ModelSpec(_Model):
-    kind: Literal["Model"] = "Model"
+class _Entry(_Model):
+    """What every catalog entry carries: its kind, its name, and where its numbers come from."""
+
+    kind: str
     name: NonEmptyStr
     description: str | None = None
     source: NonEmptyStr
     notes: str | None = None
+
+
+class ModelSpec(_Entry):
+    kind: Literal["Model"] = "Model"
     num_hidden_layers: Count
     hidden_size: Count
     num_attention_heads: Count
@@ -74,12 +80,8 @@ class ModelSpec(_Model):
     mtp_layers: Zero = 0
 
 
-class ChipSpec(_Model):
+class ChipSpec(_Entry):
     kind: Literal["Chip"] = "Chip"
-    name: NonEmptyStr
-    description: str | None = None
-    source: NonEmptyStr
-    notes: str | None = None
     #: Dense (no sparsity) peak TFLOP/s by the dtype a matmul runs in.
     tflops: dict[Dtype, Positive]
     memory_gb: Positive

@@ -4,11 +4,11 @@ decode steps at a time.
 Under forced acceptance a request's draws do not depend on who shares its batch: each decode
 request-step drafts with probability ``coverage`` and then accepts j drafts with probability
 r_j - r_(j+1). So a request's whole trajectory (tokens per step, drafts, context) is drawn when it
-is admitted, and what it adds to every future decode step (a sequence, its verify slots, its
-context, whether it drafts) is added to windows indexed by decode step; a stretch of steps is
-priced from those sums at once (``decode``), so any step cost works, affine or a roofline.
-With no preemption and every running request in every decode step (``unsupported``
-says when that holds), the batch changes only when a request finishes or is admitted: between
+is admitted, and what it adds to every future decode step (a sequence, its context, whether it
+drafts: a drafting one verifies K + 1 slots) is added to windows indexed by decode step; a
+stretch of steps is priced from those sums at once (``decode``), so any step cost works, affine
+or a roofline. With no preemption and every running request in every decode step
+(``unsupported`` says when that holds), the batch changes only when a request finishes or is admitted: between
 those events the engine's clock is a cumulative sum over the window. Prefill steps, admission
 (``max_num_seqs``, the token budget), closed and open loops and idle gaps follow the engine's
 scheduler and ``simulate._run_replica`` step for step.
@@ -127,8 +127,8 @@ class _Draws:
     ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """Each request's decode steps, drawn together: tokens emitted (the last step's capped
         at the request's length), the context each step attends over (its drafts included),
-        whether it drafted, and the drafts it accepted (uncapped, as the histogram counts them). The draws are counted in
-        the statistics."""
+        whether it drafted, and the drafts it accepted (uncapped, as the histogram counts them).
+        The draws are counted in the statistics."""
         need = np.maximum(outputs - 1, 0)  # the prefill emits the first token
         lengths = np.minimum(need, (need / self.mean_tokens + 6 * np.sqrt(need) + 8).astype(int))
         accepted, drafting = self._draw(int(lengths.sum()))
@@ -252,9 +252,9 @@ def run_replica(
         draws = _Draws(k, rates, coverage, rng)
     span = longest_output + 2
     width = 4 * span
-    # Per decode step: its sequences, verify slots, context tokens, and requests that draft.
+    # Per decode step: its sequences, context tokens, and requests that draft (each verifies
+    # K + 1 slots, the others 1).
     seqs = np.zeros(width, dtype=np.int64)
-    slots = np.zeros(width, dtype=np.int64)
     contexts = np.zeros(width, dtype=np.int64)
     drafting = np.zeros(width, dtype=np.int64)
     tokens = np.zeros((width, k + 2), dtype=np.int64)  # its later-step requests by tokens
@@ -297,7 +297,7 @@ def run_replica(
             clock += cost.prefill(prompt, len(batch), prompt)  # as the sim executor's prefill
             if decoded - base >= 2 * span:  # slide the window: no live request reaches back
                 shift = decoded - base
-                for array in (seqs, slots, contexts, drafting, tokens):
+                for array in (seqs, contexts, drafting, tokens):
                     array[: width - shift] = array[shift:]
                     array[width - shift :] = 0
                 base = decoded
@@ -314,7 +314,6 @@ def run_replica(
                     traces[index] = (item, decoded, clock)
                 at = decoded - base
                 seqs[at : at + n] += 1
-                slots[at : at + n] += 1 + drafted * k
                 contexts[at : at + n] += context
                 drafting[at : at + n] += drafted
                 tokens[np.arange(at + 1, at + n), emitted[1:]] += 1
@@ -328,7 +327,8 @@ def run_replica(
         at = decoded - base
         m = running[0][0] - decoded + 1
         window = slice(at, at + m)
-        priced = cost.decode(slots[window], seqs[window], contexts[window], drafting[window], k)
+        slots = seqs[window] + k * drafting[window]
+        priced = cost.decode(slots, seqs[window], contexts[window], drafting[window], k)
         prices = np.array(priced, dtype=float) if np.ndim(priced) else np.full(m, priced)
         prices[0] += clock
         times = prices.cumsum()  # the clock after each step, added step by step

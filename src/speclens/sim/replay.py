@@ -20,7 +20,7 @@ import numpy as np
 from speclens.runs.request import RequestRecord
 from speclens.runs.trace import Trace, TraceRequest
 from speclens.sim import fast
-from speclens.sim.cost import StepCost
+from speclens.sim.cost import Pricing
 from speclens.sim.run_output import from_trace
 from speclens.sim.sketch import Tally, Totals
 
@@ -93,7 +93,7 @@ class Replayed:
 
 def replay(
     trace: Trace,
-    cost: StepCost,
+    cost: Pricing,
     k: int,
     max_num_seqs: int,
     max_num_batched_tokens: int,

@@ -157,12 +157,15 @@ class Shape:
             self.dense_part() + self.moe_layers * self.per_token * self.expert + self.lm_head
         )
 
+    @functools.cached_property
+    def _miss(self) -> float:
+        """The chance a token does not route to a given expert."""
+        return 1.0 - self.per_token / self.routed if self.routed else 1.0
+
     def touched(self, tokens: Any) -> Any:
-        """Expected routed experts a layer reads for ``tokens`` tokens (uniform routing)."""
-        if not self.routed:
-            return 0.0
-        share = 1.0 - self.per_token / self.routed
-        return self.routed * (1.0 - np.power(share, np.asarray(tokens, dtype=float)))
+        """Expected routed experts a layer reads for ``tokens`` tokens (uniform routing): the
+        roofline's hot path calls it once per stretch of steps."""
+        return self.routed * (1.0 - self._miss ** np.asarray(tokens, dtype=float))
 
     def read_bytes(self, tokens: Any) -> Any:
         """Weight bytes one step over ``tokens`` query tokens reads (each weight once)."""
@@ -187,8 +190,6 @@ class _Constants:
     flops: float  # per token through the linear layers
     dense_read: float  # bytes read once a step but the routed experts
     expert_read: float  # bytes of one routed expert, over every MoE layer
-    routed: int
-    keep: float  # the chance a token does not route to a given expert
     pair: float  # attention FLOPs per query and context token
     kv_bytes: float  # per context token
     wire: float  # all-reduce seconds per token, every layer
@@ -220,8 +221,6 @@ class _Constants:
             flops=s.flops_per_token(),
             dense_read=(s.dense_part() + s.lm_head) * s.weight_bytes,
             expert_read=s.moe_layers * s.expert * s.expert_bytes,
-            routed=s.routed,
-            keep=1.0 - s.per_token / s.routed if s.routed else 1.0,
             pair=s.attention_flops_per_pair,
             kv_bytes=s.kv_bytes_per_token,
             wire=2 * s.layers * 2 * (tp - 1) / tp * s.hidden * ACTIVATION_BYTES / link,
@@ -294,9 +293,7 @@ class Roofline:
         """The matmuls of one forward over ``tokens`` tokens: max of compute and reading each
         weight once (the routed experts the tokens touch)."""
         k = self._k
-        read = dense_read
-        if k.routed:
-            read = read + expert_read * k.routed * (1.0 - np.power(k.keep, tokens))
+        read = dense_read + expert_read * self.shape.touched(tokens)
         return np.maximum(flops * tokens / (peak * k.compute), read / k.memory)
 
     def _all_reduce(self, tokens: Any) -> Any:

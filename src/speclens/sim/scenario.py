@@ -236,10 +236,11 @@ def roofline(scenario: Scenario, pool: Pool, base: Path, file: str = "") -> Roof
     else:
         chip = catalog.chip(scenario.hardware or "", file, "hardware")
     spec = pool.engine.speculative
+    efficiency = pool.efficiency or Efficiency()
     drafter = None
     if spec is not None and spec.draft_model is not None:
         drafter = Roofline(catalog.model(spec.draft_model, file, "speculative.draft_model"), chip,
-                           pool.parallel, efficiency=pool.efficiency or Efficiency())  # fmt: skip
+                           pool.parallel, efficiency=efficiency)  # fmt: skip
     return Roofline(
         model=model,
         chip=chip,
@@ -247,5 +248,5 @@ def roofline(scenario: Scenario, pool: Pool, base: Path, file: str = "") -> Roof
         method=spec.method if spec is not None else None,
         draft_layers=spec.draft_layers if spec is not None else 1,
         drafter=drafter,
-        efficiency=pool.efficiency or Efficiency(),
+        efficiency=efficiency,
     )

@@ -19,6 +19,7 @@ import numpy as np
 from speclens.acceptance import AcceptanceHistogram, Problem, ValidationError, acceptance_length
 from speclens.sim import fast as fast_path
 from speclens.sim import limits, run_output
+from speclens.sim.cost import Pricing
 from speclens.sim.scenario import Lengths, Pool, Scenario, Workload, pool_cost
 from speclens.sim.sketch import Tally, Totals
 
@@ -89,13 +90,7 @@ def _record_exact(tally: Tally, r: SimRequest) -> None:
 
 
 def _engine(
-    scenario: Scenario,
-    pool: Pool,
-    base: Path,
-    rates: list[float] | None,
-    seed: int,
-    longest: int,
-    share: int,
+    pool: Pool, cost: Pricing, rates: list[float] | None, seed: int, longest: int, share: int
 ) -> Engine:
     """One replica's engine with the pool's stated limits. The KV pool is allocated only up to
     what this replica can ever hold (``share`` requests, or ``max_num_seqs`` of them, of at most
@@ -117,7 +112,6 @@ def _engine(
     k = spec.num_spec_tokens if spec is not None else 0
     block = EngineConfig.block_size
     held = blocks_for(longest + k + 1, block) * block * max(1, min(pool.engine.max_num_seqs, share))
-    cost = pool_cost(pool, base, scenario)
     target, tokenizer = _dummy()
     return Engine(
         EngineConfig(
@@ -265,6 +259,9 @@ def simulate(
     count = workload.requests
     longest = limits.longest(workload.input_tokens) + limits.longest(workload.output_tokens)
     replicas = _replicas(scenario, num_spec_tokens)
+    # Each pool's prices, once (a replica's K does not change them; a roofline reads its
+    # catalog entries and works out its constants when built).
+    costs = {i: pool_cost(p, base, scenario) for i, p in enumerate(scenario.deployment.pools)}
     fallback = fast_fallback(scenario, rates, num_spec_tokens) if fast else None
     use_fast = fast and fallback is None
     closed = concurrency or workload.concurrency
@@ -295,7 +292,7 @@ def simulate(
             )
             counts = fast_path.run_replica(
                 ((r.index, r.arrival, r.input_tokens, r.output_tokens) for r in requests),
-                k, rates, draft_coverage, pool_cost(pool, base, scenario), pool.engine.max_num_seqs,
+                k, rates, draft_coverage, costs[pool_index], pool.engine.max_num_seqs,
                 limits.batched_tokens(pool), limits.longest(workload.output_tokens), per_replica,
                 np.random.default_rng([FAST_STREAM, seed, slot]), tally, pooled, traced,
             )  # fmt: skip
@@ -307,7 +304,7 @@ def simulate(
             continue
         from speclens.sim.coverage import cover
 
-        engine = _engine(scenario, pool, base, rates, seed + slot, longest, share)
+        engine = _engine(pool, costs[pool_index], rates, seed + slot, longest, share)
         drafted = cover(
             engine, draft_coverage, np.random.default_rng([COVERAGE_STREAM, seed, slot])
         )
@@ -343,10 +340,7 @@ def simulate(
         "draft_coverage": drafting_steps / request_steps if request_steps else None,
         "decode_request_steps": request_steps if request_steps else None,
         "tokens_per_step": acceptance_length(accepted, request_steps) if request_steps else None,
-        "pricing": {
-            str(index): pool_cost(pool, base, scenario).describe()
-            for index, pool in enumerate(scenario.deployment.pools)
-        },
+        "pricing": {str(index): cost.describe() for index, cost in costs.items()},
         "pools": {
             str(index): {
                 "requests": s.requests,

@@ -218,3 +218,15 @@ def test_preemptions_are_counted_once_each(reference: list[list[int]]) -> None:
     assert engine.scheduler.num_preemptions == seen == sum(r.num_preemptions for r in requests)
     for rid, expected in zip(ids, reference, strict=True):
         assert final[rid].outputs[0].token_ids == expected
+
+
+def test_the_step_history_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server's engine steps for as long as it runs: its step records keep the most recent
+    ones only, the last of them the step just run."""
+    import speclens.engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "STEP_HISTORY", 4)
+    engine = Engine(config())
+    engine.generate([PROMPTS[0]], GREEDY)  # a prefill and 29 decode steps
+    assert 4 <= len(engine.steps) < 8, len(engine.steps)
+    assert engine.steps[-1].kind == "decode" and engine.steps[0].kind == "decode"

@@ -66,24 +66,39 @@ class Outcome:
     figures: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
 
-def held_out(url: str, flags: list[str], work: Path) -> dict[str, Path]:
-    """Bench the held-out runs against ``url``."""
-    out = {}
+def held_out(
+    url: str, flags: list[str], work: Path, given: dict[str, Path] | None = None
+) -> dict[str, Path]:
+    """Bench the held-out runs against ``url``, but for those ``given`` (name: a run already
+    made with the same load, such as a sweep's point)."""
+    out = dict(given or {})
     for name, extra, count in HELD_OUT:
+        if name in out:
+            continue
         out[name] = work / name
         speclens("bench", "--url", url, *flags, *extra, "--num-requests", count,
                  "--output-dir", out[name])  # fmt: skip
     return out
 
 
+_HOST: list[Path] = []
+
+
+def host_chip(work: Path) -> Path:
+    """This machine as a chip entry (``calibrate --host``), measured once per session."""
+    if not _HOST:
+        speclens("calibrate", "--host", "-o", work / "host.yaml")
+        _HOST.append(work / "host.yaml")
+    return _HOST[0]
+
+
 def calibrate_and_replay(calibration: list[Path], held: dict[str, Path], work: Path) -> Outcome:
     """Fit the linear cost and a roofline on ``calibration``, replay every held-out run with
     each, and compare; checks the replays' requests against the observed ones as it goes."""
     outcome = Outcome()
-    speclens("calibrate", "--host", "-o", work / "host.yaml")
     fits = {
         "linear": [],
-        "roofline": ["--model", "smollm2-135m", "--hardware", work / "host.yaml", "--method",
+        "roofline": ["--model", "smollm2-135m", "--hardware", host_chip(work), "--method",
                      "ngram"],
     }  # fmt: skip
     for kind, extra in fits.items():

@@ -205,3 +205,22 @@ def test_cli_console_and_exit_1_when_not_comparable(run_cli, tmp_path: Path) -> 
     assert "FAIL sampling: max_tokens 64" in out
     lines = [line for line in out.splitlines() if "concurrency 4:" in line]
     assert lines and all(line.strip().startswith("NOT COMPARABLE: ") for line in lines)
+
+
+def test_matched_rows_that_round_alike_read_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interactivities 15.6 and 16.1 both round to 16: the sentences then carry a decimal, so
+    no two rows seem to state two deltas at one interactivity."""
+    from types import SimpleNamespace
+
+    def curve(*xs: float) -> list[cmp.CurvePoint]:
+        return [cmp.CurvePoint(x, cmp.Estimate(100.0 / x, 1.0, 5.0)) for x in xs]
+
+    curves = iter([curve(12.0, 15.6, 16.1), curve(12.0, 15.6, 16.1), curve(12.0, 20.0),
+                   curve(12.0, 20.0)])  # fmt: skip
+    monkeypatch.setattr(cmp, "pareto", lambda item: next(curves))
+    a, b = SimpleNamespace(label="A"), SimpleNamespace(label="B")
+    close, _ = cmp.matched_interactivity(a, b, "")  # type: ignore[arg-type]
+    assert [m["sentence"].split(" tok/s/user")[0] for m in close] == ["at 12.0", "at 15.6",
+                                                                      "at 16.1"]  # fmt: skip
+    apart, _ = cmp.matched_interactivity(a, b, "")  # type: ignore[arg-type]
+    assert [m["sentence"].split(" tok/s/user")[0] for m in apart] == ["at 12", "at 20"]

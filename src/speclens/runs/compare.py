@@ -718,6 +718,7 @@ def matched_interactivity(a: Input, b: Input, prefix: str) -> tuple[list[dict[st
     if low > high:
         return [], f"{span}: no overlap, so no delta at matched interactivity"
     xs = sorted({c.x for c in (*ca, *cb) if low <= c.x <= high})
+    digits = 0 if len({round(x) for x in xs}) == len(xs) else 1  # no two rows read the same
     out = []
     for x in xs:
         ya, yb = interpolate(ca, x), interpolate(cb, x)
@@ -729,7 +730,7 @@ def matched_interactivity(a: Input, b: Input, prefix: str) -> tuple[list[dict[st
         out.append({
             "tokens_per_s_per_user": x, "a_tok_s_gpu": ya.mean, "b_tok_s_gpu": yb.mean,
             "delta_pct": _num(delta), "low_pct": _num(dl), "high_pct": _num(dh),
-            "sentence": f"{prefix}at {x:.0f} tok/s/user, {b.label} delivers {delta:+.0f}% "
+            "sentence": f"{prefix}at {x:.{digits}f} tok/s/user, {b.label} delivers {delta:+.0f}% "
                         f"tok/s/GPU ({ci})",
         })  # fmt: skip
     return out, f"{span}: compared inside {low:.1f} to {high:.1f} only"

@@ -9,7 +9,10 @@ first. This repeats that run ``--runs`` times against one ``speclens serve`` and
 - the server's page faults (minor, major), context switches (voluntary, involuntary) and CPU
   seconds, all threads, from ``/proc/PID/stat`` and ``/proc/PID/status``;
 - the machine's CPU steal over the run, from ``/proc/stat``;
-- the first 8 requests' median E2E against the rest's (a cold start shows there).
+- the first 8 requests' median E2E against the rest's (a cold start shows there);
+- the machine's own speed just before the run, in this process: a fixed single-threaded float32
+  matmul loop (GFLOP/s) and a 256 MB copy (GB/s), which the server's CPU seconds should follow
+  if the machine, not the server, changed.
 
     python benchmarks/noise.py [--runs 4] [--threads N] [--pin] [--requests 32] [--concurrency 8]
 
@@ -57,6 +60,38 @@ def steal_share() -> tuple[float, float]:
     """(steal ticks, all ticks) of the machine since boot."""
     values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     return float(values[7]), float(sum(values))
+
+
+def machine_gflops(size: int = 384, repeats: int = 40) -> float:
+    """A fixed single-threaded float32 matmul loop's speed, GFLOP/s (the best of three)."""
+    import torch
+
+    torch.set_num_threads(1)
+    a = torch.randn(size, size)
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(repeats):
+            a @ a
+        best = min(best, time.perf_counter() - started)
+    return 2 * size**3 * repeats / best / 1e9
+
+
+def machine_bandwidth(megabytes: int = 256, repeats: int = 4) -> float:
+    """A single-threaded copy of ``megabytes``, GB/s read plus written (the best of three):
+    the server's steps stream the model's weights from memory, so they slow with it."""
+    import torch
+
+    torch.set_num_threads(1)
+    a = torch.ones(megabytes * 2**20 // 4)
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(repeats):
+            b.copy_(a)
+        best = min(best, time.perf_counter() - started)
+    return 2 * a.numel() * 4 * repeats / best / 1e9
 
 
 def server_pid(port: int) -> int:
@@ -108,12 +143,14 @@ def main() -> int:
             str(args.concurrency), "--num-requests", str(args.requests)]  # fmt: skip
     print(
         "| run | E2E median | first 8 / rest | tok/s | E2E error vs run 0 | throughput vs run 0 "
-        "| minor faults | major | invol. switches | vol. switches | server CPU s | steal |"
+        "| minor faults | major | invol. switches | vol. switches | server CPU s | steal "
+        "| machine GFLOP/s | machine GB/s |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     with launch.running("speclens", cmd, port, work / "server.log", 600, env) as url:
         pid = server_pid(port)
         for i in range(args.runs):
+            speed, bandwidth = machine_gflops(), machine_bandwidth()
             before, steal0 = proc_counters(pid), steal_share()
             out = work / f"run{i}"
             done = subprocess.run([*client, sys.executable, "-m", "speclens", "bench", "--url", url,
@@ -130,7 +167,7 @@ def main() -> int:
             print(f"| {i} | {f['e2e_median']:.2f} s | {f['first8']:.2f} / {f['rest']:.2f} s "
                   f"| {f['throughput']:.1f} | {error} | {through} | {delta['minflt']:.0f} "
                   f"| {delta['majflt']:.0f} | {delta['involuntary']:.0f} | {delta['voluntary']:.0f} "
-                  f"| {delta['cpu_s']:.1f} | {steal:.2%} |", flush=True)  # fmt: skip
+                  f"| {delta['cpu_s']:.1f} | {steal:.2%} | {speed:.1f} | {bandwidth:.1f} |", flush=True)  # fmt: skip
             time.sleep(1.0)
     return 0
 

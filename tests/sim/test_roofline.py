@@ -194,6 +194,19 @@ def test_an_unknown_catalog_name_lists_the_known_ones(tmp_path: Path) -> None:
     assert "llama-3.1-8b" in problem.message
 
 
+def test_an_unknown_draft_model_names_its_pool(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, "llama-3.1-8b", "h100")
+    data = yaml.safe_load(path.read_text())
+    draft = {"method": "draft_model", "draft_model": "llama-9", "num_spec_tokens": 3}
+    data["deployment"]["pools"].append({"role": "mixed", "engine": {"speculative": draft}})
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValidationError) as caught:
+        load_scenario(path)
+    (problem,) = caught.value.problems
+    assert problem.path == "deployment.pools[1].engine.speculative.draft_model", problem
+    assert problem.message.startswith("'llama-9' is not in the catalog")
+
+
 def test_drafters_are_priced_by_method() -> None:
     model, chip = catalog.model("llama-3.1-8b"), catalog.chip("h100")
     ngram = Roofline(model, chip, method="ngram")
@@ -218,3 +231,22 @@ def test_the_example_is_priced_by_the_catalog() -> None:
     cost = pool_cost(pool, example.parent, scenario)
     assert isinstance(cost, Roofline)
     assert (cost.model.name, cost.chip.name, cost.parallel) == ("kimi-k3", "b300", 8)
+
+
+def test_a_run_says_where_each_pool_is_priced_from(tmp_path: Path) -> None:
+    """A roofline, a cost file (a calibration's, say), inline prices and the default are four
+    different claims: the run names which one priced each pool (it used to call every step cost
+    "stated", a fitted file included)."""
+    (tmp_path / "cost.yaml").write_text("base: 0.004\nper_seq: 0.001\n")
+    pools = [{}, {"step_cost_file": "cost.yaml"}, {"step_cost": {"base": 0.002}}]
+    found = []
+    for i, pool in enumerate(pools):
+        found.append(_run(_scenario(tmp_path, "llama-3.1-8b", "h100", f"p{i}", **pool), 2))
+    sources = [r["pricing"]["0"]["source"] for r in found]
+    assert sources == ["a roofline", "from cost.yaml", "stated in the scenario"], sources
+    assert found[1]["pricing"]["0"]["base"] == 0.004
+    path = _scenario(tmp_path, "llama-3.1-8b", "h100", "bare")
+    data = yaml.safe_load(path.read_text())
+    del data["hardware"]
+    path.write_text(yaml.safe_dump(data))
+    assert _run(path, 2)["pricing"]["0"]["source"].startswith("the default")

@@ -374,7 +374,11 @@ def _print(rows: list[dict[str, Any]], name: str) -> None:
 
 def _pricing(p: dict[str, Any]) -> str:
     if p["kind"] != "roofline":
-        return "stated step cost (base {base:g} s, per_token {per_token:g} s)".format(**p)
+        where = p.get("source", "stated")
+        return (
+            f"step cost {where} (base {p['base']:g} s, per_token {p['per_token']:g} s, "
+            f"per_seq {p['per_seq']:g} s, per_context_token {p['per_context_token']:g} s)"
+        )
     e = p["efficiency"]
     return (
         f"roofline of {p['model']} on {p['parallel']} x {p['chip']} (weights "

@@ -147,7 +147,7 @@ def cost_problems(
     sweep_ks = [k for k in num_spec_tokens if k is not None]
     inputs, outputs = longest(workload.input_tokens), longest(workload.output_tokens)
     for index, pool in simulated_pools(scenario):
-        cost = pool_cost(pool, base, scenario, file)
+        cost = pool_cost(pool, base, scenario, file, index)
         field = "step_cost_file" if pool.step_cost_file is not None else "step_cost"
         where = f"deployment.pools[{index}].{field}"
         if cost.verify(1, 1, 1) <= 0:

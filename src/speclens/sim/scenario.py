@@ -181,7 +181,7 @@ def _with_kv_capacity(scenario: Scenario, base: Path, file: str) -> Scenario:
     pools, problems = [], []
     for index, pool in enumerate(scenario.deployment.pools):
         try:
-            cost = pool_cost(pool, base, scenario, file)
+            cost = pool_cost(pool, base, scenario, file, index)
         except ValidationError as exc:
             problems += exc.problems
             continue
@@ -204,7 +204,7 @@ def _with_kv_capacity(scenario: Scenario, base: Path, file: str) -> Scenario:
 
 
 def pool_cost(
-    pool: Pool, base: Path, scenario: Scenario | None = None, file: str = ""
+    pool: Pool, base: Path, scenario: Scenario | None = None, file: str = "", index: int = 0
 ) -> StepCostSpec | Roofline:
     """The pool's step cost: inline, from its file (relative to the scenario), a roofline of
     the scenario's model on its hardware (when it names hardware), or the default."""
@@ -212,7 +212,7 @@ def pool_cost(
         return pool.step_cost
     if pool.step_cost_file is None:
         if scenario is not None and (scenario.hardware or scenario.hardware_file):
-            return roofline(scenario, pool, base, file)
+            return roofline(scenario, pool, base, file, index)
         return StepCostSpec()
     # Inside the scenario's folder only: a shared scenario must not read any file the user can.
     path = inside(base, pool.step_cost_file, "step_cost_file", str(base / pool.step_cost_file))
@@ -221,9 +221,22 @@ def pool_cost(
     return read_cost_file(path)[0]
 
 
-def roofline(scenario: Scenario, pool: Pool, base: Path, file: str = "") -> Roofline:
-    """The pool's roofline: the scenario's model and chip (catalog names, or files inside the
-    scenario's folder), its parallelism, drafter and efficiencies."""
+def cost_source(pool: Pool, scenario: Scenario | None = None) -> str:
+    """Where ``pool_cost`` takes the pool's prices from, in words, for a run's output."""
+    if pool.step_cost is not None:
+        return "stated in the scenario"
+    if pool.step_cost_file is not None:
+        return f"from {pool.step_cost_file}"
+    if scenario is not None and (scenario.hardware or scenario.hardware_file):
+        return "a roofline"
+    return "the default (no step_cost, step_cost_file or hardware)"
+
+
+def roofline(
+    scenario: Scenario, pool: Pool, base: Path, file: str = "", index: int = 0
+) -> Roofline:
+    """Pool ``index``'s roofline: the scenario's model and chip (catalog names, or files inside
+    the scenario's folder), its parallelism, drafter and efficiencies."""
     file = file or str(base)
     if scenario.model_file is not None:
         where = str(base / scenario.model_file)
@@ -239,8 +252,9 @@ def roofline(scenario: Scenario, pool: Pool, base: Path, file: str = "") -> Roof
     efficiency = pool.efficiency or Efficiency()
     drafter = None
     if spec is not None and spec.draft_model is not None:
-        drafter = Roofline(catalog.model(spec.draft_model, file, "speculative.draft_model"), chip,
-                           pool.parallel, efficiency=efficiency)  # fmt: skip
+        where = f"deployment.pools[{index}].engine.speculative.draft_model"
+        drafter = Roofline(catalog.model(spec.draft_model, file, where), chip, pool.parallel,
+                           efficiency=efficiency)  # fmt: skip
     return Roofline(
         model=model,
         chip=chip,

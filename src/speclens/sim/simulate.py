@@ -20,7 +20,7 @@ from speclens.acceptance import AcceptanceHistogram, Problem, ValidationError, a
 from speclens.sim import fast as fast_path
 from speclens.sim import limits, run_output
 from speclens.sim.cost import Pricing
-from speclens.sim.scenario import Lengths, Pool, Scenario, Workload, pool_cost
+from speclens.sim.scenario import Lengths, Pool, Scenario, Workload, cost_source, pool_cost
 from speclens.sim.sketch import Tally, Totals
 
 if TYPE_CHECKING:  # torch loads only for the step-exact loop
@@ -261,7 +261,8 @@ def simulate(
     replicas = _replicas(scenario, num_spec_tokens)
     # Each pool's prices, once (a replica's K does not change them; a roofline reads its
     # catalog entries and works out its constants when built).
-    costs = {i: pool_cost(p, base, scenario) for i, p in enumerate(scenario.deployment.pools)}
+    pools = scenario.deployment.pools
+    costs = {i: pool_cost(p, base, scenario, index=i) for i, p in enumerate(pools)}
     fallback = fast_fallback(scenario, rates, num_spec_tokens) if fast else None
     use_fast = fast and fallback is None
     closed = concurrency or workload.concurrency
@@ -340,7 +341,10 @@ def simulate(
         "draft_coverage": drafting_steps / request_steps if request_steps else None,
         "decode_request_steps": request_steps if request_steps else None,
         "tokens_per_step": acceptance_length(accepted, request_steps) if request_steps else None,
-        "pricing": {str(index): cost.describe() for index, cost in costs.items()},
+        "pricing": {
+            str(index): {**cost.describe(), "source": cost_source(pools[index], scenario)}
+            for index, cost in costs.items()
+        },
         "pools": {
             str(index): {
                 "requests": s.requests,

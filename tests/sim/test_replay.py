@@ -214,6 +214,34 @@ def test_calibration_recovers_the_cost_that_priced_the_steps(observed: dict[int,
     assert report["decode_time_error_median"] < 0.02
 
 
+def test_a_prompt_price_the_stalls_left_at_zero_comes_from_the_idle_ttfts(
+    observed: dict[int, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where every prefill a request decoded through was of one prompt, the stalls cannot tell
+    a prompt token's price from the prefill step's, and the fit can hit the bound at 0 (seen
+    on a real speclens serve run: the replay then priced a prefill of 8 prompts as one). A
+    price at 0 is then taken from the idle TTFTs' slope, and the rest refitted around it."""
+    import speclens.sim.calibrate as module
+
+    solve = module._nonnegative_lstsq
+
+    def clamped(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        out = np.array(solve(x, y))
+        if x.shape[1] == 5:  # the stall fit: its prompt-token price hits the bound
+            out[3] = 0.0
+        return out
+
+    monkeypatch.setattr(module, "_nonnegative_lstsq", clamped)
+    cost, report = fit([observe(observed[1]), observe(observed[4])])
+    assert report["prefill_per_token_from"] == "idle TTFT slope"
+    assert cost.prefill_per_token == pytest.approx(TRUE.prefill_per_token, rel=1e-6)
+    assert cost.base == pytest.approx(TRUE.base, rel=0.05)
+    assert cost.per_seq == pytest.approx(TRUE.per_seq, rel=0.05)
+    monkeypatch.setattr(module, "_nonnegative_lstsq", solve)
+    assert fit([observe(observed[1]), observe(observed[4])])[1]["prefill_per_token_from"] == (
+        "decode stalls")  # fmt: skip
+
+
 def test_a_calibrated_cost_predicts_a_held_out_run(observed: dict[int, Path]) -> None:
     """Fit on concurrency 1 and 4, replay the concurrency-8 trace: per-request E2E within 3%."""
     cost, _ = fit([observe(observed[1]), observe(observed[4])])

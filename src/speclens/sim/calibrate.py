@@ -24,6 +24,10 @@ prefill_per_token * prompt. Measured on speclens serve and vLLM (benchmarks/READ
 stall prices cut the held-out replays' median E2E error on every run (c8: 13.0% to 7.9% and
 14.8% to 10.6%), where the idle prices left every replay fast.
 
+Where the stalls leave ``prefill_per_token`` at its bound, 0 (every prefill a request decoded
+through was of one prompt, so P and Q move together), it comes from the idle TTFTs' slope on the
+prompt, and the other prices are refitted around it.
+
 A fit needs two load points or more (two concurrencies or rates): from one, the per-request
 cost cannot be told from the base, and it is refused rather than fitted.
 """
@@ -222,8 +226,17 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
     loads = _check_loads(runs)
     sample = _gather(runs)
     xa, ya = sample.x, sample.y
-    base, per_seq, per_context, per_prompt, per_prefill = _nonnegative_lstsq(xa, ya)
     idle = [p for run in runs for p in _idle_ttfts(run)]
+    base, per_seq, per_context, per_prompt, per_prefill = _nonnegative_lstsq(xa, ya)
+    slope = _idle_slope(idle) if per_prompt == 0 else None
+    if slope is not None:
+        # A prompt token is never free: a 0 is the bound the fit hit, where every prefill the
+        # requests decoded through was of one prompt (a closed loop past its start) and the
+        # stalls could not tell a token's price from the step's. It then priced concurrency
+        # 8's first prefill, of 8 prompts, as one. The idle TTFTs' slope measures it instead.
+        per_prompt = slope[1]
+        rest = _nonnegative_lstsq(xa[:, [0, 1, 2, 4]], ya - per_prompt * xa[:, 3])
+        base, per_seq, per_context, per_prefill = rest
     idle_base, idle_per_token = _prefill(idle, per_prompt, per_prefill)
     stalled = int(np.count_nonzero(xa[:, 4]))
     # A prefill step holds up the whole batch: priced by what it cost the requests decoding
@@ -244,6 +257,7 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
     report.update({
         "idle_requests": len(idle),
         "prefill_from": "decode stalls" if stalled >= MIN_STALLED else "idle TTFTs",
+        "prefill_per_token_from": "idle TTFT slope" if slope is not None else "decode stalls",
         "requests_stalled_by_a_prefill": stalled,
         "idle_prefill": {"base": idle_base, "per_token": idle_per_token},
     })  # fmt: skip
@@ -350,6 +364,17 @@ def fit_roofline(runs: Sequence[Observed], roof: Roofline) -> tuple[Roofline, di
     return fitted, report
 
 
+def _idle_slope(idle: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
+    """(intercept, slope) of idle TTFT on prompt tokens, where at least 3 idle requests with
+    prompts that vary (by over 5% of their mean) identify it; else None."""
+    prompts = np.array([p for p, _ in idle], dtype=float)
+    if len(idle) < 3 or prompts.std() <= 0.05 * prompts.mean():
+        return None
+    ttfts = np.array([t for _, t in idle], dtype=float)
+    intercept, slope = _nonnegative_lstsq(np.column_stack([np.ones_like(prompts), prompts]), ttfts)
+    return float(intercept), float(slope)
+
+
 def _prefill(
     idle: Sequence[tuple[int, float]], per_prompt: float, per_prefill: float
 ) -> tuple[float, float]:
@@ -358,13 +383,11 @@ def _prefill(
     idle, and its per-prompt-token price where the prompts do not vary enough for a slope."""
     if not idle:
         return per_prefill, per_prompt
+    slope = _idle_slope(idle)
+    if slope is not None:
+        return slope
     prompts = np.array([p for p, _ in idle], dtype=float)
     ttfts = np.array([t for _, t in idle], dtype=float)
-    if len(idle) >= 3 and prompts.std() > 0.05 * prompts.mean():
-        intercept, slope = _nonnegative_lstsq(
-            np.column_stack([np.ones_like(prompts), prompts]), ttfts
-        )
-        return intercept, slope
     return max(0.0, float(np.median(ttfts - per_prompt * prompts))), per_prompt
 
 

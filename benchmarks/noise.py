@@ -10,9 +10,10 @@ first. This repeats that run ``--runs`` times against one ``speclens serve`` and
   seconds, all threads, from ``/proc/PID/stat`` and ``/proc/PID/status``;
 - the machine's CPU steal over the run, from ``/proc/stat``;
 - the first 8 requests' median E2E against the rest's (a cold start shows there);
-- the machine's own speed just before the run, in this process: a fixed single-threaded float32
-  matmul loop (GFLOP/s) and a 256 MB copy (GB/s), which the server's CPU seconds should follow
-  if the machine, not the server, changed.
+- the machine's own speed just before the run, in this process, measured as ``calibrate --host``
+  does (``speclens.sim.host``): single-threaded fp32 matmul GFLOP/s at 256 tokens and a 256 MiB
+  copy's GB/s, which the server's CPU seconds should follow if the machine, not the server,
+  changed.
 
     python benchmarks/noise.py [--runs 4] [--threads N] [--pin] [--requests 32] [--concurrency 8]
 
@@ -62,36 +63,16 @@ def steal_share() -> tuple[float, float]:
     return float(values[7]), float(sum(values))
 
 
-def machine_gflops(size: int = 384, repeats: int = 40) -> float:
-    """A fixed single-threaded float32 matmul loop's speed, GFLOP/s (the best of three)."""
+def machine_speed() -> tuple[float, float]:
+    """This machine's speed now, as ``calibrate --host`` measures it: single-threaded fp32
+    matmul GFLOP/s at 256 tokens, and a 256 MiB copy's GB/s (read plus written). The server's
+    steps stream the model's weights from memory, so they slow with the copy."""
     import torch
 
-    torch.set_num_threads(1)
-    a = torch.randn(size, size)
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        for _ in range(repeats):
-            a @ a
-        best = min(best, time.perf_counter() - started)
-    return 2 * size**3 * repeats / best / 1e9
-
-
-def machine_bandwidth(megabytes: int = 256, repeats: int = 4) -> float:
-    """A single-threaded copy of ``megabytes``, GB/s read plus written (the best of three):
-    the server's steps stream the model's weights from memory, so they slow with it."""
-    import torch
+    from speclens.sim import host
 
     torch.set_num_threads(1)
-    a = torch.ones(megabytes * 2**20 // 4)
-    b = torch.empty_like(a)
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        for _ in range(repeats):
-            b.copy_(a)
-        best = min(best, time.perf_counter() - started)
-    return 2 * a.numel() * 4 * repeats / best / 1e9
+    return host.matmul_flops("fp32")[256] / 1e9, host.memory_bandwidth() / 1e9
 
 
 def server_pid(port: int) -> int:
@@ -150,7 +131,7 @@ def main() -> int:
     with launch.running("speclens", cmd, port, work / "server.log", 600, env) as url:
         pid = server_pid(port)
         for i in range(args.runs):
-            speed, bandwidth = machine_gflops(), machine_bandwidth()
+            speed, bandwidth = machine_speed()
             before, steal0 = proc_counters(pid), steal_share()
             out = work / f"run{i}"
             done = subprocess.run([*client, sys.executable, "-m", "speclens", "bench", "--url", url,

@@ -374,9 +374,8 @@ def _print(rows: list[dict[str, Any]], name: str) -> None:
 
 def _pricing(p: dict[str, Any]) -> str:
     if p["kind"] != "roofline":
-        where = p.get("source", "stated")
         return (
-            f"step cost {where} (base {p['base']:g} s, per_token {p['per_token']:g} s, "
+            f"step cost {p['source']} (base {p['base']:g} s, per_token {p['per_token']:g} s, "
             f"per_seq {p['per_seq']:g} s, per_context_token {p['per_context_token']:g} s)"
         )
     e = p["efficiency"]

@@ -228,7 +228,8 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
     xa, ya = sample.x, sample.y
     idle = [p for run in runs for p in _idle_ttfts(run)]
     base, per_seq, per_context, per_prompt, per_prefill = _nonnegative_lstsq(xa, ya)
-    slope = _idle_slope(idle) if per_prompt == 0 else None
+    idle_fit = _idle_slope(idle)
+    slope = idle_fit if per_prompt == 0 else None
     if slope is not None:
         # A prompt token is never free: a 0 is the bound the fit hit, where every prefill the
         # requests decoded through was of one prompt (a closed loop past its start) and the
@@ -237,7 +238,7 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
         per_prompt = slope[1]
         rest = _nonnegative_lstsq(xa[:, [0, 1, 2, 4]], ya - per_prompt * xa[:, 3])
         base, per_seq, per_context, per_prefill = rest
-    idle_base, idle_per_token = _prefill(idle, per_prompt, per_prefill)
+    idle_base, idle_per_token = _prefill(idle, idle_fit, per_prompt, per_prefill)
     stalled = int(np.count_nonzero(xa[:, 4]))
     # A prefill step holds up the whole batch: priced by what it cost the requests decoding
     # through it, where the runs show that, rather than by what an idle request waited (its
@@ -376,14 +377,17 @@ def _idle_slope(idle: Sequence[tuple[int, float]]) -> tuple[float, float] | None
 
 
 def _prefill(
-    idle: Sequence[tuple[int, float]], per_prompt: float, per_prefill: float
+    idle: Sequence[tuple[int, float]],
+    slope: tuple[float, float] | None,
+    per_prompt: float,
+    per_prefill: float,
 ) -> tuple[float, float]:
     """(prefill_base, prefill_per_token) from idle TTFTs (they include what the client waits
-    for beyond the engine's step); the step fit's prices where no request found the server
-    idle, and its per-prompt-token price where the prompts do not vary enough for a slope."""
+    for beyond the engine's step): their ``slope`` (``_idle_slope(idle)``, which the fit has
+    already worked out); the step fit's prices where no request found the server idle, and its
+    per-prompt-token price where the prompts do not vary enough for a slope."""
     if not idle:
         return per_prefill, per_prompt
-    slope = _idle_slope(idle)
     if slope is not None:
         return slope
     prompts = np.array([p for p, _ in idle], dtype=float)

@@ -203,19 +203,34 @@ def _with_kv_capacity(scenario: Scenario, base: Path, file: str) -> Scenario:
     return scenario.model_copy(update={"deployment": deployment})
 
 
+def _cost_origin(pool: Pool, scenario: Scenario | None) -> str:
+    """Which of its sources prices the pool: the one decision ``pool_cost`` and
+    ``cost_source`` share."""
+    if pool.step_cost is not None:
+        return "inline"
+    if pool.step_cost_file is not None:
+        return "file"
+    if scenario is not None and (scenario.hardware or scenario.hardware_file):
+        return "roofline"
+    return "default"
+
+
 def pool_cost(
     pool: Pool, base: Path, scenario: Scenario | None = None, file: str = "", index: int = 0
 ) -> StepCostSpec | Roofline:
     """The pool's step cost: inline, from its file (relative to the scenario), a roofline of
     the scenario's model on its hardware (when it names hardware), or the default."""
-    if pool.step_cost is not None:
-        return pool.step_cost
-    if pool.step_cost_file is None:
-        if scenario is not None and (scenario.hardware or scenario.hardware_file):
-            return roofline(scenario, pool, base, file, index)
+    origin = _cost_origin(pool, scenario)
+    if origin == "default":
         return StepCostSpec()
+    if origin == "roofline":
+        assert scenario is not None  # as _cost_origin found it
+        return roofline(scenario, pool, base, file, index)
+    if pool.step_cost is not None:  # "inline"
+        return pool.step_cost
+    name = str(pool.step_cost_file)  # "file"
     # Inside the scenario's folder only: a shared scenario must not read any file the user can.
-    path = inside(base, pool.step_cost_file, "step_cost_file", str(base / pool.step_cost_file))
+    path = inside(base, name, "step_cost_file", str(base / name))
     from speclens.sim.calibrate import read_cost_file  # calibrate's output, or bare fields
 
     return read_cost_file(path)[0]
@@ -223,13 +238,12 @@ def pool_cost(
 
 def cost_source(pool: Pool, scenario: Scenario | None = None) -> str:
     """Where ``pool_cost`` takes the pool's prices from, in words, for a run's output."""
-    if pool.step_cost is not None:
-        return "stated in the scenario"
-    if pool.step_cost_file is not None:
-        return f"from {pool.step_cost_file}"
-    if scenario is not None and (scenario.hardware or scenario.hardware_file):
-        return "a roofline"
-    return "the default (no step_cost, step_cost_file or hardware)"
+    return {
+        "inline": "stated in the scenario",
+        "file": f"from {pool.step_cost_file}",
+        "roofline": "a roofline",
+        "default": "the default (no step_cost, step_cost_file or hardware)",
+    }[_cost_origin(pool, scenario)]
 
 
 def roofline(

@@ -342,8 +342,8 @@ def simulate(
         "decode_request_steps": request_steps if request_steps else None,
         "tokens_per_step": acceptance_length(accepted, request_steps) if request_steps else None,
         "pricing": {
-            str(index): {**cost.describe(), "source": cost_source(pools[index], scenario)}
-            for index, cost in costs.items()
+            str(i): {**costs[i].describe(), "source": cost_source(pool, scenario)}
+            for i, pool in enumerate(pools)
         },
         "pools": {
             str(index): {

@@ -149,6 +149,7 @@ def finish_record(record: RequestRecord, tally: Tally | None = None) -> None:
     if usage:
         bound = token_bound(tally.max_tokens if tally else None)
         record.prompt_tokens = _checked(record, usage, "prompt_tokens", MAX_TOKENS, wire)
+        record.cached_tokens = _cached(record, usage)
         tokens = _checked(record, usage, "completion_tokens", bound, wire)
         if tokens is not None and tally is not None and tokens < tally.usage_peak:
             label = wire.label("completion_tokens")
@@ -174,6 +175,21 @@ def finish_record(record: RequestRecord, tally: Tally | None = None) -> None:
     record.spec = detection.record.model_dump() if detection.record else None
     if detection.choices:
         record.spec_choices = {i: r.model_dump() for i, r in sorted(detection.choices.items())}
+
+
+def _cached(record: RequestRecord, usage: dict[str, Any]) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens``: a count no larger than the prompt, or
+    None (noted when it is there and wrong)."""
+    details = usage.get("prompt_tokens_details")
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    if value is None:
+        return None
+    problem = count_problem(value, record.prompt_tokens if record.prompt_tokens is not None
+                            else MAX_TOKENS)  # fmt: skip
+    if problem is not None:
+        record.note(f"usage.prompt_tokens_details.cached_tokens: {problem}")
+        return None
+    return int(value)
 
 
 def _checked(

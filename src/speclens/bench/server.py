@@ -220,20 +220,38 @@ async def _scrape(base_url: str, api_key: str | None, model: str | None) -> dict
 
 
 async def server_info(base_url: str, api_key: str | None = None) -> dict[str, Any] | None:
-    """The server's ``/version`` (speclens and vLLM report one), or None."""
+    """The server's ``/version`` (speclens and vLLM report one); else what llama.cpp's
+    ``/props`` says of it (``llamacpp_info``); else None."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         async with transport.session(10) as session:
             status, body = await _get(session, base_url.rstrip("/") + "/version", headers)
+            if status != 200:
+                status, body = await _get(session, base_url.rstrip("/") + "/props", headers)
+                return llamacpp_info(body) if status == 200 else None
     except Unreachable:
-        return None
-    if status != 200:
         return None
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
     return data if isinstance(data, dict) else {"version": data}
+
+
+def llamacpp_info(body: bytes) -> dict[str, Any] | None:
+    """llama-server's ``GET /props`` as a server block: its build, and its slots
+    (``total_slots``, the most sequences it decodes at once: a replay runs no more), or None
+    for a body of another shape (tools/server/server-context.cpp, ``get_res_props``)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or "build_info" not in data:
+        return None
+    slots = data.get("total_slots")
+    build = data.get("build_info")
+    return {"engine": "llama.cpp", "version": build if isinstance(build, str) else None,
+            "max_num_seqs": slots if type(slots) is int and slots >= 1 else None}  # fmt: skip
 
 
 def served_speculation(info: dict[str, Any] | None) -> dict[str, Any]:

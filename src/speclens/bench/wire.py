@@ -119,6 +119,15 @@ LLAMACPP_NATIVE = Wire("llamacpp", "", "tokens_predicted", "tokens_evaluated")
 _LLAMACPP_FINISH = {"limit": "length", "eos": "stop", "word": "stop"}
 
 
+def _native_cached(wire: Wire, counts: dict[str, Any]) -> object:
+    """The prompt tokens a native wire says came from the prefix cache: SGLang's
+    ``meta_info.cached_tokens``, llama.cpp's ``timings.cache_n`` (unchecked; None if absent)."""
+    if wire.name == "sglang":
+        return counts.get("cached_tokens")
+    timings = counts.get("timings")
+    return timings.get("cache_n") if isinstance(timings, dict) else None
+
+
 def wire_for(endpoint: Endpoint, backend: Backend) -> Wire:
     if endpoint != "native":
         return OPENAI
@@ -238,6 +247,7 @@ class Seen:
             usage = {
                 "completion_tokens": counts.get(wire.completion),
                 "prompt_tokens": counts.get(wire.prompt),
+                "prompt_tokens_details": {"cached_tokens": _native_cached(wire, counts)},
             }
             self.usage, self.usage_at = usage, (index, response)
         if finish is not None and self.finish_reason is None:

@@ -420,6 +420,8 @@ class BenchOptions:
         settings["backend_requested"] = self.backend.value
         settings["backend_evidence"] = evidence
         settings["max_failure_rate"] = self.max_failure_rate
+        # The K the user states, for a server that reports none (llama.cpp): the run's K then.
+        settings["num_speculative_tokens"] = self.num_spec_tokens
         settings["workers"] = self.workers
         settings["shard"] = list(self.part) if self.shard is not None else None
         rows = prompts if prompts is not None else self.prompts()
@@ -533,7 +535,8 @@ def bench(
     num_spec_tokens: int | None = typer.Option(
         None,
         "--num-spec-tokens",
-        help="K for the verdict, in [1, 64] (default: what the requests report).",
+        help="K, in [1, 64]: for the verdict, and the run's K where the server reports none "
+        "(default: what the requests report).",
     ),
     thinking: str | None = typer.Option(None, "--thinking"),
     registry: list[Path] = REGISTRY_OPTION,

@@ -13,13 +13,17 @@ import typer
 from speclens.cli._common import err_console, fail, out_console, reported
 
 
-def _engine_limits(scenario: Any) -> tuple[int, int]:
-    """(max_num_seqs, the step's token budget): the scenario's first pool, or its defaults."""
+def _engine_limits(scenario: Any, trace: Any) -> tuple[int, int]:
+    """(max_num_seqs, the step's token budget): the scenario's first pool; else the defaults,
+    with the sequences the traced server decoded at once where it said (llama.cpp's slots)."""
     from speclens.sim import limits
     from speclens.sim.scenario import Pool
 
     pool = scenario.deployment.pools[0] if scenario is not None else Pool()
-    return pool.engine.max_num_seqs, limits.batched_tokens(pool)
+    seqs = pool.engine.max_num_seqs
+    if scenario is None and trace.max_num_seqs is not None:
+        seqs = trace.max_num_seqs
+    return seqs, limits.batched_tokens(pool)
 
 
 def _cost(
@@ -124,7 +128,7 @@ def replay_command(
         except OSError as exc:
             fail(f"command line: --output-dir: cannot write to {str(exc.filename or output_dir)!r}: "
                  f"{exc.strerror or exc}", 2)  # fmt: skip
-    max_num_seqs, budget = _engine_limits(scenario)
+    max_num_seqs, budget = _engine_limits(scenario, trace)
     result = replay(trace, cost, k, max_num_seqs, budget, seed)
     if not result.makespan > 0:
         fail(

@@ -136,10 +136,14 @@ class Run:
         return engine if isinstance(engine, str) else None
 
     def ks(self) -> set[int]:
+        """The K its requests report; else the server's; else the one its settings state
+        (``bench --num-spec-tokens``, for a server that reports none, as llama.cpp)."""
         out = {s["num_spec_tokens"] for s in self.specs() if s.get("num_spec_tokens")}
         server = self.summary.get("server")
         acceptance = server.get("acceptance") if isinstance(server, dict) else None
         k = acceptance.get("num_speculative_tokens") if isinstance(acceptance, dict) else None
+        if not out and not (_is_int(k) and k > 0):
+            k = self.settings.get("num_speculative_tokens")
         if not out and _is_int(k) and k > 0:
             out.add(k)
         return out

@@ -402,11 +402,24 @@ def row_problems(row: object) -> list[tuple[str, str]]:
     if "row_error" in row:
         return out
     out += _itl_problems(row.get("itl_runs_s"))
+    out += _cached_problems(row)
     ttft, latency = row.get("ttft_s"), row.get("latency_s")
     if _is_time(ttft) and _is_time(latency) and ttft > latency:
         out.append(("ttft_s", f"expected at most latency_s ({latency!r}), got {ttft!r}"))
     out += _spec_problems(row.get("spec_decode_acceptance"), row.get("spec_decode_choices"))
     return out
+
+
+def _cached_problems(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """``cached_tokens`` (rows written before it have none): null, or a count within the
+    prompt."""
+    value, prompt = row.get("cached_tokens"), row.get("prompt_tokens")
+    if value is None:
+        return []
+    if not _is_count(value) or (_is_count(prompt) and value > prompt):
+        return [("cached_tokens", f"expected null or a count at most prompt_tokens "
+                                  f"({prompt!r}), got {value!r:.60}")]  # fmt: skip
+    return []
 
 
 def _itl_problems(runs: object) -> list[tuple[str, str]]:

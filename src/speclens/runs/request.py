@@ -30,6 +30,9 @@ class RequestRecord:
     itl_runs: list[tuple[float, int]] = field(default_factory=list)
     chunk_times: list[float] = field(default_factory=list)
     prompt_tokens: int | None = None
+    #: Of its prompt tokens, those the server took from its prefix cache (OpenAI's
+    #: ``usage.prompt_tokens_details.cached_tokens``), where it says.
+    cached_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None
     status: int | None = None

@@ -1,8 +1,10 @@
 """A trace: the requests of a run as the simulator replays them, and as calibration reads them.
 
 Two sources. A bench (or sim) run directory: each measured request's start, prompt and
-completion tokens, and its realized acceptance (verify steps, accepted drafts, histogram), with
-the run's loop (closed at its concurrency, or open at its arrival times) and K. Or a
+completion tokens (and the prompt tokens the server took from its prefix cache, where it says),
+and its realized acceptance (verify steps, accepted drafts, histogram; or, as llama.cpp reports
+it, drafted and accepted tokens only), with the run's loop (closed at its
+concurrency, or open at its arrival times) and K. Or a
 Mooncake-style JSONL file, one request per line: ``timestamp`` (milliseconds), ``input_length``,
 ``output_length``; open loop, no acceptance.
 
@@ -49,6 +51,23 @@ class TraceRequest:
     steps: int | None = None  # verify steps
     accepted: int | None = None  # accepted drafts
     histogram: dict[int, int] | None = None  # {accepted drafts: verify steps}
+    drafted: int | None = None  # draft tokens verified (where the engine counts only tokens)
+    cached: int = 0  # prompt tokens the server took from its prefix cache (not computed)
+
+    def verify_steps(self, k: int) -> int | None:
+        """Its verify steps: as stated, or counted from its tokens (``counted_verify_steps``);
+        None when it states no acceptance."""
+        if self.steps is not None or self.accepted is None or k < 1:
+            return self.steps
+        return counted_verify_steps(self.accepted, self.drafted, k)
+
+
+def counted_verify_steps(accepted: int, drafted: int | None, k: int) -> int:
+    """The verify steps of a request whose engine counts tokens only (llama.cpp's ``draft_n``
+    and ``draft_n_accepted``): the fewest that verify its drafted tokens at up to K a step
+    (n-gram and draft-model drafters draft K whenever they draft), and never fewer than its
+    accepted drafts need."""
+    return max(-(-(drafted or 0) // k), -(-accepted // k))
 
 
 @dataclass
@@ -60,6 +79,8 @@ class Trace:
     k: int | None = None  # the K its acceptance was realized at
     model: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    #: The most sequences the server decodes at once, where it says (llama.cpp's slots).
+    max_num_seqs: int | None = None
 
     @property
     def identity(self) -> str:
@@ -72,7 +93,7 @@ class Trace:
 
     @property
     def states_acceptance(self) -> bool:
-        return any(r.steps is not None for r in self.requests)
+        return any(r.steps is not None or r.accepted is not None for r in self.requests)
 
 
 def read_trace(path: Path) -> Trace:
@@ -122,31 +143,37 @@ def _run_trace(path: Path) -> Trace:
         requests.append(TraceRequest(
             int(row["index"]), float(arrival), int(row["prompt_tokens"]),
             int(row["completion_tokens"]), str(row.get("category") or "trace"),
-            *_acceptance(row.get("spec_decode_acceptance")),
+            *_acceptance(row.get("spec_decode_acceptance")), int(row.get("cached_tokens") or 0),
         ))  # fmt: skip
     if problems:
         raise TraceError(problems[:10])
     requests.sort(key=lambda r: (r.arrival, r.index))
+    server = run.summary.get("server")
+    seqs = server.get("max_num_seqs") if isinstance(server, dict) else None
     return Trace(path, "run", _from_zero(requests), None if open_loop else settings.get("concurrency"),
-                 _k(run), settings.get("model"), settings)  # fmt: skip
+                 _k(run), settings.get("model"), settings,
+                 seqs if type(seqs) is int and 1 <= seqs <= MAX_TRACE_REQUESTS else None)  # fmt: skip
 
 
 def _acceptance(
     spec: dict[str, Any] | None,
-) -> tuple[int | None, int | None, dict[int, int] | None]:
-    if not spec or spec.get("num_spec_steps") is None:
-        return None, None, None
+) -> tuple[int | None, int | None, dict[int, int] | None, int | None]:
+    """(verify steps, accepted drafts, histogram, drafted tokens) as the record states them."""
+    if not spec or spec.get("num_accepted_draft_tokens") is None:
+        return None, None, None, None
+    drafted = spec.get("num_draft_tokens")
+    drafted = int(drafted) if drafted is not None else None
+    if spec.get("num_spec_steps") is None:  # counts only (llama.cpp)
+        return None, int(spec["num_accepted_draft_tokens"]), None, drafted
     histogram = spec.get("acceptance_histogram")
     return (int(spec["num_spec_steps"]), int(spec["num_accepted_draft_tokens"]),
-            {int(j): int(n) for j, n in histogram.items()} if histogram else None)  # fmt: skip
+            {int(j): int(n) for j, n in histogram.items()} if histogram else None,
+            drafted)  # fmt: skip
 
 
 def _k(run: Any) -> int | None:
     ks = run.ks()
-    if len(ks) == 1:
-        return int(next(iter(ks)))
-    value = run.settings.get("num_speculative_tokens")
-    return int(value) if isinstance(value, int) else None
+    return int(next(iter(ks))) if len(ks) == 1 else None
 
 
 def _from_zero(requests: list[TraceRequest]) -> list[TraceRequest]:

@@ -93,6 +93,7 @@ def _add_info_routes(
                 "executor": config.executor,
                 "hardware": _hardware(config.device),
                 "acceptance": settings.acceptance,
+                "max_num_seqs": config.max_num_seqs,
             }
         )
 

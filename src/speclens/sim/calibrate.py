@@ -10,7 +10,8 @@ time (E2E - TTFT) is
 
     n * (base + per_seq * w + per_context_token * c) + prefill_per_token * P + prefill_base * Q
 
-for its n decode steps at mean batch width w and mean context c, with P prompt tokens in Q
+for its n decode steps at mean batch width w and mean context c, with P prompt tokens computed
+(less those the server took from its prefix cache, where it says: ``cached_tokens``) in Q
 prefill steps run meanwhile; a least-squares fit with non-negative coefficients over every
 request gives the five prices. Summed per request, the fit does not depend on how the stream's
 events were grouped into reads. ``per_token`` is folded into ``per_seq`` (every speculating
@@ -45,6 +46,7 @@ import numpy as np
 from pydantic import Field
 
 from speclens.acceptance.schema import _Model
+from speclens.runs.trace import counted_verify_steps
 from speclens.sim.catalog import ChipSpec, ModelSpec
 from speclens.sim.cost import StepCost, _nonnegative_lstsq
 from speclens.sim.roofline import Efficiency, Roofline
@@ -71,6 +73,7 @@ class _Request:
     first: float
     end: float
     prompt: int
+    computed: int  # its prompt tokens less those the server took from its prefix cache
     chunks: list[tuple[float, float, int]]  # (from, to, tokens) per chunk received
     steps: int  # its decode steps
     drafts: int  # draft tokens it verified (each decode step verifies 1 + its drafts)
@@ -103,7 +106,17 @@ def _decode_steps(row: dict[str, Any]) -> int:
     return max(1, int(row["completion_tokens"]) - 1 - accepted)
 
 
-def _requests(rows: Sequence[dict[str, Any]]) -> list[_Request]:
+def _spec_steps(row: dict[str, Any], k: int | None) -> int:
+    """Its decode steps that drafted: as stated, or counted from its tokens where the engine
+    counts tokens only and the run states K."""
+    spec = row.get("spec_decode_acceptance") or {}
+    if isinstance(spec, dict) and spec.get("num_spec_steps") is None and k:
+        return counted_verify_steps(_spec(row, "num_accepted_draft_tokens"),
+                                    _spec(row, "num_draft_tokens"), k)  # fmt: skip
+    return _spec(row, "num_spec_steps")
+
+
+def _requests(rows: Sequence[dict[str, Any]], k: int | None) -> list[_Request]:
     out = []
     for row in rows:
         times = [row.get(k) for k in ("start_s", "ttft_s", "latency_s")]
@@ -116,9 +129,11 @@ def _requests(rows: Sequence[dict[str, Any]]) -> list[_Request]:
             chunks.append((t, t + gap * n, int(n)))
             t += gap * n
         if chunks:
-            out.append(_Request(start, first, start + latency, int(row["prompt_tokens"]), chunks,
+            prompt = int(row["prompt_tokens"])
+            computed = prompt - min(prompt, int(row.get("cached_tokens") or 0))
+            out.append(_Request(start, first, start + latency, prompt, computed, chunks,
                                 _decode_steps(row), _spec(row, "num_draft_tokens"),
-                                _spec(row, "num_spec_steps")))  # fmt: skip
+                                _spec_steps(row, k)))  # fmt: skip
     return out
 
 
@@ -132,16 +147,16 @@ def observe(path: Path) -> Observed:
     settings = run.settings
     load = ("request_rate", float(settings["request_rate"])) if settings.get("request_rate") \
         else ("concurrency", float(settings.get("concurrency") or 1))  # fmt: skip
-    requests = _requests(run.completed)  # those with inter-token timings only
+    ks = run.ks()
+    k = next(iter(ks)) if len(ks) == 1 else None
+    requests = _requests(run.completed, k)  # those with inter-token timings only
     if not requests:
         raise CalibrationError([f"{path / 'records.jsonl'}: no request has inter-token timings "
                                 "(itl_runs_s): a calibration needs a streamed run"])  # fmt: skip
     raw = run.summary.get("server")
     server: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    ks = run.ks()
     return Observed(path, load, requests, server.get("engine") or run.engine,
-                    server.get("version"), settings.get("model"),
-                    next(iter(ks)) if len(ks) == 1 else None)  # fmt: skip
+                    server.get("version"), settings.get("model"), k)  # fmt: skip
 
 
 @dataclass
@@ -163,7 +178,7 @@ def _gather(runs: Sequence[Observed]) -> _Sample:
     for run in runs:
         requests = run.requests
         firsts = np.array([r.first for r in requests])
-        prompts = np.array([r.prompt for r in requests])
+        prompts = np.array([r.computed for r in requests])  # a prefill computes these
         for r in requests:
             span = r.end - r.first
             if span <= 0:
@@ -212,12 +227,13 @@ def _tokens_by(r: _Request, t: float) -> int:
 
 
 def _idle_ttfts(run: Observed) -> list[tuple[int, float]]:
-    """(prompt tokens, TTFT) of requests no other request of the run overlapped at arrival."""
+    """(prompt tokens computed, TTFT) of requests no other request of the run overlapped at
+    arrival."""
     out = []
     for r in run.requests:
         busy = any(q is not r and q.start <= r.start < q.end for q in run.requests)
         if not busy:
-            out.append((r.prompt, r.first - r.start))
+            out.append((r.computed, r.first - r.start))
     return out
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -241,13 +241,16 @@ def run_replica(
     pooled: Totals,
     traced: Callable[[Trace], None] | None = None,
     draws: Trajectories | None = None,
+    cached: Mapping[int, int] | None = None,
 ) -> Counts:
     """Run one replica over ``requests`` (index, arrival, input tokens, output tokens) in
     arrival order, as ``simulate._run_replica`` drives the engine; finished requests go to
     ``tally`` (and ``pooled``), and, given ``traced``, each one's ``Trace`` to it (then every
     decode step's end time is kept: memory grows with the run, bounded by the caller).
     ``draws``: the requests' decode steps as given (a replay), instead of drawn from
-    ``rates`` and ``coverage``."""
+    ``rates`` and ``coverage``; ``cached``: by request index, the prompt tokens its prefill
+    takes from a prefix cache (a replay of a server that said so): not computed, so not priced,
+    though they sit in its context."""
     if draws is None:
         draws = _Draws(k, rates, coverage, rng)
     span = longest_output + 2
@@ -294,7 +297,8 @@ def run_replica(
                 batch.append(waiting.popleft())
             assert batch, "a prompt never exceeds the token budget (max_model_len at most)"
             prompt = sum(r[2] for r in batch)
-            clock += cost.prefill(prompt, len(batch), prompt)  # as the sim executor's prefill
+            computed = prompt - sum(cached.get(r[0], 0) for r in batch) if cached else prompt
+            clock += cost.prefill(computed, len(batch), prompt)  # as the sim executor's prefill
             if decoded - base >= 2 * span:  # slide the window: no live request reaches back
                 shift = decoded - base
                 for array in (seqs, contexts, drafting, tokens):

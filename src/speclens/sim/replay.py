@@ -5,8 +5,10 @@ decode steps come from the trace instead of a forced schedule's draws.
 
 A request's decode steps: its verify steps each emit one token plus the drafts it accepted (the
 histogram's steps in a seeded random order; counts only, the accepted drafts spread as evenly
-as they go), and steps that drafted nothing (one token each) fill up to its completion tokens.
-A request whose trace states no acceptance decodes one token a step.
+as they go, over ``TraceRequest.verify_steps`` where the engine counts tokens, not steps), and
+steps that drafted nothing (one token each) fill up to its completion tokens.
+A request whose trace states no acceptance decodes one token a step. A prefill computes only the
+prompt tokens the server did not take from its prefix cache (``cached_tokens``, where it said).
 """
 
 from __future__ import annotations
@@ -40,14 +42,15 @@ class Recorded:
 
     def _verify_steps(self, r: TraceRequest) -> np.ndarray:
         """The drafts accepted at each of the request's verify steps, in a random order."""
-        if not self.k or r.steps is None or not r.steps:
+        steps = r.verify_steps(self.k)
+        if not self.k or not steps:
             return np.zeros(0, dtype=np.int64)
         if r.histogram:
             keys, counts = np.array(sorted(r.histogram.items()), dtype=np.int64).T
             drawn: np.ndarray = self.rng.permutation(np.repeat(np.minimum(keys, self.k), counts))
             return drawn
-        each, extra = divmod(r.accepted or 0, r.steps)
-        spread: np.ndarray = np.minimum(each + (self.rng.permutation(r.steps) < extra), self.k)
+        each, extra = divmod(r.accepted or 0, steps)
+        spread: np.ndarray = np.minimum(each + (self.rng.permutation(steps) < extra), self.k)
         return spread
 
     def trajectories(
@@ -116,6 +119,7 @@ def replay(
         ((r.index, r.arrival, r.input_tokens, r.output_tokens) for r in trace.requests),
         k, None, 1.0, cost, max_num_seqs, max_num_batched_tokens, longest, trace.concurrency, rng,
         tally, pooled, traced, draws=draws,
+        cached={r.index: r.cached for r in trace.requests if r.cached},
     )  # fmt: skip
     records.sort(key=lambda r: r.index)
     return Replayed(records, tally.end - tally.start, tally)

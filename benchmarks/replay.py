@@ -120,6 +120,8 @@ def main() -> int:
     load = ["--model", served, "--max-tokens", str(args.max_tokens), "--ignore-eos",
             "--stream", "--warmup", "1"]  # fmt: skip
     load += ["--dataset", "jsonl", "--dataset-path", str(SPEC_BENCH)] if args.model != "dummy" else ["--dataset", "random"]  # fmt: skip
+    if args.engine == "llamacpp":  # llama-server reports no K: its draft size, stated
+        load += ["--num-spec-tokens", "4"]
     if args.reuse and args.keep:
         print("reusing the runs already there", flush=True)
     else:

@@ -5,7 +5,8 @@ llama.cpp b11434 (ggml-org/llama.cpp): ``tools/server/server-task.cpp``
 ``stop_type`` and ``timings``), ``tools/server/server-context.cpp`` (the ``/completion`` stream
 ends without ``[DONE]``; ``/props`` carries ``build_info`` and ``default_generation_settings``)
 and ``tools/server/server-schema.cpp`` (the body's ``n_predict``, ``temperature``,
-``ignore_eos``). Only text, TTFT and token counts are checked here; ``timings`` is kept raw."""
+``ignore_eos``). Text, TTFT, token counts and the cached prompt tokens (``timings.cache_n``) are
+checked here; ``timings`` is kept raw. ``/props`` also carries ``total_slots``."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from speclens.bench.client import LoadConfig, RequestRecord
 from speclens.bench.datasets import random_prompts
 from speclens.bench.run import run_bench
 
-N, MAX_TOKENS, PROMPT_TOKENS = 6, 20, 7
+N, MAX_TOKENS, PROMPT_TOKENS, CACHED = 6, 20, 7, 3
 
 
 class LlamaCpp:
@@ -50,13 +51,13 @@ class LlamaCpp:
     async def props(self, _: web.Request) -> web.Response:
         return web.json_response({
             "default_generation_settings": {"params": {"n_predict": -1}, "n_ctx": 2048},
-            "total_slots": 1, "model_path": "SmolLM2.gguf", "build_info": "b11434-0000000",
+            "total_slots": 3, "model_path": "SmolLM2.gguf", "build_info": "b11434-0000000",
         })  # fmt: skip
 
     @staticmethod
     def timings(n: int) -> dict[str, Any]:
         return {
-            "cache_n": 0, "prompt_n": PROMPT_TOKENS, "prompt_ms": 1.0, "predicted_n": n,
+            "cache_n": CACHED, "prompt_n": PROMPT_TOKENS - CACHED, "prompt_ms": 1.0, "predicted_n": n,
             "predicted_ms": 2.0 * n, "draft_n": 2 * n, "draft_n_accepted": n,
         }  # fmt: skip
 
@@ -107,6 +108,7 @@ def test_native_completion_gives_text_ttft_and_token_counts(stream: bool) -> Non
     assert sum(r.completion_tokens or 0 for r in records) == sent == N * MAX_TOKENS
     for r in records:
         assert r.prompt_tokens == PROMPT_TOKENS
+        assert r.cached_tokens == CACHED  # timings.cache_n: from its prefix cache
         assert r.finish_reason == "length"  # stop_type "limit", as llama.cpp's OpenAI route says
         assert r.ttft is not None and r.latency is not None and 0 < r.ttft <= r.latency
         assert [x["timings"]["predicted_n"] for x in r.responses if "timings" in x] == [MAX_TOKENS]
@@ -125,9 +127,16 @@ def test_auto_detects_llamacpp_by_props(run_cli, tmp_path: Path) -> None:
     with LlamaCpp() as server:
         code, _, err = run_cli(
             "bench", "--url", server.url, "--model", "m", "--endpoint", "native",
-            "--num-requests", 2, "--max-tokens", 4, "--output-dir", tmp_path,
+            "--num-requests", 2, "--max-tokens", 4, "--num-spec-tokens", 4,
+            "--output-dir", tmp_path,
         )  # fmt: skip
     assert code == 0, err
-    settings = json.loads((tmp_path / "summary.json").read_text())["settings"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    settings = summary["settings"]
     assert (settings["backend"], settings["endpoint"]) == ("llamacpp", "native")
     assert "/props" in settings["backend_evidence"]
+    # No /version: the server block comes from /props (its slots bound a replay's batch), and
+    # the K the user stated is the run's (llama-server reports none).
+    assert summary["server"] == {"engine": "llama.cpp", "version": "b11434-0000000",
+                                 "max_num_seqs": 3}  # fmt: skip
+    assert settings["num_speculative_tokens"] == 4

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +111,33 @@ def test_counts_only_acceptance_spreads_the_accepted_drafts_over_its_steps() -> 
     assert sorted(n for _, n in record.itl_runs) == [2, 2, 3, 3]
 
 
+def test_token_counts_without_steps_decode_on_the_fewest_verify_steps_that_drafted_them() -> None:
+    """llama.cpp counts drafted and accepted tokens only: 9 drafted at K 4 took at least 3
+    verify steps; its 5 accepted drafts spread over them (2, 2, 1), the rest a token a step."""
+    req = TraceRequest(0, 0.0, 10, 1 + 20, "c", None, 5, None, 9)
+    assert req.verify_steps(K) == 3 and req.verify_steps(2) == 5
+    result = replay(trace([req], 1), TRUE, K, 256, 8192)
+    (record,) = result.records
+    assert record.spec is not None and record.spec["num_accepted_draft_tokens"] == 5
+    assert record.spec["num_spec_steps"] == 3
+    assert sorted(n for _, n in record.itl_runs) == [1] * 12 + [2, 3, 3]
+    # Accepted drafts need a step per K even where fewer tokens are said to be drafted.
+    assert TraceRequest(0, 0.0, 10, 30, "c", None, 9, None, 0).verify_steps(K) == 3
+
+
+def test_a_prefill_computes_only_the_prompt_tokens_not_from_the_cache() -> None:
+    """Two identical requests, one with 90 of its 100 prompt tokens from the server's prefix
+    cache: its TTFT is the prefill of 10 tokens, and it decodes over all 100 of its context."""
+    cost = StepCost(base=0.01, per_token=0.0, per_seq=0.0, per_context_token=1e-4,
+                    draft_base=0.0, draft_per_token=0.0, prefill_base=0.002,
+                    prefill_per_token=1e-3)  # fmt: skip
+    plain = TraceRequest(0, 0.0, 100, 5, "c", 0, 0, {})
+    cached = TraceRequest(1, 0.0, 100, 5, "c", 0, 0, {}, None, 90)
+    one, two = (replay(trace([r], 1), cost, K, 256, 8192).records[0] for r in (plain, cached))
+    assert one.ttft == pytest.approx(0.002 + 0.1) and two.ttft == pytest.approx(0.002 + 0.01)
+    assert two.latency - two.ttft == pytest.approx(one.latency - one.ttft)
+
+
 def test_a_request_without_acceptance_decodes_a_token_a_step() -> None:
     req = TraceRequest(0, 0.0, 10, 9, "c")
     result = replay(Trace(Path("t"), "mooncake", [req]), TRUE, 0, 256, 8192)
@@ -172,6 +199,45 @@ def test_a_run_directory_is_a_trace_with_its_loop_k_and_acceptance(tmp_path: Pat
     for req in reqs:
         assert by[req.index].histogram == req.histogram
         assert by[req.index].output_tokens == req.output_tokens
+
+
+def test_a_llamacpp_run_is_a_trace_with_its_stated_k_cache_and_slots(tmp_path: Path) -> None:
+    """A run of a server that reports no K nor steps (llama.cpp): the K bench was told, each
+    request's counts and cached prompt tokens, and the server's slots, which the replay keeps
+    to when no scenario says otherwise."""
+    reqs = requests(6, seed=5)
+    run = write(tmp_path / "run", trace(reqs, 6), TRUE)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["server"] = {"engine": "llama.cpp", "version": "b1", "max_num_seqs": 2}
+    summary["settings"]["num_speculative_tokens"] = K
+    (run / "summary.json").write_text(json.dumps(summary))
+    rows = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    for row in rows:
+        spec = row["spec_decode_acceptance"]
+        drafted = spec["num_draft_tokens"]
+        row["spec_decode_acceptance"] = {**spec, "num_spec_steps": None, "num_spec_tokens": None,
+                                         "acceptance_histogram": None, "num_decode_steps": None,
+                                         "mean_acceptance_length": None}  # fmt: skip
+        row["cached_tokens"] = row["prompt_tokens"] // 2
+        assert drafted
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t = read_trace(run)
+    assert t.k == K and t.max_num_seqs == 2 and t.states_acceptance
+    by = {r.index: r for r in t.requests}
+    for row in rows:
+        r = by[row["index"]]
+        assert (r.steps, r.histogram) == (None, None)
+        assert r.accepted == row["spec_decode_acceptance"]["num_accepted_draft_tokens"]
+        assert r.cached == row["prompt_tokens"] // 2
+    out, cost = tmp_path / "sim", tmp_path / "cost.yaml"
+    cost.write_text(yaml.safe_dump(asdict(TRUE)))
+    done = launch.run([sys.executable, "-m", "speclens", "sim", "--trace", str(run),
+                       "--step-cost", str(cost), "--output-dir", str(out)], timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    replayed = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    events = sorted([(r["start_s"] + r["ttft_s"], 1) for r in replayed]
+                    + [(r["start_s"] + r["latency_s"], -1) for r in replayed])  # fmt: skip
+    assert max(np.cumsum([e for _, e in sorted(events, key=lambda e: (e[0], e[1]))])) <= 2
 
 
 # --- calibration ----------------------------------------------------------------------------------
@@ -240,6 +306,26 @@ def test_a_prompt_price_the_stalls_left_at_zero_comes_from_the_idle_ttfts(
     monkeypatch.setattr(module, "_nonnegative_lstsq", solve)
     assert fit([observe(observed[1]), observe(observed[4])])[1]["prefill_per_token_from"] == (
         "decode stalls")  # fmt: skip
+
+
+def test_a_prefill_is_fitted_on_the_prompt_tokens_it_computed(tmp_path: Path) -> None:
+    """Runs whose prompts came mostly from the server's prefix cache (``cached_tokens``): an
+    idle TTFT is the prefill of the tokens computed, and the fit recovers its true price from
+    them (taken as whole prompts, the slope is off several times over). The stall prices are
+    not checked here: a prefill of a few tokens is too small beside these decode steps for the
+    stalls to price it apart."""
+    runs = []
+    for c in (1, 4):
+        reqs = [replace(r, cached=r.input_tokens - max(4, r.input_tokens // 5))
+                for r in requests(8 * c, seed=20 + c, prompts=(40, 400), outputs=(64, 160))]  # fmt: skip
+        runs.append(write(tmp_path / f"c{c}", trace(reqs, c), TRUE))
+    rows = [json.loads(line) for line in (runs[1] / "records.jsonl").read_text().splitlines()]
+    assert all(r["cached_tokens"] and r["cached_tokens"] < r["prompt_tokens"] for r in rows)
+    _, report = fit([observe(run) for run in runs])
+    idle = report["idle_prefill"]  # exact here: an idle TTFT is the prefill of what it computed
+    assert (idle["base"], idle["per_token"]) == pytest.approx(
+        (TRUE.prefill_base, TRUE.prefill_per_token), rel=1e-6
+    )
 
 
 def test_a_calibrated_cost_predicts_a_held_out_run(observed: dict[int, Path]) -> None:

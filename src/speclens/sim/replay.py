@@ -109,17 +109,19 @@ def replay(
     tally, pooled = Tally(), Totals()
     records: list[RequestRecord] = []
     category = {r.index: r.category for r in trace.requests}
+    cached = {r.index: r.cached for r in trace.requests if r.cached}
     replica = "sim://replay"
 
     def traced(t: fast.Trace) -> None:
-        records.append(from_trace(t, k, category[t.index], replica))
+        record = from_trace(t, k, category[t.index], replica)
+        record.cached_tokens = cached.get(t.index)  # as observed: the replay of a replay agrees
+        records.append(record)
 
     longest = max(r.output_tokens for r in trace.requests)
     fast.run_replica(
         ((r.index, r.arrival, r.input_tokens, r.output_tokens) for r in trace.requests),
         k, None, 1.0, cost, max_num_seqs, max_num_batched_tokens, longest, trace.concurrency, rng,
-        tally, pooled, traced, draws=draws,
-        cached={r.index: r.cached for r in trace.requests if r.cached},
+        tally, pooled, traced, draws=draws, cached=cached,
     )  # fmt: skip
     records.sort(key=lambda r: r.index)
     return Replayed(records, tally.end - tally.start, tally)

@@ -4,8 +4,8 @@ SmolLM2 with n-gram drafting at K 4 (prompt lookup 2..4), greedy, 64 tokens, ign
 first turns of Spec-Bench prompts with the chat template; the engine in this process, default
 torch threads. For each concurrency, two rounds of that many requests submitted together; every
 decode step is grouped by its batch width (requests in the step), with its median seconds and
-median query positions (the verify forward's rows: the engine pads every request to the widest
-draft in the batch, so a step where any request drafted is K + 1 rows a request wide), and each
+median query positions (the verify forward's padded layout, every request as wide as the widest
+draft in the batch, which only attention runs on; the weights see the real rows alone), and each
 prefill step is listed with its prompts, tokens and seconds.
 
     python benchmarks/step_widths.py [--concurrency 1,2,4,8]

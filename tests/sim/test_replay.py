@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from speclens.sim.replay import replay, settings
 from speclens.sim.roofline import Efficiency, Roofline
 
 K = 4
+STALLS_ABOVE_IDLE = "idle TTFTs (the stalls priced a prefill above them)"
 #: A cost with every term the black-box fit can see (per_token folded into per_seq).
 TRUE = StepCost(base=0.004, per_token=0.0, per_seq=0.0015, per_context_token=2e-6,
                 draft_base=0.0, draft_per_token=0.0, prefill_base=0.003,
@@ -231,8 +233,16 @@ def test_a_llamacpp_run_is_a_trace_with_its_stated_k_cache_and_slots(tmp_path: P
         assert r.cached == row["prompt_tokens"] // 2
     out, cost = tmp_path / "sim", tmp_path / "cost.yaml"
     cost.write_text(yaml.safe_dump(asdict(TRUE)))
-    done = launch.run([sys.executable, "-m", "speclens", "sim", "--trace", str(run),
-                       "--step-cost", str(cost), "--output-dir", str(out)], timeout=120)  # fmt: skip
+    command = [sys.executable, "-m", "speclens", "sim", "--trace", str(run), "--step-cost",
+               str(cost), "--output-dir", str(out)]  # fmt: skip
+    summary["settings"]["num_speculative_tokens"] = None  # as a bench not told K writes it
+    (run / "summary.json").write_text(json.dumps(summary))
+    refused = launch.run(command, timeout=120)
+    assert refused.returncode == 1 and "state acceptance but not K" in refused.stderr
+    assert "bench --num-spec-tokens K" in refused.stderr, refused.stderr
+    summary["settings"]["num_speculative_tokens"] = K
+    (run / "summary.json").write_text(json.dumps(summary))
+    done = launch.run(command, timeout=120)
     assert done.returncode == 0, done.stderr
     replayed = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     events = sorted([(r["start_s"] + r["ttft_s"], 1) for r in replayed]
@@ -269,9 +279,11 @@ def test_calibration_recovers_the_cost_that_priced_the_steps(observed: dict[int,
     assert cost.base == pytest.approx(TRUE.base, rel=0.05)
     assert cost.per_seq == pytest.approx(TRUE.per_seq, rel=0.05)
     assert cost.per_context_token == pytest.approx(TRUE.per_context_token, rel=0.1)
-    # A prefill step is priced by what it cost the requests decoding through it; the idle
-    # TTFTs (no batch to hold up here, so the same price) are kept beside it.
-    assert report["prefill_from"] == "decode stalls"
+    # A prefill step is priced by what it cost the requests decoding through it, unless that
+    # overshoots the idle TTFTs (no batch to hold up here, so the same price; the stalls'
+    # estimate of so small a price is loose and does overshoot on these runs), which are kept
+    # beside it either way.
+    assert report["prefill_from"] in ("decode stalls", STALLS_ABOVE_IDLE)
     assert cost.prefill(100, 1, 100) == pytest.approx(TRUE.prefill(100, 1, 100), rel=0.1)
     idle = report["idle_prefill"]
     assert (idle["base"], idle["per_token"]) == pytest.approx(
@@ -306,6 +318,43 @@ def test_a_prompt_price_the_stalls_left_at_zero_comes_from_the_idle_ttfts(
     monkeypatch.setattr(module, "_nonnegative_lstsq", solve)
     assert fit([observe(observed[1]), observe(observed[4])])[1]["prefill_per_token_from"] == (
         "decode stalls")  # fmt: skip
+
+
+def test_stall_prices_above_the_idle_ttfts_give_way_to_them(
+    observed: dict[int, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle request's TTFT held its prefill and nothing else. Where the stalls price a
+    prefill above most of those TTFTs (seen on llama.cpp with 16 requests at concurrency 4:
+    546 ms a prefill step against idle TTFTs of 0.1 to 0.5 s), the price is the fit's slack:
+    the idle prices are taken, and the decode terms refitted around them recover the truth."""
+    import speclens.sim.calibrate as module
+
+    solve = module._nonnegative_lstsq
+
+    def stalls(step: float, token: float) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        def solved(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+            out = np.array(solve(x, y))
+            if x.shape[1] == 5:  # the stall fit: a prefill at these prices, the decode step's
+                out[3], out[4], out[0] = token, step, out[0] / 2  # base given up to them
+            return out
+
+        return solved
+
+    runs = [observe(observed[1]), observe(observed[4])]
+    monkeypatch.setattr(module, "_nonnegative_lstsq", stalls(0.5, TRUE.prefill_per_token))
+    cost, report = fit(runs)
+    assert report["prefill_from"] == STALLS_ABOVE_IDLE
+    assert (cost.prefill_base, cost.prefill_per_token) == pytest.approx(
+        (TRUE.prefill_base, TRUE.prefill_per_token), rel=1e-6
+    )
+    assert cost.base == pytest.approx(TRUE.base, rel=0.05)
+    assert cost.per_seq == pytest.approx(TRUE.per_seq, rel=0.05)
+    # Below the idle TTFTs, the stall prices stand.
+    half = (TRUE.prefill_base / 2, TRUE.prefill_per_token / 2)
+    monkeypatch.setattr(module, "_nonnegative_lstsq", stalls(*half))
+    cost, report = fit(runs)
+    assert report["prefill_from"] == "decode stalls"
+    assert (cost.prefill_base, cost.prefill_per_token) == pytest.approx(half)
 
 
 def test_a_prefill_is_fitted_on_the_prompt_tokens_it_computed(tmp_path: Path) -> None:

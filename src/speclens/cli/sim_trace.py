@@ -60,7 +60,9 @@ def _k(trace: Any, scenario: Any, scenario_path: Path | None) -> int:
     spec = pools[0].engine.speculative if pools else None
     if trace.states_acceptance and trace.k is None:
         fail(f"{trace.source}: its requests state acceptance but not K (num_spec_tokens): a "
-             "replay verifies K + 1 positions, so it needs K", code=1)  # fmt: skip
+             "replay verifies K + 1 positions, so it needs K; for a server that reports none "
+             "(llama.cpp), state it when benching (bench --num-spec-tokens K) or as "
+             "settings.num_speculative_tokens in its summary.json", code=1)  # fmt: skip
     if spec is not None and trace.states_acceptance and spec.num_spec_tokens != trace.k:
         fail(f"{scenario_path}: deployment.pools[0].engine.speculative.num_spec_tokens: is "
              f"{spec.num_spec_tokens}, but the trace {trace.source} realized its acceptance at "

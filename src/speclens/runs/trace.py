@@ -3,8 +3,8 @@
 Two sources. A bench (or sim) run directory: each measured request's start, prompt and
 completion tokens (and the prompt tokens the server took from its prefix cache, where it says),
 and its realized acceptance (verify steps, accepted drafts, histogram; or, as llama.cpp reports
-it, drafted and accepted tokens only), with the run's loop (closed at its
-concurrency, or open at its arrival times) and K. Or a
+it, drafted and accepted tokens only), with the run's loop (closed at its concurrency, or open at
+its arrival times), K, and the most sequences the server decodes at once where it says. Or a
 Mooncake-style JSONL file, one request per line: ``timestamp`` (milliseconds), ``input_length``,
 ``output_length``; open loop, no acceptance.
 

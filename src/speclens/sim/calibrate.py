@@ -29,6 +29,9 @@ Where the stalls leave ``prefill_per_token`` at its bound, 0 (every prefill a re
 through was of one prompt, so P and Q move together), it comes from the idle TTFTs' slope on the
 prompt, and the other prices are refitted around it.
 
+Where the stalls price a prefill above most idle requests' whole TTFT (which held that prefill
+and nothing else), the idle prices are taken instead and the decode terms refitted around them.
+
 A fit needs two load points or more (two concurrencies or rates): from one, the per-request
 cost cannot be told from the base, and it is refused rather than fitted.
 """
@@ -256,11 +259,22 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
         base, per_seq, per_context, per_prefill = rest
     idle_base, idle_per_token = _prefill(idle, idle_fit, per_prompt, per_prefill)
     stalled = int(np.count_nonzero(xa[:, 4]))
+    over = _over_idle(idle, per_prefill, per_prompt)
+    if stalled >= MIN_STALLED and over:
+        # The stalls priced a prefill above the whole TTFT of a request that waited for nothing
+        # else: not a price but the fit's slack (seen on llama.cpp, 16 requests at
+        # concurrency 4: 546 ms a prefill step, idle TTFTs of 0.1 to 0.5 s). The idle prices
+        # bound it; the decode terms are refitted around them.
+        per_prefill, per_prompt = idle_base, idle_per_token
+        base, per_seq, per_context = _nonnegative_lstsq(
+            xa[:, :3], ya - per_prompt * xa[:, 3] - per_prefill * xa[:, 4]
+        )
+    from_stalls = stalled >= MIN_STALLED and not over
     # A prefill step holds up the whole batch: priced by what it cost the requests decoding
     # through it, where the runs show that, rather than by what an idle request waited (its
     # HTTP and tokenizing included, and no batch to hold up).
     prefill_base, prefill_per_token = (
-        (per_prefill, per_prompt) if stalled >= MIN_STALLED else (idle_base, idle_per_token)
+        (per_prefill, per_prompt) if from_stalls else (idle_base, idle_per_token)
     )
     cost = StepCost(base=base, per_token=0.0, per_seq=per_seq, per_context_token=per_context,
                     draft_base=0.0, draft_per_token=0.0, prefill_base=prefill_base,
@@ -273,7 +287,8 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
     )  # fmt: skip
     report.update({
         "idle_requests": len(idle),
-        "prefill_from": "decode stalls" if stalled >= MIN_STALLED else "idle TTFTs",
+        "prefill_from": "decode stalls" if from_stalls else
+                        "idle TTFTs (the stalls priced a prefill above them)" if over else "idle TTFTs",
         "prefill_per_token_from": "idle TTFT slope" if slope is not None else "decode stalls",
         "requests_stalled_by_a_prefill": stalled,
         "idle_prefill": {"base": idle_base, "per_token": idle_per_token},
@@ -379,6 +394,15 @@ def fit_roofline(runs: Sequence[Observed], roof: Roofline) -> tuple[Roofline, di
         if value in (EFFICIENCIES[0], EFFICIENCIES[-1])
     ]  # fmt: skip
     return fitted, report
+
+
+def _over_idle(idle: Sequence[tuple[int, float]], per_prefill: float, per_prompt: float) -> bool:
+    """Whether the stall prices put most idle requests' prefill above their whole TTFT (which
+    held that prefill and nothing else: an upper bound on it)."""
+    if len(idle) < 3:
+        return False
+    ratios = [(per_prefill + per_prompt * p) / t for p, t in idle if t > 0]
+    return bool(ratios) and float(np.median(ratios)) > 1.0
 
 
 def _idle_slope(idle: Sequence[tuple[int, float]]) -> tuple[float, float] | None:

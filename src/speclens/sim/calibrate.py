@@ -23,7 +23,8 @@ fewer than ``MIN_STALLED`` requests decoded through one (a run at concurrency 1 
 from the TTFT of requests that found the server idle instead: TTFT = prefill_base +
 prefill_per_token * prompt. Measured on speclens serve and vLLM (benchmarks/README.md), the
 stall prices cut the held-out replays' median E2E error on every run (c8: 13.0% to 7.9% and
-14.8% to 10.6%), where the idle prices left every replay fast.
+14.8% to 10.6%), where the idle prices, beside decode terms fitted with the stalls' prices,
+left every replay fast.
 
 Where the stalls leave ``prefill_per_token`` at its bound, 0 (every prefill a request decoded
 through was of one prompt, so P and Q move together), it comes from the idle TTFTs' slope on the

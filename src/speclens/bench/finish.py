@@ -178,28 +178,28 @@ def finish_record(record: RequestRecord, tally: Tally | None = None) -> None:
 
 
 def _cached(record: RequestRecord, usage: dict[str, Any]) -> int | None:
-    """``usage.prompt_tokens_details.cached_tokens``: a count no larger than the prompt, or
-    None (noted when it is there and wrong)."""
+    """``usage.prompt_tokens_details.cached_tokens``: a count no larger than the prompt."""
     details = usage.get("prompt_tokens_details")
-    value = details.get("cached_tokens") if isinstance(details, dict) else None
-    if value is None:
+    if not isinstance(details, dict):
         return None
-    problem = count_problem(value, record.prompt_tokens if record.prompt_tokens is not None
-                            else MAX_TOKENS)  # fmt: skip
-    if problem is not None:
-        record.note(f"usage.prompt_tokens_details.cached_tokens: {problem}")
-        return None
-    return int(value)
+    bound = record.prompt_tokens if record.prompt_tokens is not None else MAX_TOKENS
+    return _count(record, details.get("cached_tokens"), bound,
+                  "usage.prompt_tokens_details.cached_tokens")  # fmt: skip
 
 
 def _checked(
     record: RequestRecord, usage: dict[str, Any], key: str, bound: int, wire: Wire = OPENAI
 ) -> int | None:
-    value = usage.get(key)
+    return _count(record, usage.get(key), bound, wire.label(key))
+
+
+def _count(record: RequestRecord, value: Any, bound: int, label: str) -> int | None:
+    """``value`` as a count within ``bound``, or None (noted under ``label`` when it is there
+    and wrong)."""
     if value is None:
         return None
     problem = count_problem(value, bound)
     if problem is not None:
-        record.note(f"{wire.label(key)}: {problem}")
+        record.note(f"{label}: {problem}")
         return None
     return int(value)

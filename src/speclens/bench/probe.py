@@ -34,7 +34,7 @@ def _sglang_info(body: object) -> bool:
     )
 
 
-def _llamacpp_props(body: object) -> bool:
+def llamacpp_props(body: object) -> bool:
     """llama.cpp's ``GET /props`` carries ``build_info`` and ``default_generation_settings``
     (tools/server/server-context.cpp, ``get_res_props``)."""
     return isinstance(body, dict) and "build_info" in body and "default_generation_settings" in body
@@ -43,7 +43,7 @@ def _llamacpp_props(body: object) -> bool:
 PROBES: tuple[tuple[str, Backend, Callable[[object], bool]], ...] = (
     ("/get_model_info", "sglang", _sglang_info),
     ("/get_server_info", "sglang", _sglang_info),
-    ("/props", "llamacpp", _llamacpp_props),
+    ("/props", "llamacpp", llamacpp_props),
 )
 
 

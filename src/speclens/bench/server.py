@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from speclens.acceptance import acceptance_length
 from speclens.bench import transport
+from speclens.bench.probe import llamacpp_props
 from speclens.runs.record import MAX_POSITIONS
 
 VLLM = {
@@ -241,12 +242,12 @@ async def server_info(base_url: str, api_key: str | None = None) -> dict[str, An
 def llamacpp_info(body: bytes) -> dict[str, Any] | None:
     """llama-server's ``GET /props`` as a server block: its build, and its slots
     (``total_slots``, the most sequences it decodes at once: a replay runs no more), or None
-    for a body of another shape (tools/server/server-context.cpp, ``get_res_props``)."""
+    for a body of another shape (``probe.llamacpp_props``, as ``--backend auto`` knows it)."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(data, dict) or "build_info" not in data:
+    if not llamacpp_props(data):
         return None
     slots = data.get("total_slots")
     build = data.get("build_info")

@@ -139,14 +139,15 @@ class Run:
         """The K its requests report; else the server's; else the one its settings state
         (``bench --num-spec-tokens``, for a server that reports none, as llama.cpp)."""
         out = {s["num_spec_tokens"] for s in self.specs() if s.get("num_spec_tokens")}
+        if out:
+            return out
         server = self.summary.get("server")
         acceptance = server.get("acceptance") if isinstance(server, dict) else None
-        k = acceptance.get("num_speculative_tokens") if isinstance(acceptance, dict) else None
-        if not out and not (_is_int(k) and k > 0):
-            k = self.settings.get("num_speculative_tokens")
-        if not out and _is_int(k) and k > 0:
-            out.add(k)
-        return out
+        served = acceptance.get("num_speculative_tokens") if isinstance(acceptance, dict) else None
+        for k in (served, self.settings.get("num_speculative_tokens")):
+            if _is_int(k) and k > 0:
+                return {k}
+        return set()
 
     def specs(self) -> list[dict[str, Any]]:
         return [r["spec_decode_acceptance"] for r in self.completed

@@ -123,7 +123,7 @@ def _spec_steps(row: dict[str, Any], k: int | None) -> int:
 def _requests(rows: Sequence[dict[str, Any]], k: int | None) -> list[_Request]:
     out = []
     for row in rows:
-        times = [row.get(k) for k in ("start_s", "ttft_s", "latency_s")]
+        times = [row.get(key) for key in ("start_s", "ttft_s", "latency_s")]
         if None in times or row.get("prompt_tokens") is None or not row.get("completion_tokens"):
             continue
         start, ttft, latency = (float(t) for t in times if t is not None)
@@ -247,29 +247,26 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
     sample = _gather(runs)
     xa, ya = sample.x, sample.y
     idle = [p for run in runs for p in _idle_ttfts(run)]
-    base, per_seq, per_context, per_prompt, per_prefill = _nonnegative_lstsq(xa, ya)
+    # The five prices, in the columns' order: base, per_seq, per_context, per_prompt, per_prefill.
+    prices = _nonnegative_lstsq(xa, ya)
     idle_fit = _idle_slope(idle)
-    slope = idle_fit if per_prompt == 0 else None
+    slope = idle_fit if prices[PROMPT] == 0 else None
     if slope is not None:
         # A prompt token is never free: a 0 is the bound the fit hit, where every prefill the
         # requests decoded through was of one prompt (a closed loop past its start) and the
         # stalls could not tell a token's price from the step's. It then priced concurrency
         # 8's first prefill, of 8 prompts, as one. The idle TTFTs' slope measures it instead.
-        per_prompt = slope[1]
-        rest = _nonnegative_lstsq(xa[:, [0, 1, 2, 4]], ya - per_prompt * xa[:, 3])
-        base, per_seq, per_context, per_prefill = rest
-    idle_base, idle_per_token = _prefill(idle, idle_fit, per_prompt, per_prefill)
-    stalled = int(np.count_nonzero(xa[:, 4]))
-    over = _over_idle(idle, per_prefill, per_prompt)
-    if stalled >= MIN_STALLED and over:
+        prices = _refit(xa, ya, {PROMPT: slope[1]})
+    idle_base, idle_per_token = _prefill(idle, idle_fit, prices[PROMPT], prices[PREFILL])
+    stalled = int(np.count_nonzero(xa[:, PREFILL]))
+    over = stalled >= MIN_STALLED and _over_idle(idle, prices[PREFILL], prices[PROMPT])
+    if over:
         # The stalls priced a prefill above the whole TTFT of a request that waited for nothing
         # else: not a price but the fit's slack (seen on llama.cpp, 16 requests at
         # concurrency 4: 546 ms a prefill step, idle TTFTs of 0.1 to 0.5 s). The idle prices
         # bound it; the decode terms are refitted around them.
-        per_prefill, per_prompt = idle_base, idle_per_token
-        base, per_seq, per_context = _nonnegative_lstsq(
-            xa[:, :3], ya - per_prompt * xa[:, 3] - per_prefill * xa[:, 4]
-        )
+        prices = _refit(xa, ya, {PROMPT: idle_per_token, PREFILL: idle_base})
+    base, per_seq, per_context, per_prompt, per_prefill = prices
     from_stalls = stalled >= MIN_STALLED and not over
     # A prefill step holds up the whole batch: priced by what it cost the requests decoding
     # through it, where the runs show that, rather than by what an idle request waited (its
@@ -288,13 +285,26 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
     )  # fmt: skip
     report.update({
         "idle_requests": len(idle),
-        "prefill_from": "decode stalls" if from_stalls else
-                        "idle TTFTs (the stalls priced a prefill above them)" if over else "idle TTFTs",
+        "prefill_from": "decode stalls" if from_stalls else "idle TTFTs"
+                        + (" (the stalls priced a prefill above them)" if over else ""),
         "prefill_per_token_from": "idle TTFT slope" if slope is not None else "decode stalls",
         "requests_stalled_by_a_prefill": stalled,
         "idle_prefill": {"base": idle_base, "per_token": idle_per_token},
     })  # fmt: skip
     return cost, report
+
+
+#: The stall fit's columns of the prompt-token and prefill-step prices.
+PROMPT, PREFILL = 3, 4
+
+
+def _refit(xa: np.ndarray, ya: np.ndarray, held: dict[int, float]) -> list[float]:
+    """The stall fit's five prices with those ``held`` (column: price) fixed and the others
+    refitted around them (non-negative least squares)."""
+    free = [j for j in range(xa.shape[1]) if j not in held]
+    rest = ya - sum(price * xa[:, j] for j, price in held.items())
+    solved = dict(zip(free, _nonnegative_lstsq(xa[:, free], rest), strict=True))
+    return [held[j] if j in held else solved[j] for j in range(xa.shape[1])]
 
 
 def _check_loads(runs: Sequence[Observed]) -> list[tuple[str, float]]:

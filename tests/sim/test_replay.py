@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -292,6 +293,31 @@ def test_calibration_recovers_the_cost_that_priced_the_steps(observed: dict[int,
     assert report["decode_time_error_median"] < 0.02
 
 
+class _DearLongPrompts(StepCost):
+    """TRUE, but a prefill also costs the square of its prompt tokens (attention over a long
+    prompt): no linear prefill price fits it."""
+
+    def prefill(self, query_tokens: Any, requests: Any, context_tokens: Any) -> Any:
+        return super().prefill(query_tokens, requests, context_tokens) + 2e-6 * query_tokens**2
+
+
+def test_the_decode_terms_come_from_the_chunks_no_prefill_ran_in(tmp_path: Path) -> None:
+    """Prefills priced beyond what a linear price can say (here quadratic in the prompt; on
+    speclens serve, fitted beside the decode terms, they left a step 13% dear at batch 4 and
+    8): the decode terms are fitted on the chunks no prefill ran in, so the prefill's misfit
+    stays in the prefill prices, and a decode step is priced as the truth prices it."""
+    dear = _DearLongPrompts(**asdict(TRUE))
+    runs = []
+    for c in (1, 4):
+        reqs = requests(8 * c, seed=30 + c, prompts=(16, 600), outputs=(64, 160))
+        runs.append(observe(write(tmp_path / f"c{c}", trace(reqs, c), dear)))
+    cost, report = fit(runs)
+    for width in (1, 4, 8):
+        step = cost.verify(width, width, 300 * width)
+        assert step == pytest.approx(TRUE.verify(width, width, 300 * width), rel=0.01), width
+    assert report["decode_from"] == "40 requests' chunks no prefill ran in", report
+
+
 def test_a_prompt_price_the_stalls_left_at_zero_comes_from_the_idle_ttfts(
     observed: dict[int, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -301,21 +327,21 @@ def test_a_prompt_price_the_stalls_left_at_zero_comes_from_the_idle_ttfts(
     price at 0 is then taken from the idle TTFTs' slope, and the rest refitted around it."""
     import speclens.sim.calibrate as module
 
-    solve = module._nonnegative_lstsq
+    refit = module._refit
 
-    def clamped(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        out = np.array(solve(x, y))
-        if x.shape[1] == 5:  # the stall fit: its prompt-token price hits the bound
-            out[3] = 0.0
+    def clamped(xa: np.ndarray, ya: np.ndarray, held: dict[int, float]) -> list[float]:
+        out = refit(xa, ya, held)
+        if module.PROMPT not in held:  # the stall fit: its prompt-token price hits the bound
+            out[module.PROMPT] = 0.0
         return out
 
-    monkeypatch.setattr(module, "_nonnegative_lstsq", clamped)
+    monkeypatch.setattr(module, "_refit", clamped)
     cost, report = fit([observe(observed[1]), observe(observed[4])])
     assert report["prefill_per_token_from"] == "idle TTFT slope"
     assert cost.prefill_per_token == pytest.approx(TRUE.prefill_per_token, rel=1e-6)
     assert cost.base == pytest.approx(TRUE.base, rel=0.05)
     assert cost.per_seq == pytest.approx(TRUE.per_seq, rel=0.05)
-    monkeypatch.setattr(module, "_nonnegative_lstsq", solve)
+    monkeypatch.setattr(module, "_refit", refit)
     assert fit([observe(observed[1]), observe(observed[4])])[1]["prefill_per_token_from"] == (
         "decode stalls")  # fmt: skip
 
@@ -326,22 +352,23 @@ def test_stall_prices_above_the_idle_ttfts_give_way_to_them(
     """An idle request's TTFT held its prefill and nothing else. Where the stalls price a
     prefill above most of those TTFTs (seen on llama.cpp with 16 requests at concurrency 4:
     546 ms a prefill step against idle TTFTs of 0.1 to 0.5 s), the price is the fit's slack:
-    the idle prices are taken, and the decode terms refitted around them recover the truth."""
+    the idle prices are taken, and the decode terms (from the chunks no prefill ran in) stay
+    the truth's."""
     import speclens.sim.calibrate as module
 
-    solve = module._nonnegative_lstsq
+    refit = module._refit
 
-    def stalls(step: float, token: float) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-        def solved(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-            out = np.array(solve(x, y))
-            if x.shape[1] == 5:  # the stall fit: a prefill at these prices, the decode step's
-                out[3], out[4], out[0] = token, step, out[0] / 2  # base given up to them
+    def stalls(step: float, token: float) -> Callable[..., list[float]]:
+        def solved(xa: np.ndarray, ya: np.ndarray, held: dict[int, float]) -> list[float]:
+            out = refit(xa, ya, held)
+            if module.PREFILL not in held:  # the stall fit: a prefill at these prices
+                out[module.PROMPT], out[module.PREFILL] = token, step
             return out
 
         return solved
 
     runs = [observe(observed[1]), observe(observed[4])]
-    monkeypatch.setattr(module, "_nonnegative_lstsq", stalls(0.5, TRUE.prefill_per_token))
+    monkeypatch.setattr(module, "_refit", stalls(0.5, TRUE.prefill_per_token))
     cost, report = fit(runs)
     assert report["prefill_from"] == STALLS_ABOVE_IDLE
     assert (cost.prefill_base, cost.prefill_per_token) == pytest.approx(
@@ -351,7 +378,7 @@ def test_stall_prices_above_the_idle_ttfts_give_way_to_them(
     assert cost.per_seq == pytest.approx(TRUE.per_seq, rel=0.05)
     # Below the idle TTFTs, the stall prices stand.
     half = (TRUE.prefill_base / 2, TRUE.prefill_per_token / 2)
-    monkeypatch.setattr(module, "_nonnegative_lstsq", stalls(*half))
+    monkeypatch.setattr(module, "_refit", stalls(*half))
     cost, report = fit(runs)
     assert report["prefill_from"] == "decode stalls"
     assert (cost.prefill_base, cost.prefill_per_token) == pytest.approx(half)

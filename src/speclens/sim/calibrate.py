@@ -12,9 +12,14 @@ time (E2E - TTFT) is
 
 for its n decode steps at mean batch width w and mean context c, with P prompt tokens computed
 (less those the server took from its prefix cache, where it says: ``cached_tokens``) in Q
-prefill steps run meanwhile; a least-squares fit with non-negative coefficients over every
-request gives the five prices. Summed per request, the fit does not depend on how the stream's
-events were grouped into reads. ``per_token`` is folded into ``per_seq`` (every speculating
+prefill steps run meanwhile. The three decode prices come first, from each request's chunks no
+prefill ran in (no other request's first token came in them: the same sum over those chunks,
+P = Q = 0, with the request's steps in the share of its chunks they are), and the two prefill
+prices then from what the stalls added; least squares with non-negative coefficients over every
+request. Fitted together, the decode terms took up whatever the prefill terms mispriced (on
+speclens serve, a step 13% dear at batch 4 and 8). Where fewer than ``MIN_REQUESTS`` requests
+have such chunks, the five are fitted together. Summed per request, the fit does not depend on
+how the stream's events were grouped into reads. ``per_token`` is folded into ``per_seq`` (every speculating
 request verifies K + 1 positions, so the two cannot be told apart from outside) and the drafter's
 cost into the same terms (the client cannot see it apart). A prefill step is priced by the same
 fit: what it cost the requests that decoded through it (prefill_base per prefill step,
@@ -31,7 +36,8 @@ through was of one prompt, so P and Q move together), it comes from the idle TTF
 prompt, and the other prices are refitted around it.
 
 Where the stalls price a prefill above most idle requests' whole TTFT (which held that prefill
-and nothing else), the idle prices are taken instead and the decode terms refitted around them.
+and nothing else), the idle prices are taken instead (and the decode terms refitted around them
+where they were fitted with the stalls).
 
 A fit needs two load points or more (two concurrencies or rates): from one, the per-request
 cost cannot be told from the base, and it is refused rather than fitted.
@@ -166,12 +172,16 @@ def observe(path: Path) -> Observed:
 @dataclass
 class _Sample:
     """Every request the fits read, over all runs: per request [n, n * w, n * c, P, Q] (see the
-    module), its decode seconds, its mean batch width w, and the request."""
+    module), its decode seconds, its mean batch width w, and the request; and per request with
+    chunks no prefill ran in, the same three decode columns and seconds over those chunks only
+    (``clean_x``, ``clean_y``)."""
 
     x: np.ndarray
     y: np.ndarray
     widths: np.ndarray
     requests: list[_Request]
+    clean_x: np.ndarray
+    clean_y: np.ndarray
 
 
 def _gather(runs: Sequence[Observed]) -> _Sample:
@@ -179,6 +189,8 @@ def _gather(runs: Sequence[Observed]) -> _Sample:
     y: list[float] = []
     widths: list[float] = []
     kept: list[_Request] = []
+    clean_x: list[list[float]] = []
+    clean_y: list[float] = []
     for run in runs:
         requests = run.requests
         firsts = np.array([r.first for r in requests])
@@ -187,13 +199,11 @@ def _gather(runs: Sequence[Observed]) -> _Sample:
             span = r.end - r.first
             if span <= 0:
                 continue
-            width = context = 0.0
-            for begin, end, _ in r.chunks:
-                mid = (begin + end) / 2
-                batch = [q for q in requests if q.first <= mid <= q.end]
-                width += len(batch) * (end - begin)
-                context += sum(q.prompt + _tokens_by(q, mid) for q in batch) * (end - begin)
-            width, context = width / span, context / span
+            # Per chunk: seconds, batch width and context, and whether a prefill ran in it
+            # (another request's first token came in it).
+            parts = np.array([_chunk(requests, firsts, begin, end) for begin, end, _ in r.chunks])
+            seconds, stalled = parts[:, 0], parts[:, 3] > 0
+            width, context = parts[:, 1] @ seconds / span, parts[:, 2] @ seconds / span
             inside = (firsts > r.first) & (firsts <= r.end)
             prefills = len(set(firsts[inside].tolist()))  # requests admitted together share one
             n = float(r.steps)
@@ -201,10 +211,31 @@ def _gather(runs: Sequence[Observed]) -> _Sample:
             y.append(span)
             widths.append(width)
             kept.append(r)
+            clean = seconds[~stalled].sum()
+            if clean > 0:
+                # Its steps in those chunks: a chunk is a step where the stream sends one event
+                # a step, a token where it sends one a token (llama.cpp); either way their share.
+                steps = n * float((~stalled).mean())
+                clean_w = parts[~stalled, 1] @ seconds[~stalled] / clean
+                clean_c = parts[~stalled, 2] @ seconds[~stalled] / clean
+                clean_x.append([steps, steps * clean_w, steps * clean_c])
+                clean_y.append(clean)
     if len(y) < MIN_REQUESTS:
         raise CalibrationError([f"calibrate: {len(y)} requests with inter-token timings, at "
                                 f"least {MIN_REQUESTS} needed"])  # fmt: skip
-    return _Sample(np.array(x), np.array(y), np.array(widths), kept)
+    return _Sample(np.array(x), np.array(y), np.array(widths), kept,
+                   np.array(clean_x).reshape(-1, 3), np.array(clean_y))  # fmt: skip
+
+
+def _chunk(
+    requests: Sequence[_Request], firsts: np.ndarray, begin: float, end: float
+) -> tuple[float, float, float, int]:
+    """A chunk's seconds, the batch decoding at its midpoint (width, and its context: prompt
+    plus tokens so far each), and how many first tokens came in it (prefills run in it)."""
+    mid = (begin + end) / 2
+    batch = [q for q in requests if q.first <= mid <= q.end]
+    context = sum(q.prompt + _tokens_by(q, mid) for q in batch)
+    return end - begin, len(batch), context, int(((firsts > begin) & (firsts <= end)).sum())
 
 
 def _report(
@@ -248,7 +279,12 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
     xa, ya = sample.x, sample.y
     idle = [p for run in runs for p in _idle_ttfts(run)]
     # The five prices, in the columns' order: base, per_seq, per_context, per_prompt, per_prefill.
-    prices = _nonnegative_lstsq(xa, ya)
+    # The decode terms come from the chunks no prefill ran in, where the fit has them: fitted
+    # beside the stalls, they take up whatever the prefill terms misprice (on speclens serve,
+    # 13% dear a step at batch 4 and 8, the prefill a third of its price). The prefill prices
+    # are then what the stalls added.
+    decode = _decode_terms(sample)
+    prices = _refit(xa, ya, decode)
     idle_fit = _idle_slope(idle)
     slope = idle_fit if prices[PROMPT] == 0 else None
     if slope is not None:
@@ -256,7 +292,7 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
         # requests decoded through was of one prompt (a closed loop past its start) and the
         # stalls could not tell a token's price from the step's. It then priced concurrency
         # 8's first prefill, of 8 prompts, as one. The idle TTFTs' slope measures it instead.
-        prices = _refit(xa, ya, {PROMPT: slope[1]})
+        prices = _refit(xa, ya, {**decode, PROMPT: slope[1]})
     idle_base, idle_per_token = _prefill(idle, idle_fit, prices[PROMPT], prices[PREFILL])
     stalled = int(np.count_nonzero(xa[:, PREFILL]))
     over = stalled >= MIN_STALLED and _over_idle(idle, prices[PREFILL], prices[PROMPT])
@@ -264,8 +300,8 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
         # The stalls priced a prefill above the whole TTFT of a request that waited for nothing
         # else: not a price but the fit's slack (seen on llama.cpp, 16 requests at
         # concurrency 4: 546 ms a prefill step, idle TTFTs of 0.1 to 0.5 s). The idle prices
-        # bound it; the decode terms are refitted around them.
-        prices = _refit(xa, ya, {PROMPT: idle_per_token, PREFILL: idle_base})
+        # bound it; the decode terms, where the stalls' chunks priced them too, are refitted.
+        prices = _refit(xa, ya, {**decode, PROMPT: idle_per_token, PREFILL: idle_base})
     base, per_seq, per_context, per_prompt, per_prefill = prices
     from_stalls = stalled >= MIN_STALLED and not over
     # A prefill step holds up the whole batch: priced by what it cost the requests decoding
@@ -284,6 +320,8 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
         sample, predicted, loads,
     )  # fmt: skip
     report.update({
+        "decode_from": f"{len(sample.clean_y)} requests' chunks no prefill ran in" if decode
+                       else "every chunk (too few ran without a prefill)",
         "idle_requests": len(idle),
         "prefill_from": "decode stalls" if from_stalls else "idle TTFTs"
                         + (" (the stalls priced a prefill above them)" if over else ""),
@@ -303,8 +341,16 @@ def _refit(xa: np.ndarray, ya: np.ndarray, held: dict[int, float]) -> list[float
     refitted around them (non-negative least squares)."""
     free = [j for j in range(xa.shape[1]) if j not in held]
     rest = ya - sum(price * xa[:, j] for j, price in held.items())
-    solved = dict(zip(free, _nonnegative_lstsq(xa[:, free], rest), strict=True))
+    solved = dict(zip(free, _nonnegative_lstsq(xa[:, free], rest), strict=True)) if free else {}
     return [held[j] if j in held else solved[j] for j in range(xa.shape[1])]
+
+
+def _decode_terms(sample: _Sample) -> dict[int, float]:
+    """base, per_seq and per_context (columns 0 to 2) fitted on the chunks no prefill ran in,
+    where at least ``MIN_REQUESTS`` requests have some; else none (the joint fit prices them)."""
+    if len(sample.clean_y) < MIN_REQUESTS:
+        return {}
+    return dict(enumerate(_nonnegative_lstsq(sample.clean_x, sample.clean_y)))
 
 
 def _check_loads(runs: Sequence[Observed]) -> list[tuple[str, float]]:

@@ -202,8 +202,8 @@ def _gather(runs: Sequence[Observed]) -> _Sample:
             # Per chunk: seconds, batch width and context, and whether a prefill ran in it
             # (another request's first token came in it).
             parts = np.array([_chunk(requests, firsts, begin, end) for begin, end, _ in r.chunks])
-            seconds, stalled = parts[:, 0], parts[:, 3] > 0
-            width, context = parts[:, 1] @ seconds / span, parts[:, 2] @ seconds / span
+            seconds, clean = parts[:, 0], parts[:, 3] == 0
+            width, context = parts[:, 1:3].T @ seconds / span
             inside = (firsts > r.first) & (firsts <= r.end)
             prefills = len(set(firsts[inside].tolist()))  # requests admitted together share one
             n = float(r.steps)
@@ -211,15 +211,14 @@ def _gather(runs: Sequence[Observed]) -> _Sample:
             y.append(span)
             widths.append(width)
             kept.append(r)
-            clean = seconds[~stalled].sum()
-            if clean > 0:
+            clean_span = seconds[clean].sum()
+            if clean_span > 0:
                 # Its steps in those chunks: a chunk is a step where the stream sends one event
                 # a step, a token where it sends one a token (llama.cpp); either way their share.
-                steps = n * float((~stalled).mean())
-                clean_w = parts[~stalled, 1] @ seconds[~stalled] / clean
-                clean_c = parts[~stalled, 2] @ seconds[~stalled] / clean
+                steps = n * float(clean.mean())
+                clean_w, clean_c = parts[clean, 1:3].T @ seconds[clean] / clean_span
                 clean_x.append([steps, steps * clean_w, steps * clean_c])
-                clean_y.append(clean)
+                clean_y.append(clean_span)
     if len(y) < MIN_REQUESTS:
         raise CalibrationError([f"calibrate: {len(y)} requests with inter-token timings, at "
                                 f"least {MIN_REQUESTS} needed"])  # fmt: skip

@@ -11,11 +11,13 @@ which prompt tokens came from its prefix cache (``usage.prompt_tokens_details.ca
 the held-out runs reuse the calibration's prompts, so most of theirs do) and how many slots it
 decodes at once (``/props`` ``total_slots``, 4): the replay prices only the computed prompt
 tokens and runs no more sequences than the slots. Without those three, the replays were 20% to
-165% off (``benchmarks/README.md``). The closed-loop replays (c2, c8) are held to
-``fidelity.SANE`` as vLLM's are; the Poisson run is printed, not held: with 4 slots and 12
-requests, a step priced a little dear keeps the slots full and the arrivals queue behind them
-(two runs of this test gave 5% and, on a fit from the same 24 requests, 64%). The vLLM half is
-in ``test_sweep_vllm.py`` (it calibrates on that module's sweep).
+165% off (``benchmarks/README.md``). The linear fit's closed-loop replays (c2, c8) are held
+to ``fidelity.SANE`` as vLLM's are. The roofline's are printed, not held: calibrate flags it as
+not describing these runs (``misfit``), and the test holds it to that. The Poisson run is
+printed, not held: with 4 slots and 12 requests, a step priced a little dear keeps the slots
+full and the arrivals queue behind them (two runs of this test gave 5% and, on a fit from the
+same 24 requests, 64%). The vLLM half is in ``test_sweep_vllm.py`` (it calibrates on that
+module's sweep).
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ def test_llamacpp_replays_from_its_calibration(llama: Peer, tmp_path: Path) -> N
         assert spec["num_spec_tokens"] == 4, spec
         want = (row["spec_decode_acceptance"] or {}).get("num_accepted_draft_tokens") or 0
         assert spec["num_accepted_draft_tokens"] == want, (index, spec, want)
-    closed = fidelity.Outcome(outcome.fits, {kind: {name: by[name] for name in ("c2", "c8")}
-                                             for kind, by in outcome.figures.items()})  # fmt: skip
+    # A roofline of a bf16 SmolLM2 on a chip measured with torch's bf16 matmuls is not what
+    # llama-server runs (Q4_1 weights, its own CPU kernels): calibrate says so, and its replays
+    # are printed, not held (c8 7% to 41% off, throughput to 77%, over 8 runs of this test).
+    assert outcome.fits["roofline"]["misfit"], outcome.fits["roofline"]
+    closed = fidelity.Outcome(outcome.fits, {"linear": {name: outcome.figures["linear"][name]
+                                                        for name in ("c2", "c8")}})  # fmt: skip
     fidelity.assert_sane(closed)

@@ -572,8 +572,43 @@ def test_calibration_recovers_the_roofline_that_priced_the_steps(roofed: dict[in
     assert e.memory == pytest.approx(0.6, rel=0.2)
     assert e.compute == pytest.approx(0.2, rel=0.2)
     assert report["decode_time_error_median"] < 0.03 and report["at_the_grid_edge"] == []
+    assert report["misfit"] is None, report
     error = held_out_error(roofed[8], fitted)
     assert error < 0.05, error
+
+
+#: A step like llama.cpp's on this machine (its linear fit on the peer tier's runs): 3 ms and
+#: 113 us a context token, a prefill 16 ms and 3 ms a prompt token. No roofline of SmolLM2 on
+#: a chip prices a context token so dear without pricing the weights' read far dearer.
+LLAMA_LIKE = StepCost(base=0.003, per_token=0.0, per_seq=0.0, per_context_token=1.13e-4,
+                      draft_base=0.0, draft_per_token=0.0, prefill_base=0.016,
+                      prefill_per_token=0.003)  # fmt: skip
+
+
+def test_a_roofline_that_does_not_describe_the_runs_says_so(tmp_path: Path) -> None:
+    """Runs of an engine that is not what the model and chip entries say (here a step that
+    grows with context as llama.cpp's Q4_1 CPU kernels did): the roofline fits them far worse
+    than the linear cost, and the fit says so, so that nobody replays with it unwarned."""
+    runs = {}
+    for c in (1, 4):
+        reqs = requests(8 * c, seed=40 + c, prompts=(16, 200), outputs=(64, 160))
+        runs[c] = write(tmp_path / f"c{c}", trace(reqs, c), LLAMA_LIKE)
+    chip, out = tmp_path / "cpu.yaml", tmp_path / "roofline.yaml"
+    chip.write_text(yaml.safe_dump({"kind": "Chip", **_host_chip().model_dump(exclude_none=True)}))
+    done = launch.run([sys.executable, "-m", "speclens", "calibrate", runs[1], runs[4],
+                       "--model", "smollm2-135m", "--hardware", chip, "-o", out],
+                      timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = yaml.safe_load(out.read_text())["fit"]
+    linear = report["linear_decode_time_error_median"]
+    assert linear < 0.05 and report["decode_time_error_median"] > 3 * linear, report
+    said = " ".join(done.stdout.split())  # as the terminal's width wrapped it
+    assert f"note: {report['misfit']}" in said, done.stdout
+    assert report["misfit"].startswith("the roofline describes these runs worse than the linear")
+    done = launch.run([sys.executable, "-m", "speclens", "sim", "--trace", runs[4],
+                       "--step-cost", out, "--output-dir", tmp_path / "sim4"], timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "the roofline describes these runs worse" in " ".join(done.stderr.split())
 
 
 def test_the_cli_fits_a_roofline_and_sim_replays_with_it(
@@ -587,6 +622,7 @@ def test_the_cli_fits_a_roofline_and_sim_replays_with_it(
                       timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "roofline of smollm2-135m on 1 x cpu: compute efficiency" in done.stdout
+    assert "the roofline describes these runs worse" not in done.stdout + done.stderr
     document = yaml.safe_load(out.read_text())
     assert document["roofline"]["model"]["name"] == "smollm2-135m"
     assert document["roofline"]["chip"]["memory_bandwidth_tbps"] == 0.026  # stands alone

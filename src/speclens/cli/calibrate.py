@@ -84,6 +84,8 @@ def calibrate(
             if report["at_the_grid_edge"]:
                 out_console.print(f"note: {', '.join(report['at_the_grid_edge'])} efficiency at "
                                   "the edge of the searched range", markup=False)  # fmt: skip
+            if report["misfit"]:
+                out_console.print(f"note: {report['misfit']}", markup=False)
             _summary(report, output)
             return
         cost, report = cal.fit(observed)

@@ -144,6 +144,9 @@ def replay_command(
         _print(figures)
     if note:
         err_console.print(f"note: {note}", markup=False)
+    misfit = (meta.get("fit") or {}).get("misfit")
+    if misfit:
+        err_console.print(f"note: {cost_source}: {misfit}", markup=False)
     if stream is not None:
         from speclens import __version__
 

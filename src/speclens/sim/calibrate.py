@@ -449,7 +449,26 @@ def fit_roofline(runs: Sequence[Observed], roof: Roofline) -> tuple[Roofline, di
         name for name, value in (("compute", compute), ("memory", memory))
         if value in (EFFICIENCIES[0], EFFICIENCIES[-1])
     ]  # fmt: skip
+    linear = fit(runs)[1]["decode_time_error_median"]
+    report["linear_decode_time_error_median"] = linear
+    report["misfit"] = _misfit(report["decode_time_error_median"], linear)
     return fitted, report
+
+
+def _misfit(roofline: float, linear: float) -> str | None:
+    """Why the roofline does not describe the runs, where its median decode-time error on
+    them exceeds 1.3 times the linear fit's plus 3 points; else None. Then the engine is not
+    running what the model and chip entries say: on llama.cpp (Q4_1 weights, its own CPU
+    kernels, against a bf16 model on a chip measured with torch's bf16 matmuls) the roofline's
+    error was 27% to 42% against the linear's 4% to 18% over 12 runs, 1.75 times or more, and
+    its c8 replays 7% to 41% off (throughput to 77%); on vLLM and speclens serve it was 0.84
+    to 1.15 times the linear's over 14 run sets."""
+    if roofline <= 1.3 * linear + 0.03:
+        return None
+    return (f"the roofline describes these runs worse than the linear cost (median decode-time "
+            f"error {roofline:.1%} against {linear:.1%}): the engine does not run what the model "
+            f"and chip entries say (quantized weights, other kernels); fit without --model and "
+            f"--hardware")  # fmt: skip
 
 
 def _over_idle(idle: Sequence[tuple[int, float]], per_prefill: float, per_prompt: float) -> bool:

@@ -268,6 +268,7 @@ def run_replica(
     stream: Iterator[Item] = _prepared(requests, draws, longest_output)
     upcoming = next(stream, None)
     waiting: deque[Item] = deque()
+    held: list[Item] = []  # closed loop: arrived just after the step boundary another left at
     running: list[tuple[int, int]] = []  # heap of (last decode step, request index)
     live: dict[int, _Live] = {}
     fresh: list[_Live] = []  # admitted since the last decode step
@@ -277,12 +278,16 @@ def run_replica(
     while upcoming is not None or waiting or running:
         while upcoming is not None and (
             (concurrency is None and upcoming[1] <= clock)
-            or (concurrency is not None and len(waiting) + len(running) < concurrency)
+            or (concurrency is not None and len(waiting) + len(held) + len(running) < concurrency)
         ):
             if concurrency is not None:  # closed loop: it arrives as another leaves
-                upcoming = (upcoming[0], clock, *upcoming[2:])
-            waiting.append(upcoming)
+                held.append((upcoming[0], clock, *upcoming[2:]))
+            else:
+                waiting.append(upcoming)
             upcoming = next(stream, None)
+        if held and not running and not waiting:  # an idle engine takes them at once
+            waiting.extend(held)
+            held.clear()
         if not waiting and not running:
             assert upcoming is not None
             clock = max(clock, upcoming[1])
@@ -325,6 +330,8 @@ def run_replica(
                 live[index] = r
                 fresh.append(r)
                 heapq.heappush(running, (decoded + n - 1, index))
+            waiting.extend(held)  # they arrived as this step began, and join after it
+            held.clear()
             continue
         # A stretch of decode steps with the same requests: to the next finish, or to the
         # next arrival when it could be admitted at once (open loop, a sequence free).
@@ -338,12 +345,16 @@ def run_replica(
         times = prices.cumsum()  # the clock after each step, added step by step
         if concurrency is None and upcoming is not None and len(running) < max_num_seqs:
             m = min(m, int(np.searchsorted(times, upcoming[1], side="left")) + 1)
+        if held:  # they arrived as this step began, and join after it
+            m = 1
         gaps.add(np.diff(times[:m], prepend=last_decode), tokens[at : at + m, 1:])
         for r in fresh:
             r.first_decode_time = float(times[0])
         fresh = []
         clock = last_decode = float(times[m - 1])
         decoded += m
+        waiting.extend(held)
+        held.clear()
         if traced is not None:
             clocks.extend(times[:m].tolist())
         while running and running[0][0] < decoded:

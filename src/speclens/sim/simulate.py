@@ -151,10 +151,15 @@ def _run_replica(
     engine's per-step records as it goes (a long run would otherwise keep one per step)."""
     from speclens.engine import SamplingParams
 
+    def add(r: SimRequest) -> None:
+        params = SamplingParams(max_tokens=r.output_tokens, temperature=0.0, ignore_eos=True)
+        engine.add_request([1] * r.input_tokens, params, str(r.index))
+
     stream = iter(requests)
     upcoming = next(stream, None)
     live: dict[str, SimRequest] = {}
-    while upcoming is not None or engine.has_unfinished():
+    held: list[SimRequest] = []  # closed loop: arrived just after the step boundary one left at
+    while upcoming is not None or engine.has_unfinished() or held:
         while upcoming is not None and (
             (concurrency is None and upcoming.arrival <= engine.clock)
             or (concurrency is not None and len(live) < concurrency)
@@ -162,15 +167,23 @@ def _run_replica(
             r = upcoming
             if concurrency is not None:
                 r.arrival = engine.clock  # closed loop: the next request arrives as one leaves
-            params = SamplingParams(max_tokens=r.output_tokens, temperature=0.0, ignore_eos=True)
-            engine.add_request([1] * r.input_tokens, params, str(r.index))
+                held.append(r)
+            else:
+                add(r)
             live[str(r.index)] = r
             upcoming = next(stream, None)
+        if held and not engine.has_unfinished():  # an idle engine takes them at once
+            for r in held:
+                add(r)
+            held.clear()
         if not engine.has_unfinished():
             assert upcoming is not None
             engine.clock = max(engine.clock, upcoming.arrival)
             continue
         outputs = engine.step()
+        for r in held:  # they arrived as that step began, and join after it
+            add(r)
+        held.clear()
         if not keep_steps:
             engine.steps.clear()
         now = engine.clock

@@ -55,9 +55,11 @@ def trace(reqs: list[TraceRequest], concurrency: int | None) -> Trace:
                   "concurrency": concurrency})  # fmt: skip
 
 
-def write(out: Path, t: Trace, cost: StepCost | Roofline, seed: int = 0) -> Path:
+def write(
+    out: Path, t: Trace, cost: StepCost | Roofline, seed: int = 0, front: float = 0.0
+) -> Path:
     """The replay written as a run directory (what calibrate reads as an observation)."""
-    result = replay(t, cost, K, 256, 8192, seed)
+    result = replay(t, cost, K, 256, 8192, seed, front)
     server = {"engine": "speclens", "version": "test", "model": t.model,
               "acceptance": {"num_speculative_tokens": K, "forced": False}}  # fmt: skip
     summary = run_output.summary(result.records, result.makespan,
@@ -109,6 +111,28 @@ def test_a_closed_loop_request_waits_for_the_step_that_began_as_it_arrived() -> 
     # An idle engine takes it at once: at concurrency 1 no step is running.
     alone = replay(trace(reqs, 1), cost, K, 256, 8192).records
     assert alone[1].ttft == pytest.approx(cost.prefill(50, 1, 50))
+
+
+def test_the_engine_sees_a_request_its_front_latency_after_it_arrived() -> None:
+    """A server's front end (HTTP, tokenizing, another process on vLLM) holds each request
+    ``front`` seconds before the engine sees it: at concurrency 1 that adds to its TTFT; at 2
+    the next request joins at the first step boundary after its arrival plus ``front``."""
+    reqs = [TraceRequest(0, 0.0, 100, 3, "c", 2, 0, {0: 2}),
+            TraceRequest(1, 0.0, 50, 11, "c", 10, 0, {0: 10}),
+            TraceRequest(2, 0.0, 30, 2, "c", 1, 0, {0: 1})]  # fmt: skip
+    cost = StepCost(base=0.01, per_token=0.0, per_seq=0.002, per_context_token=0.0,
+                    draft_base=0.0, draft_per_token=0.0)  # fmt: skip
+    alone = replay(trace(reqs, 1), cost, K, 256, 8192, front=0.05).records
+    assert alone[1].start == pytest.approx(alone[0].end)
+    assert [r.ttft for r in alone] == pytest.approx(
+        [0.05 + cost.prefill(p, 1, p) for p in (100, 50, 30)])  # fmt: skip
+    (arrived,) = replay(trace(reqs[:1], None), cost, K, 256, 8192, front=0.05).records
+    assert arrived.ttft == pytest.approx(0.05 + cost.prefill(100, 1, 100))  # open loop too
+    first, _, third = replay(trace(reqs, 2), cost, K, 256, 8192, front=0.05).records
+    assert first.ttft == pytest.approx(0.05 + cost.prefill(150, 2, 150))
+    assert third.start == pytest.approx(first.end)
+    # Request 1 alone steps 12 ms at a time: the fifth boundary is the first 50 ms on.
+    assert third.ttft == pytest.approx(5 * (0.01 + 0.002) + cost.prefill(30, 1, 30))
 
 
 def test_open_loop_requests_start_at_their_arrivals_and_keep_their_indices() -> None:
@@ -274,9 +298,9 @@ def test_a_llamacpp_run_is_a_trace_with_its_stated_k_cache_and_slots(tmp_path: P
 # --- calibration ----------------------------------------------------------------------------------
 
 
-def held_out_error(run: Path, cost: StepCost | Roofline) -> float:
+def held_out_error(run: Path, cost: StepCost | Roofline, front: float = 0.0) -> float:
     """The median per-request E2E error of ``run``'s trace replayed with ``cost``."""
-    predicted = replay(read_trace(run), cost, K, 256, 8192, seed=99)
+    predicted = replay(read_trace(run), cost, K, 256, 8192, seed=99, front=front)
     rows = map(json.loads, (run / "records.jsonl").read_text().splitlines())
     truth = {r["index"]: r["latency_s"] for r in rows}
     errors = [abs(r.latency - truth[r.index]) / truth[r.index] for r in predicted.records]
@@ -311,6 +335,52 @@ def test_calibration_recovers_the_cost_that_priced_the_steps(observed: dict[int,
         (TRUE.prefill_base, TRUE.prefill_per_token), rel=1e-6
     )
     assert report["decode_time_error_median"] < 0.02
+    assert report["front_latency_s"] < 0.002  # none: every idle TTFT is its prefill
+
+
+def test_calibration_finds_the_front_latency_no_step_pays(tmp_path: Path) -> None:
+    """Runs whose server held each request 50 ms before its engine saw it (vLLM's API
+    server: 157 ms): the idle TTFTs carry it, the stalls do not, so the prefill is priced by
+    the stalls and the front latency is what the idle requests waited beyond it; ``sim
+    --trace`` with the file waits it again."""
+    runs = {}
+    for c in (1, 4):
+        reqs = requests(8 * c, seed=10 + c, prompts=(16, 200), outputs=(64, 160))
+        runs[c] = write(tmp_path / f"c{c}", trace(reqs, c), TRUE, front=0.05)
+    cost, report = fit([observe(runs[1]), observe(runs[4])])
+    assert report["prefill_from"] == "decode stalls", report
+    assert report["front_latency_s"] == pytest.approx(0.05, rel=0.05)
+    assert cost.prefill(100, 1, 100) == pytest.approx(TRUE.prefill(100, 1, 100), rel=0.1)
+    out = tmp_path / "cost.yaml"
+    done = launch.run([sys.executable, "-m", "speclens", "calibrate", runs[1], runs[4], "-o",
+                       out], timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    _, meta = read_cost_file(out)
+    assert meta["front_latency_s"] == report["front_latency_s"]
+    assert held_out_error(runs[1], cost, front=meta["front_latency_s"]) < 0.01
+    assert held_out_error(runs[1], cost) > 0.05  # without it, every request comes out short
+    done = launch.run([sys.executable, "-m", "speclens", "sim", "--trace", runs[1], "--step-cost",
+                       out, "--output-dir", tmp_path / "sim1"], timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    ttfts = [json.loads(line)["ttft_s"] for line in (tmp_path / "sim1" / "records.jsonl").open()]
+    observed = [json.loads(line)["ttft_s"] for line in (runs[1] / "records.jsonl").open()]
+    assert ttfts == pytest.approx(observed, rel=0.05)
+
+
+@pytest.mark.parametrize("value", ["-0.1", ".nan", ".inf", "'soon'", "true", "1.0e+9"])
+def test_a_front_latency_that_is_not_seconds_is_refused(
+    observed: dict[int, Path], tmp_path: Path, value: str
+) -> None:
+    out = tmp_path / "cost.yaml"
+    document = {"kind": "StepCostFit", "step_cost": asdict(TRUE),
+                "fit": {"front_latency_s": 0.0}, "provenance": {}}  # fmt: skip
+    out.write_text(yaml.safe_dump(document).replace("front_latency_s: 0.0",
+                                                    f"front_latency_s: {value}"))  # fmt: skip
+    done = launch.run([sys.executable, "-m", "speclens", "sim", "--trace", observed[8],
+                       "--step-cost", out], timeout=120)  # fmt: skip
+    assert done.returncode == 1, done.stdout
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"{out}: fit.front_latency_s: expected seconds from 0 to 60, got ")
 
 
 class _DearLongPrompts(StepCost):

@@ -131,7 +131,7 @@ def replay_command(
             fail(f"command line: --output-dir: cannot write to {str(exc.filename or output_dir)!r}: "
                  f"{exc.strerror or exc}", 2)  # fmt: skip
     max_num_seqs, budget = _engine_limits(scenario, trace)
-    result = replay(trace, cost, k, max_num_seqs, budget, seed)
+    result = replay(trace, cost, k, max_num_seqs, budget, seed, meta.get("front_latency_s", 0.0))
     if not result.makespan > 0:
         fail(
             f"{cost_source}: the replay took {result.makespan!r} s of virtual time: price the steps"

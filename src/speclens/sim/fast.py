@@ -242,6 +242,7 @@ def run_replica(
     traced: Callable[[Trace], None] | None = None,
     draws: Trajectories | None = None,
     cached: Mapping[int, int] | None = None,
+    front: float = 0.0,
 ) -> Counts:
     """Run one replica over ``requests`` (index, arrival, input tokens, output tokens) in
     arrival order, as ``simulate._run_replica`` drives the engine; finished requests go to
@@ -250,7 +251,8 @@ def run_replica(
     ``draws``: the requests' decode steps as given (a replay), instead of drawn from
     ``rates`` and ``coverage``; ``cached``: by request index, the prompt tokens its prefill
     takes from a prefix cache (a replay of a server that said so): not computed, so not priced,
-    though they sit in its context."""
+    though they sit in its context; ``front``: seconds from a request's arrival to the engine
+    seeing it (a server's front end: HTTP, tokenizing, handing it over), which no step pays."""
     if draws is None:
         draws = _Draws(k, rates, coverage, rng)
     span = longest_output + 2
@@ -275,9 +277,9 @@ def run_replica(
     gaps = _Gaps(tally, k)
     clocks: list[float] = []  # with ``traced``: when each decode step ended
     traces: dict[int, tuple[Item, int, float]] = {}  # with ``traced``: item, first step, first
-    while upcoming is not None or waiting or running:
+    while upcoming is not None or waiting or running or held:
         while upcoming is not None and (
-            (concurrency is None and upcoming[1] <= clock)
+            (concurrency is None and upcoming[1] + front <= clock)
             or (concurrency is not None and len(waiting) + len(held) + len(running) < concurrency)
         ):
             if concurrency is not None:  # closed loop: it arrives as another leaves
@@ -285,12 +287,12 @@ def run_replica(
             else:
                 waiting.append(upcoming)
             upcoming = next(stream, None)
-        if held and not running and not waiting:  # an idle engine takes them at once
-            waiting.extend(held)
-            held.clear()
+        if held and not running and not waiting:  # an idle engine takes them as they come
+            clock = max(clock, held[0][1] + front)
+            _seen(held, waiting, clock, front)
         if not waiting and not running:
             assert upcoming is not None
-            clock = max(clock, upcoming[1])
+            clock = max(clock, upcoming[1] + front)
             continue
         if waiting and len(running) < max_num_seqs:  # a prefill step
             budget = max_num_batched_tokens
@@ -330,8 +332,7 @@ def run_replica(
                 live[index] = r
                 fresh.append(r)
                 heapq.heappush(running, (decoded + n - 1, index))
-            waiting.extend(held)  # they arrived as this step began, and join after it
-            held.clear()
+            _seen(held, waiting, clock, front)  # arrived as this step began: join after it
             continue
         # A stretch of decode steps with the same requests: to the next finish, or to the
         # next arrival when it could be admitted at once (open loop, a sequence free).
@@ -344,17 +345,16 @@ def run_replica(
         prices[0] += clock
         times = prices.cumsum()  # the clock after each step, added step by step
         if concurrency is None and upcoming is not None and len(running) < max_num_seqs:
-            m = min(m, int(np.searchsorted(times, upcoming[1], side="left")) + 1)
-        if held:  # they arrived as this step began, and join after it
-            m = 1
+            m = min(m, int(np.searchsorted(times, upcoming[1] + front, side="left")) + 1)
+        if held:  # they join after the step under way when the engine sees them
+            m = min(m, int(np.searchsorted(times, held[0][1] + front, side="left")) + 1)
         gaps.add(np.diff(times[:m], prepend=last_decode), tokens[at : at + m, 1:])
         for r in fresh:
             r.first_decode_time = float(times[0])
         fresh = []
         clock = last_decode = float(times[m - 1])
         decoded += m
-        waiting.extend(held)
-        held.clear()
+        _seen(held, waiting, clock, front)
         if traced is not None:
             clocks.extend(times[:m].tolist())
         while running and running[0][0] < decoded:
@@ -368,6 +368,13 @@ def run_replica(
                 traced(_trace(item, first, np.array(clocks[step : step + item[4].size])))
     gaps.flush()
     return Counts(draws.histogram, draws.request_steps, draws.drafting_steps)
+
+
+def _seen(held: list[Item], waiting: deque[Item], clock: float, front: float) -> None:
+    """Move the held requests the engine has seen by ``clock`` (arrived ``front`` before it;
+    in arrival order) to waiting."""
+    while held and held[0][1] + front <= clock:
+        waiting.append(held.pop(0))
 
 
 def _trace(item: Item, first: float, step_times: np.ndarray) -> Trace:

@@ -101,9 +101,11 @@ def replay(
     max_num_seqs: int,
     max_num_batched_tokens: int,
     seed: int = 0,
+    front: float = 0.0,
 ) -> Replayed:
     """Run ``trace`` on one replica, in its own loop; every request's record, in index order,
-    as bench keeps it."""
+    as bench keeps it. ``front``: seconds from a request's arrival to the engine seeing it
+    (``calibrate``'s ``front_latency_s``)."""
     rng = np.random.default_rng([REPLAY_STREAM, seed])
     draws = Recorded(trace, k, rng)
     tally, pooled = Tally(), Totals()
@@ -121,7 +123,7 @@ def replay(
     fast.run_replica(
         ((r.index, r.arrival, r.input_tokens, r.output_tokens) for r in trace.requests),
         k, None, 1.0, cost, max_num_seqs, max_num_batched_tokens, longest, trace.concurrency, rng,
-        tally, pooled, traced, draws=draws, cached=cached,
+        tally, pooled, traced, draws=draws, cached=cached, front=front,
     )  # fmt: skip
     records.sort(key=lambda r: r.index)
     return Replayed(records, tally.end - tally.start, tally)

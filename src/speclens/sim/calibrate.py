@@ -59,7 +59,7 @@ from speclens.acceptance.errors import ValidationError
 from speclens.acceptance.schema import _Model
 from speclens.runs.trace import counted_verify_steps
 from speclens.sim.catalog import ChipSpec, ModelSpec
-from speclens.sim.cost import StepCost, _nonnegative_lstsq
+from speclens.sim.cost import StepCost, _nonnegative_lstsq, seconds_problem
 from speclens.sim.roofline import Efficiency, Roofline
 
 #: The file kind ``calibrate`` writes; ``read_cost_file`` also takes a bare StepCost mapping.
@@ -274,8 +274,14 @@ def _idle_ttfts(run: Observed) -> list[tuple[int, float]]:
 
 def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
     """The step cost and what the fit says of itself (steps, widths seen, residuals)."""
-    loads = _check_loads(runs)
-    sample = _gather(runs)
+    return _fit(runs, _check_loads(runs), _gather(runs))
+
+
+def _fit(
+    runs: Sequence[Observed], loads: Sequence[tuple[str, float]], sample: _Sample
+) -> tuple[StepCost, dict[str, Any]]:
+    """``fit`` on the runs' load points and requests already gathered (the roofline's fit
+    compares itself with it on the same ones)."""
     xa, ya = sample.x, sample.y
     idle = [p for run in runs for p in _idle_ttfts(run)]
     # The five prices, in the columns' order: base, per_seq, per_context, per_prompt, per_prefill.
@@ -333,6 +339,9 @@ def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
     })  # fmt: skip
     return cost, report
 
+
+#: The most front-end latency a cost file may state (a minute: more is not a server's).
+MAX_FRONT_LATENCY = 60.0
 
 #: The stall fit's columns of the prompt-token and prefill-step prices.
 PROMPT, PREFILL = 3, 4
@@ -452,7 +461,7 @@ def fit_roofline(runs: Sequence[Observed], roof: Roofline) -> tuple[Roofline, di
         name for name, value in (("compute", compute), ("memory", memory))
         if value in (EFFICIENCIES[0], EFFICIENCIES[-1])
     ]  # fmt: skip
-    linear = fit(runs)[1]["decode_time_error_median"]
+    linear = _fit(runs, loads, sample)[1]["decode_time_error_median"]
     report["linear_decode_time_error_median"] = linear
     report["misfit"] = _misfit(report["decode_time_error_median"], linear)
     return fitted, report
@@ -594,15 +603,10 @@ def read_cost_file(path: Path) -> tuple[StepCost | Roofline, dict[str, Any]]:
 def _front_in(fit: Any, path: Path) -> float:
     """The fit's ``front_latency_s`` (0 where it has none), checked: the replay waits it."""
     value = fit.get("front_latency_s", 0.0) if isinstance(fit, dict) else 0.0
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not (ok and math.isfinite(value) and 0.0 <= value <= MAX_FRONT_LATENCY):
+    if seconds_problem(value) is not None or value > MAX_FRONT_LATENCY:
         raise ValidationError.single("fit.front_latency_s", f"expected seconds from 0 to "
                                      f"{MAX_FRONT_LATENCY:g}, got {value!r}", str(path))  # fmt: skip
     return float(value)
-
-
-#: The most front-end latency a cost file may state (a minute: more is not a server's).
-MAX_FRONT_LATENCY = 60.0
 
 
 def extrapolation(meta: dict[str, Any], widths: tuple[int, int]) -> str | None:

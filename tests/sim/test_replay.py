@@ -691,6 +691,7 @@ def test_a_roofline_that_does_not_describe_the_runs_says_so(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     report = yaml.safe_load(out.read_text())["fit"]
     linear = report["linear_decode_time_error_median"]
+    assert linear == fit([observe(runs[1]), observe(runs[4])])[1]["decode_time_error_median"]
     assert linear < 0.05 and report["decode_time_error_median"] > 3 * linear, report
     said = " ".join(done.stdout.split())  # as the terminal's width wrapped it
     assert f"note: {report['misfit']}" in said, done.stdout

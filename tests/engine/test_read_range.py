@@ -56,3 +56,15 @@ def test_per_request_attention_equals_the_padded_one(monkeypatch) -> None:  # ty
     for b, toks in enumerate(step):
         torch.testing.assert_close(got[b, : len(toks)], want[b, : len(toks)])
     assert got.abs().sum() > 0
+
+
+def test_a_verify_step_where_one_request_drafted_attends_request_by_request() -> None:
+    """8 requests at equal contexts, one verifying 4 drafts: padding all 8 to 5 query rows
+    would attend 40 rows for 12 real ones, so each request attends on its own; with all 8
+    verifying 4, the padded layout is the real one and is kept."""
+    tables, starts = [[b] for b in range(8)], [10] * 8
+    one = build_batch(tables, starts, [[1, 2, 3, 4, 5]] + [[1]] * 7, 16, 128, torch.device("cpu"))
+    assert one.segments is not None and one.mask is None
+    assert [s.rows for s in one.segments] == [(0, 5), *((5 + i, 6 + i) for i in range(7))]
+    every = build_batch(tables, starts, [[1, 2, 3, 4, 5]] * 8, 16, 128, torch.device("cpu"))
+    assert every.segments is None and every.mask is not None

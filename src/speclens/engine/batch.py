@@ -9,8 +9,12 @@ import torch
 
 from speclens.engine.model import ForwardBatch, Segment
 
-#: Attention pads every context to the longest unless that computes more than this many times
-#: the real context; then each request attends on its own (``ForwardBatch.segments``).
+#: Attention pads every request to the widest query and the longest context unless that computes
+#: more than this many times the real work (each request's query rows times its context); then
+#: each request attends on its own (``ForwardBatch.segments``). Queries count as well as contexts:
+#: a verify step where one of 8 requests drafted 4 padded all 8 to 5 rows, and such steps cost
+#: 106 ms against 93 ms attended request by request (SmolLM2, 2-core CPU), so a step's price grew
+#: faster than its batch (benchmarks/README.md, ``replay.py``).
 MAX_ATTENTION_PADDING = 1.5
 
 
@@ -42,7 +46,8 @@ def build_batch(
     real = query_valid.reshape(-1).nonzero().squeeze(1) if not query_valid.all() else None
     segments = None
     read_slots = mask = None
-    if batch > 1 and batch * ctx_len > MAX_ATTENTION_PADDING * sum(ends):
+    real_work = sum(len(t) * end for t, end in zip(tokens, ends, strict=True))
+    if batch > 1 and batch * q_len * ctx_len > MAX_ATTENTION_PADDING * real_work:
         segments = _segments(read, starts, tokens, ends, device)
     else:
         context = torch.tensor(ends)

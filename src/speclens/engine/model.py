@@ -238,9 +238,10 @@ class ForwardBatch:
     Everything but attention then runs on the real rows alone (a verify step where one request
     drafted 4 and seven drafted nothing computes 12 rows, not 40); attention scatters them into
     the padded [B, Q] layout and gathers them back.
-    ``segments``: when contexts differ so much in length that padding every one to the longest
-    would waste most of attention's work, each request attends over its own context alone (one
-    attention call per request and layer) and ``read_slots``/``mask`` are not built (None).
+    ``segments``: when queries or contexts differ so much in length that padding every request
+    to the widest and longest would waste most of attention's work, each request attends over
+    its own context alone (one attention call per request and layer) and ``read_slots``/``mask``
+    are not built (None).
     """
 
     input_ids: torch.Tensor

@@ -17,6 +17,7 @@ import argparse
 import platform
 import statistics
 from collections import defaultdict
+from typing import Any
 
 import torch
 from bench_tp import prompts
@@ -24,18 +25,24 @@ from bench_tp import prompts
 from speclens.engine import Engine, EngineConfig, SamplingParams, SpeculativeConfig
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--concurrency", default="1,2,4,8")
-    args = parser.parse_args()
+def smollm2_ngram() -> tuple[Engine, SamplingParams, list[Any]]:
+    """The engine these benchmarks time (SmolLM2, n-gram K 4, lookup 2..4) after a warm-up, its
+    sampling (greedy, 64 tokens, ignore-eos) and 16 Spec-Bench prompts; the machine printed."""
     print(f"machine: {platform.processor() or platform.machine()}, torch threads "
           f"{torch.get_num_threads()}")  # fmt: skip
     spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4, ngram_min=2, ngram_max=4)
     engine = Engine(EngineConfig(model="smollm2", kv_cache_tokens=16384, max_model_len=2048,
                                  speculative=spec))  # fmt: skip
-    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     texts = prompts(engine, 16, "smollm2")
     engine.generate(texts[:1], SamplingParams(max_tokens=4, temperature=0))  # warm-up
+    return engine, SamplingParams(max_tokens=64, temperature=0, ignore_eos=True), texts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", default="1,2,4,8")
+    args = parser.parse_args()
+    engine, params, texts = smollm2_ngram()
     decode: dict[int, list[tuple[float, int]]] = defaultdict(list)
     prefill = []
     for concurrency in (int(c) for c in args.concurrency.split(",")):

@@ -12,9 +12,9 @@ from speclens.engine.model import ForwardBatch, Segment
 #: Attention pads every request to the widest query and the longest context unless that computes
 #: more than this many times the real work (each request's query rows times its context); then
 #: each request attends on its own (``ForwardBatch.segments``). Queries count as well as contexts:
-#: a verify step where one of 8 requests drafted 4 padded all 8 to 5 rows, and such steps cost
-#: 106 ms against 93 ms attended request by request (SmolLM2, 2-core CPU), so a step's price grew
-#: faster than its batch (benchmarks/README.md, ``replay.py``).
+#: a verify step where one of 8 requests drafted 4 padded all 8 to 5 rows, 40 rows of attention
+#: for 12, and the wider the batch the likelier one request drafts (benchmarks/README.md,
+#: ``attention_layout.py`` and ``replay.py``).
 MAX_ATTENTION_PADDING = 1.5
 
 

@@ -133,8 +133,9 @@ def main() -> int:
     else:
         bench_all(args, work, port, load)
     calibrate_and_replay(work, "cost.yaml", "linear")
-    speeds(work)
-    against_fit(work, work / "cost.yaml")
+    samples = clean_chunks(work)
+    speeds(samples)
+    against_fit(samples, work / "cost.yaml")
     if args.roofline:
         done = speclens("calibrate", "--host", "-o", work / "host.yaml")
         print(done.stdout + done.stderr)
@@ -153,33 +154,41 @@ def bench_all(args: argparse.Namespace, work: Path, port: int, load: list[str]) 
             print(f"  {name}: {time.monotonic() - started:.0f} s", flush=True)
 
 
-def speeds(work: Path) -> None:
+def clean_chunks(work: Path) -> dict[str, Any]:
+    """Each run's sample as calibrate reads it (``_Sample``: its decode rows over the chunks no
+    prefill ran in are ``clean_x``, ``clean_y``), read once for both diagnostics below."""
+    from speclens.sim import calibrate as cal
+
+    return {name: cal._gather([cal.observe(work / name)])
+            for name, _, _ in RUNS if (work / name).is_dir()}  # fmt: skip
+
+
+def speeds(samples: dict[str, Any]) -> None:
     """Each run's speed: one shape (base, per request, per context token) fitted on every run's
     chunks no prefill ran in (as calibrate's decode prices are), with a factor per run, by
     alternating least squares; 1 is the runs' mean (geometric, weighted by steps)."""
     import numpy as np
 
-    from speclens.sim import calibrate as cal
+    from speclens.sim.cost import _nonnegative_lstsq
 
-    names = [name for name, _, _ in RUNS if (work / name).is_dir()]
-    samples = [cal._gather([cal.observe(work / name)]) for name in names]
-    x = np.vstack([s.clean_x for s in samples])
-    y = np.concatenate([s.clean_y for s in samples])
-    run = np.concatenate([np.full(len(s.clean_y), i) for i, s in enumerate(samples)])
-    steps = np.array([s.clean_x[:, 0].sum() for s in samples])
-    factor = np.ones(len(names))
+    parts = list(samples.values())
+    x = np.vstack([s.clean_x for s in parts])
+    y = np.concatenate([s.clean_y for s in parts])
+    run = np.concatenate([np.full(len(s.clean_y), i) for i, s in enumerate(parts)])
+    steps = np.array([s.clean_x[:, 0].sum() for s in parts])
+    factor = np.ones(len(parts))
     for _ in range(50):
-        shape = np.array(cal._nonnegative_lstsq(x * factor[run][:, None], y))
+        shape = np.array(_nonnegative_lstsq(x * factor[run][:, None], y))
         priced = x @ shape
         factor = np.array([y[run == i] @ priced[run == i] / max(priced[run == i] @ priced[run == i], 1e-12)
-                           if (run == i).any() else 1.0 for i in range(len(names))])  # fmt: skip
+                           if (run == i).any() else 1.0 for i in range(len(parts))])  # fmt: skip
         factor /= np.exp(steps @ np.log(factor) / steps.sum())
     print(f"each run's speed (one shape: {shape[0] * 1e3:.1f} ms + {shape[1] * 1e3:.2f} ms a request "
           f"+ {shape[2] * 1e6:.1f} us a context token; above 1 slower): "
-          + ", ".join(f"{name} {f:.3f}" for name, f in zip(names, factor, strict=True)))  # fmt: skip
+          + ", ".join(f"{name} {f:.3f}" for name, f in zip(samples, factor, strict=True)))  # fmt: skip
 
 
-def against_fit(work: Path, cost: Path) -> None:
+def against_fit(samples: dict[str, Any], cost: Path) -> None:
     """Each run's decode steps in the chunks no prefill ran in, over the fit's price for them
     (summed): 1 in the calibration runs; a held-out run's figure shows where the step's price
     leaves the fit's line through them (and the machine's speed that run)."""
@@ -192,12 +201,10 @@ def against_fit(work: Path, cost: Path) -> None:
     assert isinstance(fitted, StepCost)
     prices = np.array([fitted.base, fitted.per_seq, fitted.per_context_token])
     cells = []
-    for name, _, _ in RUNS:
-        if (work / name).is_dir():
-            sample = cal._gather([cal.observe(work / name)])
-            x, y = sample.clean_x, sample.clean_y
-            width = x[:, 1].sum() / x[:, 0].sum()
-            cells.append(f"{name} (batch {width:.1f}) {y.sum() / (x @ prices).sum():.3f}")
+    for name, sample in samples.items():
+        x, y = sample.clean_x, sample.clean_y
+        width = x[:, 1].sum() / x[:, 0].sum()
+        cells.append(f"{name} (batch {width:.1f}) {y.sum() / (x @ prices).sum():.3f}")
     print("decode steps over the linear fit's price: " + ", ".join(cells))
 
 

@@ -46,8 +46,9 @@ def build_batch(
     real = query_valid.reshape(-1).nonzero().squeeze(1) if not query_valid.all() else None
     segments = None
     read_slots = mask = None
-    real_work = sum(len(t) * end for t, end in zip(tokens, ends, strict=True))
-    if batch > 1 and batch * q_len * ctx_len > MAX_ATTENTION_PADDING * real_work:
+    if batch > 1 and batch * q_len * ctx_len > MAX_ATTENTION_PADDING * sum(
+        len(t) * end for t, end in zip(tokens, ends, strict=True)
+    ):
         segments = _segments(read, starts, tokens, ends, device)
     else:
         context = torch.tensor(ends)

@@ -153,12 +153,70 @@ def test_speculation_gains_less_as_the_batch_grows(tmp_path: Path) -> None:
     assert gains[-1] < 1.0, gains
 
 
+#: Llama-3.1-70B's arithmetic, from its config (80 layers, hidden 8192, 64 heads, 8 KV heads of
+#: 128, MLP 28672, vocab 128256, bf16), worked out here rather than by ``Shape``:
+#:   attention a layer  2 * 8192 * 64 * 128 + 2 * 8192 * 8 * 128 = 150,994,944 parameters
+#:   MLP a layer        3 * 8192 * 28672                         = 704,643,072
+#:   LM head            128256 * 8192                            = 1,050,673,152
+#:   a token's matmuls  80 * (150,994,944 + 704,643,072) + 1,050,673,152 = 69,501,714,432
+#:                      parameters: 2x that in FLOPs, and 2x that in bytes read once a step
+#:   KV a token         80 layers * 2 (K, V) * 8 heads * 128 * 2 bytes = 327,680 bytes
+#:   attention FLOPs    80 * 4 * 64 * 128 = 2,621,440 per query token per context token
+LLAMA_70B_LAYERS, LLAMA_70B_HIDDEN = 80, 8192
+LLAMA_70B_MATMUL_PARAMETERS = 80 * (150_994_944 + 704_643_072) + 1_050_673_152
+#: H100: 989.5 dense bf16 TFLOP/s, 3.35 TB/s, 450 GB/s NVLink each way. The efficiencies the
+#: test prices at: half the FLOP/s, 80% of the bandwidth, 70% of the link, 10 us an all-reduce.
+H100_PEAK, H100_BANDWIDTH, H100_LINK = 989.5e12, 3.35e12, 450e9
+PRICED = Efficiency(compute=0.5, memory=0.8, interconnect=0.7, overhead=0.0, per_sequence=0.0,
+                    all_reduce_latency=1e-5)  # fmt: skip
+
+
+def _ring_all_reduces_by_hand(tokens: int, chips: int) -> float:
+    """Two all-reduces a layer (attention's output and the MLP's), each of ``tokens`` bf16
+    activations of the hidden width. A ring all-reduce sends (and receives) 2 (p - 1) / p of the
+    buffer through each chip's link: reduce-scatter then all-gather, p - 1 steps of 1 / p each."""
+    if chips == 1:
+        return 0.0
+    buffer = tokens * LLAMA_70B_HIDDEN * 2  # bytes
+    one = 2 * (chips - 1) / chips * buffer / (H100_LINK * 0.7) + 1e-5
+    return 2 * LLAMA_70B_LAYERS * one
+
+
+def _llama_70b_step_by_hand(tokens: int, requests: int, context: int, chips: int) -> float:
+    """A forward of ``tokens`` query tokens of ``requests`` sequences over ``context`` context
+    tokens in all, the compute and the bytes split over ``chips`` (GQA's KV heads split too)."""
+    p = LLAMA_70B_MATMUL_PARAMETERS
+    linear = max(2 * p * tokens / (H100_PEAK * 0.5 * chips), 2 * p / (H100_BANDWIDTH * 0.8 * chips))
+    attention = max(
+        2_621_440 * tokens * (context / requests) / (H100_PEAK * 0.5 * chips),
+        327_680 * context / (H100_BANDWIDTH * 0.8 * chips),
+    )
+    return linear + attention + _ring_all_reduces_by_hand(tokens, chips)
+
+
 def test_tensor_parallelism_splits_the_reads_and_pays_all_reduces() -> None:
+    """Llama-3.1-70B on H100s at TP 1, 2 and 8, against the step worked out by hand above."""
     model, chip = catalog.model("llama-3.1-70b"), catalog.chip("h100")
-    idle = Efficiency(overhead=0.0, per_sequence=0.0)
-    one, two = Roofline(model, chip, 1, efficiency=idle), Roofline(model, chip, 2, efficiency=idle)
-    assert one._all_reduce(8) == 0.0 and two._all_reduce(8) > 0.0
-    assert two.verify(8, 8, 8000) == pytest.approx(one.verify(8, 8, 8000) / 2 + two._all_reduce(8))
+    assert 2 * 8192 * 64 * 128 + 2 * 8192 * 8 * 128 == 150_994_944
+    assert (3 * 8192 * 28672, 128256 * 8192) == (704_643_072, 1_050_673_152)
+    assert LLAMA_70B_MATMUL_PARAMETERS == 69_501_714_432
+    assert (80 * 2 * 8 * 128 * 2, 80 * 4 * 64 * 128) == (327_680, 2_621_440)
+    # A prefill of 4,096 tokens moves 4096 * 8192 * 2 = 67,108,864 bytes an all-reduce; at TP 8
+    # the ring sends 2 * 7 / 8 = 1.75x that through each 315 GB/s link: 372.8 us + 10 us, 160
+    # times a step: 61.25 ms. At TP 2 the ring factor is 2 * 1 / 2 = 1: 160 * 223.0 us = 35.69 ms.
+    assert _ring_all_reduces_by_hand(4096, 8) == pytest.approx(0.0612523, rel=1e-5)
+    assert _ring_all_reduces_by_hand(4096, 2) == pytest.approx(0.0356870, rel=1e-5)
+    # Decode, batch 8 at 4k each: 139.0 GB of weights at 2.68 TB/s a chip, split over the chips
+    # (25.93 ms at TP 2), and the all-reduces pay mostly their latency (160 x 10 us).
+    assert _llama_70b_step_by_hand(8, 8, 8 * 4096, 2) == pytest.approx(0.0296033, rel=1e-5)
+    # The 4,096-token prefill at TP 8: 143.85 ms of matmuls, 11.11 of attention, 61.25 of wire.
+    assert _llama_70b_step_by_hand(4096, 1, 4096, 8) == pytest.approx(0.2162140, rel=1e-5)
+    for chips in (1, 2, 8):
+        cost = Roofline(model, chip, chips, efficiency=PRICED)
+        for tokens, requests, context in ((8, 8, 8 * 4096), (4096, 1, 4096), (1, 1, 100)):
+            expected = _llama_70b_step_by_hand(tokens, requests, context, chips)
+            got = cost.verify(tokens, requests, context)
+            assert got == pytest.approx(expected, rel=1e-9), (chips, tokens, got, expected)
 
 
 def test_kv_capacity_is_what_the_weights_leave(tmp_path: Path) -> None:

@@ -91,6 +91,19 @@ def test_consistency_flags_stats_that_claim_more_tokens_than_arrived() -> None:
     assert "stats account for 41 tokens" in (consistency_problem(short) or "")
 
 
+def test_the_evidence_histogram_leaves_out_inconsistent_requests() -> None:
+    """The pooled histogram keeps every request (it is what the server reported); the verdict's
+    evidence keeps only those whose stats fit their completion_tokens."""
+    good = _record(0, {2: 2}, 7, 0.1, 1.0)
+    bad = _record(1, {3: 10}, 41, 0.1, 1.0)
+    bad.completion_tokens = 30  # 10 + 30 + 1 = 41 claimed; 30 + 7 < 41
+    acc = summarize(RunResult([good, bad], 0.0, 1.0))["acceptance"]
+    assert [item["index"] for item in acc["inconsistent_requests"]] == [1]
+    assert acc["histogram"] == {"2": 2, "3": 10}
+    assert acc["evidence_histogram"] == {"2": 2}
+    assert acc["evidence_steps"] == 2 and acc["evidence_requests"] == 1
+
+
 def test_verdict_passes_at_the_forced_al_and_fails_off_by_0_3() -> None:
     # 2000 steps at AL 3.78: 440 accept 2, 1560 accept 3 (the exact 22/78 split).
     hist = {"2": 440, "3": 1560}

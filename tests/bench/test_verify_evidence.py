@@ -76,6 +76,10 @@ def _acceptance(**kw: Any) -> dict[str, Any]:
         "counts_only_engines": [],
         "histogram_steps": 40,
         "histogram": {"2": 40},
+        "inconsistent_requests": [],
+        "evidence_histogram": {"2": 40},
+        "evidence_steps": 40,
+        "evidence_requests": 4,
     }
     return {**base, **kw}
 
@@ -112,5 +116,40 @@ def test_a_verdict_without_a_histogram_to_judge_is_inconclusive(
 
 
 def test_a_judged_histogram_is_not_inconclusive() -> None:
-    verdict = judge(_acceptance(histogram={"2": 4000}, histogram_steps=4000), Expectation(3.0))
+    verdict = judge(
+        _acceptance(
+            histogram={"2": 4000}, histogram_steps=4000,
+            evidence_histogram={"2": 4000}, evidence_steps=4000,
+        ),
+        Expectation(3.0),
+    )  # fmt: skip
     assert verdict["passed"] and not verdict["inconclusive"]
+    assert verdict["left_out_requests"] == 0 and verdict["evidence_requests"] == 4
+
+
+def test_the_verdict_judges_the_evidence_not_the_pooled_histogram() -> None:
+    """The pooled histogram (every request) would PASS at AL 3; the consistent requests alone
+    accept 1 draft a step, a FAIL. With no consistent step left it is inconclusive, not PASS."""
+    flagged = [{"index": i, "problem": "stats account for ..."} for i in range(3)]
+    mixed = _acceptance(
+        histogram={"1": 40, "2": 4000}, histogram_steps=4040, inconsistent_requests=flagged,
+        evidence_histogram={"1": 40}, evidence_steps=40, evidence_requests=1,
+    )  # fmt: skip
+    verdict = judge(mixed, Expectation(3.0))
+    assert not verdict["passed"] and not verdict["inconclusive"]
+    assert verdict["verify_steps"] == 40 and verdict["left_out_requests"] == 3
+    assert verdict["reason"].endswith(
+        "(3 requests whose stats exceed their completion_tokens left out)"
+    )
+    assert "evidence: 40 verify steps in 1 requests with stats; 3 requests left out" in _line(
+        verdict
+    )
+    none_left = _acceptance(
+        histogram={"2": 4000}, histogram_steps=4000, inconsistent_requests=flagged,
+        evidence_histogram={}, evidence_steps=0, evidence_requests=0,
+    )  # fmt: skip
+    verdict = judge(none_left, Expectation(3.0))
+    assert verdict["inconclusive"] and not verdict["passed"] and verdict["verify_steps"] == 0
+    assert verdict["reason"].startswith("inconclusive: 3 requests report more verify steps")
+    summary = {"figures": {"interrupted": False}, "failures": {"exceeded": False}}
+    assert BenchOutcome({**summary, "verdict": verdict}, []).exit_code == EXIT_INCONCLUSIVE

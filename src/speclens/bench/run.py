@@ -140,7 +140,8 @@ async def run_bench(
             )
     if acceptance["inconsistent_requests"]:
         warnings.append(
-            f"{len(acceptance['inconsistent_requests'])} requests report fewer steps and drafts than their completion_tokens need"
+            f"{len(acceptance['inconsistent_requests'])} requests report more verify steps and "
+            "accepted drafts than their completion_tokens allow: left out of the verdict's evidence"
         )
     summary: dict[str, Any] = {
         "settings": settings or {},
@@ -174,7 +175,9 @@ async def run_bench(
 
 def judge(acceptance: dict[str, Any], expectation: Expectation) -> dict[str, Any]:
     """The run's verdict against its expected AL: inconclusive (never PASS) when K is unknown or
-    every request carried counts only, so there is no histogram to judge."""
+    every request carried counts only, so there is no histogram to judge. Requests whose stats
+    claim more tokens than their completion_tokens (``inconsistent_requests``) are no evidence:
+    the verdict judges the other requests' histogram, and with none left it is inconclusive."""
     k = expectation.num_spec_tokens or acceptance["num_spec_tokens"]
     if k is None:
         return {
@@ -195,8 +198,24 @@ def judge(acceptance: dict[str, Any], expectation: Expectation) -> dict[str, Any
             "to judge",
             "expected_distribution": {},
         }
+    left_out = len(acceptance["inconsistent_requests"])
+    if left_out and not acceptance["evidence_steps"]:
+        return {
+            "passed": False,
+            "inconclusive": True,
+            "expected_acceptance_length": expectation.acceptance_length,
+            "reason": f"inconclusive: {left_out} requests report more verify steps and "
+            "accepted drafts than their completion_tokens allow; left out, they leave no "
+            "verify step to judge",
+            "expected_distribution": {},
+            "verify_steps": 0,
+            "evidence_requests": 0,
+            "left_out_requests": left_out,
+        }
     try:
-        return verify(acceptance["histogram"], expectation.acceptance_length, k, expectation.z)
+        verdict = verify(
+            acceptance["evidence_histogram"], expectation.acceptance_length, k, expectation.z
+        )
     except ValidationError as exc:  # the expected AL does not fit the K the run used
         return {
             "passed": False,
@@ -204,6 +223,13 @@ def judge(acceptance: dict[str, Any], expectation: Expectation) -> dict[str, Any
             "reason": f"expected AL at K = {k}: " + "; ".join(str(p) for p in exc.problems),
             "expected_distribution": {},
         }
+    verdict["evidence_requests"] = acceptance["evidence_requests"]
+    verdict["left_out_requests"] = left_out
+    if left_out:
+        verdict["reason"] += (
+            f" ({left_out} requests whose stats exceed their completion_tokens left out)"
+        )
+    return verdict
 
 
 def add_derivation(acceptance: dict[str, Any], check: dict[str, Any]) -> None:

@@ -206,6 +206,13 @@ def acceptance(records: Sequence[RequestRecord]) -> dict[str, Any]:
         assert spec is not None
         drafted += spec["num_draft_tokens"]
         accepted += spec["num_accepted_draft_tokens"]
+    problems = {id(r): p for r in with_stats if (p := consistency_problem(r))}
+    inconsistent = [
+        {"index": r.index, "problem": problems[id(r)]} for r in with_stats if id(r) in problems
+    ]
+    # A verdict's evidence: the histograms of the requests whose stats fit their completion_tokens.
+    evidence = AcceptanceHistogram()
+    evidence_requests = 0
     for r in stepped:
         spec = r.spec
         assert spec is not None
@@ -215,12 +222,12 @@ def acceptance(records: Sequence[RequestRecord]) -> dict[str, Any]:
             hist = AcceptanceHistogram({int(j): n for j, n in spec["acceptance_histogram"].items()})
             pooled.update(hist)
             per_category[r.category].update(hist)
+            if id(r) not in problems:
+                evidence.update(hist)
+                evidence_requests += 1
     statuses: dict[str, int] = defaultdict(int)
     for r in records:
         statuses[r.spec_status] += 1
-    inconsistent = [
-        {"index": r.index, "problem": p} for r in with_stats if (p := consistency_problem(r))
-    ]
     k = next(
         (r.spec["num_spec_tokens"] for r in with_stats if r.spec and r.spec.get("num_spec_tokens")),
         None,
@@ -253,6 +260,9 @@ def acceptance(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "counts_only_engines": sorted({str(r.spec.get("engine")) for r in counts_only if r.spec}),
         "histogram": {str(j): n for j, n in pooled.counts.items()},
         "histogram_steps": hist_steps,
+        "evidence_histogram": {str(j): n for j, n in evidence.counts.items()},
+        "evidence_steps": evidence.num_steps,
+        "evidence_requests": evidence_requests,
         "accepted_per_position": per_position,
         "per_position_rates": [n / hist_steps for n in per_position] if hist_steps else None,
         "zero_step_requests": sum(1 for r in stepped if r.spec and r.spec["num_spec_steps"] == 0),

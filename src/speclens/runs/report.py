@@ -142,10 +142,13 @@ def print_verdict(console: Console, verdict: dict[str, Any], acc: dict[str, Any]
         word = "INCONCLUSIVE"
     style = {"PASS": "bold green", "FAIL": "bold red"}.get(word, "bold yellow")
     steps = verdict.get("verify_steps", acc.get("histogram_steps", acc["verify_steps"]))
+    n = verdict.get("left_out_requests")
+    left_out = f"; {n} requests left out: their stats exceed their completion_tokens" if n else ""
     console.print(
         f"[{style}]verification {word}[/]: {escape(verdict['reason'])} "
         f"(expected AL {verdict['expected_acceptance_length']:g}; evidence: {steps} verify "
-        f"steps in {acc['requests_with_stats']} requests with stats)",
+        f"steps in {verdict.get('evidence_requests', acc['requests_with_stats'])} requests "
+        f"with stats{left_out})",
         soft_wrap=True,
     )
 

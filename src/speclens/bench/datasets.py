@@ -118,14 +118,31 @@ def random_prompts(count: int, input_len: int, output_len: int, seed: int) -> li
     ]
 
 
+#: The most bytes a filler word takes in a prompt (the longest word and a space).
+WORD_BYTES = max(map(len, WORDS)) + 1
+
+
 def trace_prompts(path: Path) -> list[Prompt]:
     """A trace's requests (``speclens.runs.trace``: a Mooncake-style JSONL file or a run
     directory) as prompts due at their arrivals: seeded filler of the request's input length in
-    words (a word is about a token), asking for its output length. Raises ``TraceError``."""
-    from speclens.runs.trace import read_trace
+    words (a word is about a token), asking for its output length. Every prompt is built before
+    the first request goes, so their text is bounded as a prompt file is (``MAX_DATASET_BYTES``),
+    and a trace past it is refused before any is built. Raises ``TraceError``."""
+    from speclens.runs.trace import TraceError, read_trace
 
+    trace = read_trace(path)
+    words = sum(r.input_tokens for r in trace.requests)
+    if words * WORD_BYTES > MAX_DATASET_BYTES:
+        file, field = ((path / "records.jsonl", "prompt_tokens") if trace.kind == "run"
+                       else (path, "input_length"))  # fmt: skip
+        raise TraceError([
+            f"{file}: {field}: {len(trace.requests):,} requests ask for {words:,} input tokens "
+            f"in all, up to {words * WORD_BYTES:,} bytes of prompt text (a word of filler a "
+            f"token), over the {MAX_DATASET_BYTES:,} bytes a prompt set may hold: send fewer "
+            "or shorter requests"
+        ])  # fmt: skip
     prompts = []
-    for r in read_trace(path).requests:
+    for r in trace.requests:
         rng = random.Random(r.index)
         words = " ".join(rng.choice(WORDS) for _ in range(r.input_tokens))
         prompts.append(Prompt(words, r.category, r.output_tokens, str(r.index), r.arrival))

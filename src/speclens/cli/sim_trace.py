@@ -72,6 +72,28 @@ def _k(trace: Any, scenario: Any, scenario_path: Path | None) -> int:
     return spec.num_spec_tokens if spec is not None else 0
 
 
+def _priced_by(
+    cost: Any, meta: dict[str, Any], cost_source: str, step_cost: Path | None, scenario: Any
+) -> str:
+    """``<file>: <field>`` of what prices the replay's steps: the cost file's step cost (its
+    dearest term) or roofline, or the scenario's first pool's."""
+    from dataclasses import asdict
+
+    from speclens.sim.cost import StepCost
+
+    if step_cost is None:
+        pool = scenario.deployment.pools[0]
+        for name in ("step_cost", "step_cost_file"):
+            if getattr(pool, name):
+                return f"{cost_source}: deployment.pools[0].{name}"
+        return f"{cost_source}: {'hardware' if scenario.hardware else 'hardware_file'}"
+    if not isinstance(cost, StepCost):
+        return f"{cost_source}: roofline"
+    terms = {name: value for name, value in asdict(cost).items() if value is not None}
+    dearest = max(terms, key=lambda name: terms[name])
+    return f"{cost_source}: {'step_cost.' if meta else ''}{dearest}"
+
+
 def _model_problem(trace: Any, meta: dict[str, Any], step_cost: Path | None) -> str | None:
     fitted = (meta.get("provenance") or {}).get("model")
     if fitted and trace.model and fitted != trace.model:
@@ -99,8 +121,9 @@ def replay_command(
     as_json: bool,
     output_dir: Path | None,
 ) -> None:
+    from speclens.runs.record import MAX_SECONDS
     from speclens.runs.trace import TraceError, read_trace
-    from speclens.sim import run_output
+    from speclens.sim import limits, run_output
     from speclens.sim.calibrate import extrapolation
     from speclens.sim.replay import replay, settings
     from speclens.sim.scenario import load_scenario
@@ -118,6 +141,11 @@ def replay_command(
     if problem:
         fail(problem)
     k = _k(trace, scenario, scenario_path)
+    max_num_seqs, budget = _engine_limits(scenario, trace)
+    where = _priced_by(cost, meta, cost_source, step_cost, scenario)
+    problems = limits.trace_problems(trace, cost, k, max_num_seqs, budget, where)
+    if problems:
+        fail(problems)
     stream = None
     if output_dir is not None:
         problem = run_output.output_problem(output_dir)
@@ -130,12 +158,15 @@ def replay_command(
         except OSError as exc:
             fail(f"command line: --output-dir: cannot write to {str(exc.filename or output_dir)!r}: "
                  f"{exc.strerror or exc}", 2)  # fmt: skip
-    max_num_seqs, budget = _engine_limits(scenario, trace)
     result = replay(trace, cost, k, max_num_seqs, budget, seed, meta.get("front_latency_s", 0.0))
     if not result.makespan > 0:
         fail(
             f"{cost_source}: the replay took {result.makespan!r} s of virtual time: price the steps"
         )
+    if not result.makespan <= MAX_SECONDS:
+        fail(f"{where}: the replay ran {result.makespan:.3g} s of virtual time, past a year "
+             f"({MAX_SECONDS:g} s, the longest a run's records hold): expected prices in "
+             "seconds")  # fmt: skip
     note = extrapolation(meta, _widths(result.records))
     figures = _figures(result, trace, k, note)
     if as_json:

@@ -19,15 +19,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+from speclens.runs.record import MAX_LINE_BYTES, MAX_SECONDS, parse_row
+
+if TYPE_CHECKING:
+    from speclens.runs.compare import Run
 
 #: Bounds on a trace file: its size, its requests, and a request's tokens (each becomes words of
 #: filler for bench and decode steps of arrays for the replay).
 MAX_TRACE_BYTES = 256 * 2**20
 MAX_TRACE_REQUESTS = 2**20
 MAX_TRACE_TOKENS = 2**20
+#: The most milliseconds a trace's arrivals may span: a year, the longest time a run's records
+#: hold (``speclens.runs.record.MAX_SECONDS``); past it a step's price would vanish in the clock's
+#: rounding and the replay's records could not be read back.
+MAX_TRACE_SPAN_MS = MAX_SECONDS * 1000.0
+#: The most bytes of the fields a reader keeps of a run's records.jsonl (``read_fields``), as
+#: JSON: the raw payloads and every field it does not read are dropped line by line.
+MAX_KEPT_BYTES = 64 * 2**20
+#: The fields of a records.jsonl row a replay reads (``read_trace``).
+TRACE_FIELDS = ("index", "success", "row_error", "warmup", "category", "start_s", "scheduled_s",
+                "latency_s", "prompt_tokens", "completion_tokens", "cached_tokens",
+                "spec_decode_acceptance")  # fmt: skip
 
 
 class TraceError(Exception):
@@ -108,11 +124,57 @@ def read_trace(path: Path) -> Trace:
 # --- a run directory ------------------------------------------------------------------------
 
 
+def read_fields(path: Path, fields: Sequence[str]) -> Run:
+    """A run directory as ``speclens.runs.compare.read_run`` reads it (its summary checked,
+    every records.jsonl line checked), keeping of each row only ``fields``: a row's raw payloads
+    are dropped as soon as its line is read, and what is kept is bounded (``MAX_KEPT_BYTES``).
+    Raises ``speclens.runs.compare.InputError``."""
+    from speclens.runs.compare import MAX_ROWS, InputError, Run, _read_json, summary_problems
+
+    summary_path, records = path / "summary.json", path / "records.jsonl"
+    summary = _read_json(summary_path)
+    problems = summary_problems(summary, str(summary_path))
+    if problems:
+        raise InputError(problems, 1)
+    rows: list[dict[str, Any]] = []
+    kept = 0
+    try:
+        with records.open("rb") as fh:
+            for number in range(1, MAX_ROWS + 2):
+                line = fh.readline(MAX_LINE_BYTES + 1)
+                if not line:
+                    break
+                if number > MAX_ROWS:
+                    problems.append(f"{records}: holds more than {MAX_ROWS} rows")
+                    break
+                if not line.strip():
+                    continue
+                row, wrong = parse_row(line)
+                problems += [f"{records}: line {number}{': ' + f if f else ''}: {w}"
+                             for f, w in wrong]  # fmt: skip
+                if len(problems) >= 10:
+                    break
+                if row is None or row.get("warmup"):
+                    continue
+                lean = {key: row[key] for key in fields if key in row}
+                kept += len(orjson.dumps(lean, option=orjson.OPT_NON_STR_KEYS))
+                if kept > MAX_KEPT_BYTES:
+                    raise InputError([f"{records}: line {number}: the fields read of its rows "
+                                      f"({', '.join(fields)}) pass {MAX_KEPT_BYTES:,} bytes: "
+                                      "expected a smaller run"], 1)  # fmt: skip
+                rows.append(lean)
+    except OSError as exc:
+        raise InputError([f"{records}: cannot be read: {exc.strerror or exc}"], 1) from None
+    if problems:
+        raise InputError(problems[:10], 1)
+    return Run(path, summary, rows)
+
+
 def _run_trace(path: Path) -> Trace:
-    from speclens.runs.compare import InputError, read_run
+    from speclens.runs.compare import InputError
 
     try:
-        run = read_run(path)
+        run = read_fields(path, TRACE_FIELDS)
     except InputError as exc:
         raise TraceError(exc.lines) from None
     rows = run.completed
@@ -202,6 +264,7 @@ def _mooncake(path: Path) -> Trace:
         raise TraceError([f"{path}: cannot be read: {exc.strerror or exc}"]) from None
     requests: list[TraceRequest] = []
     problems: list[str] = []
+    first: float | None = None  # the first line's timestamp
     for number, line in enumerate(data.splitlines(), start=1):
         if len(problems) >= 10:
             break
@@ -222,6 +285,12 @@ def _mooncake(path: Path) -> Trace:
         if not (isinstance(stamp, int | float) and not isinstance(stamp, bool)
                 and math.isfinite(stamp) and stamp >= 0):  # fmt: skip
             problems.append(f"{path}: line {number}: timestamp: expected milliseconds >= 0, "
+                            f"got {stamp!r:.40}")  # fmt: skip
+            continue
+        first = stamp if first is None else first
+        if stamp - first > MAX_TRACE_SPAN_MS:
+            problems.append(f"{path}: line {number}: timestamp: expected milliseconds within "
+                            f"{MAX_TRACE_SPAN_MS:.0f} (a year) of the first line's ({first!r}), "
                             f"got {stamp!r:.40}")  # fmt: skip
             continue
         bad = [(k, why) for k in ("input_length", "output_length")

@@ -148,11 +148,19 @@ def _requests(rows: Sequence[dict[str, Any]], k: int | None) -> list[_Request]:
     return out
 
 
+#: The fields of a records.jsonl row the fit reads (``observe``); the rest, raw payloads
+#: included, are dropped as each line is read.
+FIELDS = ("index", "success", "row_error", "warmup", "start_s", "ttft_s", "latency_s",
+          "prompt_tokens", "completion_tokens", "cached_tokens", "itl_runs_s",
+          "spec_decode_acceptance")  # fmt: skip
+
+
 def observe(path: Path) -> Observed:
-    from speclens.runs.compare import InputError, read_run
+    from speclens.runs.compare import InputError
+    from speclens.runs.trace import read_fields
 
     try:
-        run = read_run(path)
+        run = read_fields(path, FIELDS)
     except InputError as exc:
         raise CalibrationError(exc.lines) from None
     settings = run.settings
@@ -273,8 +281,18 @@ def _idle_ttfts(run: Observed) -> list[tuple[int, float]]:
 
 
 def fit(runs: Sequence[Observed]) -> tuple[StepCost, dict[str, Any]]:
-    """The step cost and what the fit says of itself (steps, widths seen, residuals)."""
-    return _fit(runs, _check_loads(runs), _gather(runs))
+    """The step cost and what the fit says of itself (steps, widths seen, residuals). A front
+    latency its readers would refuse (over ``MAX_FRONT_LATENCY``) is refused here, not written."""
+    cost, report = _fit(runs, _check_loads(runs), _gather(runs))
+    front = report["front_latency_s"]
+    if not front <= MAX_FRONT_LATENCY:
+        raise CalibrationError([
+            f"calibrate: fit.front_latency_s: the requests that found the server idle waited a "
+            f"median {front:.4g} s beyond their prefill's price, expected at most "
+            f"{MAX_FRONT_LATENCY:g} s (a server's front end: HTTP, tokenizing); their TTFTs hold "
+            "a wait no step pays: check the runs' TTFTs"
+        ])  # fmt: skip
+    return cost, report
 
 
 def _fit(

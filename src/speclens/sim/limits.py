@@ -10,11 +10,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from speclens.acceptance import MAX_NUM_SPEC_TOKENS as _MAX_K
 from speclens.acceptance import Problem, ValidationError
+from speclens.runs.record import MAX_SECONDS
 from speclens.sim.cost import Pricing
+from speclens.sim.run_output import MAX_RECORDED_REQUEST_STEPS
 from speclens.sim.scenario import Lengths, Pool, Scenario, pool_cost
+
+if TYPE_CHECKING:
+    from speclens.runs.trace import Trace
 
 #: Most request-steps a run may take, estimated as requests x the longest output (every step
 #: of a request emits at least one token). The simulator prices about 20-200k request-steps a
@@ -193,3 +199,39 @@ def check(
         found += cost_problems(scenario, file, base, num_spec_tokens)
     if found:
         raise ValidationError(found)
+
+
+def trace_problems(
+    trace: Trace, cost: Pricing, k: int, max_num_seqs: int, budget: int, priced_by: str
+) -> list[str]:
+    """What stops ``sim --trace`` from replaying ``trace`` (one line each), checked before any
+    of it runs: its request-steps (every decode step emits a token, so at most its output
+    tokens), which the replay keeps step by step for its records, within the budget of a run
+    that keeps them (``run_output.MAX_RECORDED_REQUEST_STEPS``, as ``sim --output-dir``); and
+    the step cost ``priced_by`` (``<file>: <field>``) within the clock: its cheapest step
+    within a year (the longest time a run's records hold), and its dearest step times the most
+    steps the replay can take within ``MAX_CLOCK_S``, as ``cost_problems`` checks a scenario's.
+    """
+    file = trace.source / "records.jsonl" if trace.kind == "run" else trace.source
+    field = "completion_tokens" if trace.kind == "run" else "output_length"
+    outputs = sum(r.output_tokens for r in trace.requests)
+    if outputs > MAX_RECORDED_REQUEST_STEPS:
+        return [f"{file}: {field}: {len(trace.requests):,} requests ask for {outputs:,} output "
+                f"tokens in all, up to as many request-steps, over the "
+                f"{MAX_RECORDED_REQUEST_STEPS:,} a replay may take (it keeps every request's "
+                "decode steps for its records, as sim --output-dir does): replay fewer or "
+                "shorter requests"]  # fmt: skip
+    cheapest = float(min(cost.decode(1, 1, 1, 0, k), cost.prefill(1, 1, 1)))
+    if not (math.isfinite(cheapest) and cheapest <= MAX_SECONDS):
+        return [f"{priced_by}: prices a step at {cheapest:g} s at least: expected prices in "
+                f"seconds (a replay's records hold at most a year, {MAX_SECONDS:g} s)"]  # fmt: skip
+    seqs = max(1, min(max_num_seqs, len(trace.requests)))
+    tokens = max(r.input_tokens + r.output_tokens for r in trace.requests)
+    decode = cost.decode(seqs * (k + 1), seqs, seqs * (tokens + k), seqs, k)
+    dearest = float(max(decode, cost.prefill(budget, seqs, budget)))
+    steps = len(trace.requests) + outputs  # a prefill each at most, and its decode steps
+    if not (math.isfinite(dearest) and dearest * steps <= MAX_CLOCK_S):
+        return [f"{priced_by}: prices a step at up to {dearest:g} s, and the replay may take "
+                f"{steps:,} steps: the clock would overflow (past {MAX_CLOCK_S:g} s); expected "
+                "prices in seconds"]  # fmt: skip
+    return []

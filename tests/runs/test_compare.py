@@ -45,7 +45,7 @@ def test_same_work_is_comparable(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "check", "evidence"),
     [
-        ({"max_tokens": 32}, "sampling", "max_tokens 64, ignore_eos true, temperature 0 vs max_tokens 32"),
+        ({"max_tokens": 32}, "sampling", "temperature 0, stream unknown, endpoint none vs max_tokens 32"),
         ({"prompts": None}, "prompts", "unknown: B records no settings.prompts_sha256"),
         ({"prompts": "0" * 64}, "prompts", "different datasets"),
         ({"requests": 12}, "prompts", "different requests sent"),
@@ -68,12 +68,19 @@ def test_each_check_names_its_difference(
 
 
 def test_forced_histograms_that_differ_fail_chi_square(tmp_path: Path) -> None:
-    """Same forced AL reported by the servers, but B's steps drew another shape (3.78 as
-    1 + 0.89 + 0.89 + 1: a server that does not force what it says)."""
+    """Both servers say forced AL 3.78 and both realize it (the AL intervals overlap), but B
+    draws 3.78 in another shape: each of its 7 drafts accepted with conditional rate c (sum of
+    c^j = 2.78), spread over 0..7 accepted drafts where A accepts 2 or 3. Only the histograms
+    tell."""
     a = write_run(tmp_path / "a", seed=1)
-    b = write_run(tmp_path / "b", seed=2, rates=(0.95, 0.95, 0.95, 0.93))
+    b = write_run(tmp_path / "b", seed=2, rates=(0.7672032358407801,) * 7)
+    summary = orjson.loads((b / "summary.json").read_bytes())
+    summary["server"]["acceptance"]["acceptance_length"] = 3.78  # what the server reports
+    (b / "summary.json").write_bytes(orjson.dumps(summary))
     checks = _checks(_compare(a, b))
-    assert not checks["histogram"]["ok"]
+    assert checks["acceptance"]["ok"], checks["acceptance"]
+    assert checks["acceptance"]["detail"].endswith(": intervals overlap")
+    assert not checks["histogram"]["ok"], checks["histogram"]
     assert "the forced histograms differ" in checks["histogram"]["detail"]
 
 

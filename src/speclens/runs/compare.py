@@ -24,6 +24,7 @@ import hashlib
 import itertools
 import math
 import re
+import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from scipy import stats as _stats
 from speclens.acceptance import ValidationError
 from speclens.acceptance.errors import Problem
 from speclens.runs.points import PointError, point_figures
-from speclens.runs.record import MAX_COUNT, MAX_LINE_BYTES, MAX_SECONDS, parse_row
+from speclens.runs.record import MAX_COUNT, MAX_LINE_BYTES, MAX_SECONDS, TOLERANCE, parse_row
 from speclens.runs.stats import CONFIDENCE, Interval, RealizedAL, realized_al
 
 SCHEMA = "speclens.compare/1"
@@ -66,6 +67,22 @@ MAX_FILE_BYTES = 64 * 2**20
 MAX_ROWS = 2**20
 MAX_POINTS = 4096
 MAX_INPUTS = 26
+#: The most bytes (as JSON) of what compare keeps of all its inputs together: the fields it
+#: reads of every summary and records.jsonl row (``SUMMARY_FIELDS``, ``ROW_FIELDS``). About
+#: 3 bytes of memory a byte: a few hundred MB at most, whatever the rows' raw payloads weigh.
+MAX_KEPT_BYTES = 256 * 2**20
+
+#: The fields of a records.jsonl row compare reads; the rest (the raw wire payloads above all)
+#: are dropped as each line is read. Of ``itl_runs_s`` it keeps one run, the request's token-
+#: weighted mean gap over its tokens (all the fidelity block reads of it).
+ROW_FIELDS = ("index", "category", "success", "row_error", "prompt_tokens", "completion_tokens",
+              "latency_s", "ttft_s", "tpot_s", "itl_runs_s", "spec_decode_acceptance")  # fmt: skip
+#: Of a row's acceptance record: K, verify steps, accepted drafts and the histogram.
+SPEC_FIELDS = ("num_spec_tokens", "num_spec_steps", "num_accepted_draft_tokens",
+               "acceptance_histogram")  # fmt: skip
+#: Of a summary: the settings, the server's engine and acceptance, the duration, the verdict.
+SUMMARY_FIELDS = {"settings": None, "server": ("engine", "acceptance"),
+                  "figures": ("duration_s",), "verdict": ("passed",)}  # fmt: skip
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _LOAD_KEYS = ("concurrency", "request_rate")
@@ -184,6 +201,9 @@ _SETTINGS = (
     ("request_rate", lambda v: v is None or (_is_number(v) and v > 0), "null or a number > 0"),
     ("prompts_sha256", lambda v: v is None or (isinstance(v, str) and _SHA256.fullmatch(v)),
      "null or 64 lowercase hex digits"),
+    ("stream", lambda v: v is None or isinstance(v, bool), "null or true or false"),
+    ("endpoint", lambda v: v is None or (isinstance(v, str) and 0 < len(v) <= 64),
+     "null or an endpoint name"),
 )  # fmt: skip
 
 
@@ -211,9 +231,52 @@ def summary_problems(summary: object, where: str) -> list[str]:
     return out
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    """The measured rows of records.jsonl, each through ``row_problems``; the first bad lines
-    raise one InputError."""
+class Budget:
+    """What compare may still keep, in bytes of JSON (``MAX_KEPT_BYTES`` for one comparison)."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = MAX_KEPT_BYTES if limit is None else limit
+        self.left = self.limit
+
+    def take(self, kept: object, where: str) -> None:
+        self.left -= len(orjson.dumps(kept, option=orjson.OPT_NON_STR_KEYS))
+        if self.left < 0:
+            raise InputError([f"{where}: the fields compare keeps of its inputs pass "
+                              f"{self.limit:,} bytes in all: compare fewer or smaller runs"], 1)  # fmt: skip
+
+
+def slim_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a checked row compare reads (``ROW_FIELDS``), the ITL as one run."""
+    if "row_error" in row:  # a row that says it could not be written: only its index is checked
+        return {"index": row["index"], "row_error": True,
+                "category": row["category"] if isinstance(row.get("category"), str) else None}  # fmt: skip
+    out = {key: row[key] for key in ROW_FIELDS if key in row}
+    out["category"] = sys.intern(str(row["category"]))
+    runs = out.get("itl_runs_s") or []
+    tokens = sum(n for _, n in runs)
+    out["itl_runs_s"] = [[sum(g * n for g, n in runs) / tokens, tokens]] if tokens else []
+    spec = out.get("spec_decode_acceptance")
+    if isinstance(spec, dict):
+        out["spec_decode_acceptance"] = {key: spec.get(key) for key in SPEC_FIELDS}
+    return out
+
+
+def slim_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a checked summary compare reads (``SUMMARY_FIELDS``)."""
+    out: dict[str, Any] = {}
+    for key, inner in SUMMARY_FIELDS.items():
+        value = summary.get(key)
+        if isinstance(value, dict) and inner is not None:
+            value = {k: value[k] for k in inner if k in value}
+        if key in summary:
+            out[key] = value
+    return out
+
+
+def _read_rows(path: Path, budget: Budget) -> list[dict[str, Any]]:
+    """The measured rows of records.jsonl, each through ``row_problems`` and kept only in the
+    fields compare reads (``slim_row``, counted against ``budget``); the first bad lines raise
+    one InputError."""
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
     try:
@@ -232,7 +295,9 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
                 if len(problems) >= 10:
                     break
                 if row is not None and not row.get("warmup"):
-                    rows.append(row)
+                    kept = slim_row(row)
+                    budget.take(kept, f"{path}: line {number}")
+                    rows.append(kept)
     except OSError as exc:
         raise InputError([f"{path}: cannot be read: {exc.strerror or exc}"], 1) from None
     if problems:
@@ -240,13 +305,18 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def read_run(path: Path) -> Run:
+def read_run(path: Path, budget: Budget | None = None) -> Run:
+    """A run directory, checked, in the fields compare reads; what it keeps is counted against
+    ``budget`` (one comparison's, or ``MAX_KEPT_BYTES`` for this run alone)."""
+    budget = budget if budget is not None else Budget()
     summary_path = path / "summary.json"
     summary = _read_json(summary_path)
     problems = summary_problems(summary, str(summary_path))
     if problems:
         raise InputError(problems, 1)
-    return Run(path, summary, _read_rows(path / "records.jsonl"))
+    kept = slim_summary(summary)
+    budget.take(kept, str(summary_path))
+    return Run(path, kept, _read_rows(path / "records.jsonl", budget))
 
 
 @dataclass
@@ -313,18 +383,19 @@ def read_inputs(paths: Sequence[Path], labels: Sequence[str], gpus: Sequence[int
     """Every input, read and checked, one per path (a sweep of several engines: one per engine,
     labelled ``A/engine``)."""
     out: list[Input] = []
+    budget = Budget()
     for path, label, n in zip(paths, labels, gpus, strict=True):
         if kind_of(path) == "run":
-            run = read_run(path)
+            run = read_run(path, budget)
             settings = {k: run.settings.get(k) for k in _LOAD_KEYS}
             out.append(Input(label, path, "run", [Point(settings, run.engine, [run])], n))
         else:
-            out += _read_sweep(path, label, n)
+            out += _read_sweep(path, label, n, budget)
     _same_model(out)
     return out
 
 
-def _read_sweep(path: Path, label: str, gpus: int) -> list[Input]:
+def _read_sweep(path: Path, label: str, gpus: int, budget: Budget) -> list[Input]:
     where = path / "sweep.json"
     sweep = _read_json(where)
     if not isinstance(sweep, dict) or sweep.get("schema") != SWEEP_SCHEMA:
@@ -342,7 +413,7 @@ def _read_sweep(path: Path, label: str, gpus: int) -> list[Input]:
             continue
         engine, settings, run_dir = entry
         key = (engine, *(settings.get(k) for k in _POINT_KEYS))
-        groups.setdefault(key, Point(settings, engine, [])).runs.append(read_run(run_dir))
+        groups.setdefault(key, Point(settings, engine, [])).runs.append(read_run(run_dir, budget))
     if not groups:
         raise InputError([f"{where}: no point finished (status ok) to compare"], 1)
     engines = sorted({p.engine or "" for p in groups.values()})
@@ -411,7 +482,7 @@ def check_model(a: Input, b: Input) -> Check:
 
 def _prompt_ids(item: Input) -> tuple[set[str | None], set[tuple[tuple[int, str], ...]]]:
     hashes = {run.settings.get("prompts_sha256") for run in item.runs}
-    sent = {tuple(sorted((int(r["index"]), str(r["category"])) for r in run.rows))
+    sent = {tuple(sorted((int(r["index"]), str(r.get("category"))) for r in run.rows))
             for run in item.runs}  # fmt: skip
     return hashes, sent
 
@@ -439,12 +510,20 @@ def check_prompts(a: Input, b: Input) -> Check:
 
 
 def check_sampling(a: Input, b: Input) -> Check:
+    """What each request asked for and how it was sent: max_tokens, ignore_eos, temperature,
+    and the client's stream and endpoint (a streamed run times its tokens as they come, a
+    non-streamed one only at the end). A setting a run does not record is "unknown", and two
+    runs that both leave it out agree on it."""
+
     def sampling(item: Input) -> set[tuple[Any, ...]]:
-        return {(r.settings["max_tokens"], r.settings["ignore_eos"], float(r.settings["temperature"]))
-                for r in item.runs}  # fmt: skip
+        return {(r.settings["max_tokens"], r.settings["ignore_eos"],
+                 float(r.settings["temperature"]), r.settings.get("stream"),
+                 r.settings.get("endpoint")) for r in item.runs}  # fmt: skip
 
     def show(s: tuple[Any, ...]) -> str:
-        return f"max_tokens {s[0]}, ignore_eos {str(s[1]).lower()}, temperature {s[2]:g}"
+        stream = "unknown" if s[3] is None else str(s[3]).lower()
+        return (f"max_tokens {s[0]}, ignore_eos {str(s[1]).lower()}, temperature {s[2]:g}, "
+                f"stream {stream}, endpoint {s[4] or 'none'}")  # fmt: skip
 
     sa, sb = sampling(a), sampling(b)
     for item, s in ((a, sa), (b, sb)):
@@ -511,22 +590,50 @@ def _show_al(label: str, al: RealizedAL) -> str:
     return f"{label} AL {al.al:.3f} ({span}, {al.requests} requests)"
 
 
-def _forced(item: Input) -> bool:
-    return all(run.forced for run in item.runs)
+def _mode(item: Input) -> str:
+    """ "forced" when every run forced its acceptance, "natural" when none did, else "mixed"."""
+    forced = {run.forced for run in item.runs}
+    return "mixed" if len(forced) > 1 else "forced" if forced == {True} else "natural"
+
+
+def _show_mode(item: Input) -> str:
+    mode = _mode(item)
+    if mode == "mixed":
+        return f"{item.label} mixed (forced and natural runs)"
+    targets = sorted({t for t in (r.forced_al for r in item.runs) if t is not None})
+    said = f" (AL {', '.join(f'{t:g}' for t in targets)})" if mode == "forced" and targets else ""
+    return f"{item.label} {mode}{said}"
+
+
+def _same_targets(a: set[float | None], b: set[float | None]) -> bool:
+    """The forced ALs two servers report, equal within the record's tolerance (3.78 and
+    1 + 2.78 are one target)."""
+
+    def close(x: float, ys: set[float]) -> bool:
+        return any(math.isclose(x, y, rel_tol=0, abs_tol=TOLERANCE) for y in ys)
+
+    fa, fb = {t for t in a if t is not None}, {t for t in b if t is not None}
+    return all(close(x, fb) for x in fa) and all(close(y, fa) for y in fb)
 
 
 def check_acceptance(a: Input, b: Input, named: Sequence[str]) -> Check:
     """Forced runs agree (their realized AL intervals overlap, same forced AL where both say);
-    natural ones state the difference B - A with its interval."""
+    natural ones state the difference B - A with its interval. A forced run against a natural
+    one (or an input that mixes them) is no comparison: the acceptance checks apply to forced
+    pairs only, and a natural AL is no statement about a forced one."""
     ala, alb = pooled_al(a), pooled_al(b)
     both = f"{_show_al(a.label, ala)}; {_show_al(b.label, alb)}"
-    if not (_forced(a) and _forced(b)) or "k" in named:
+    modes = {_mode(a), _mode(b)}
+    if modes != {"forced"} and modes != {"natural"}:
+        return Check("acceptance", False, f"{_show_mode(a)}, {_show_mode(b)}: a forced "
+                     f"acceptance is not comparable with a natural one: {both}")  # fmt: skip
+    if modes == {"natural"} or "k" in named:
         why = "a named K difference" if "k" in named else "natural acceptance"
         return Check("acceptance", True, f"{why}: {both}{_difference(ala, alb, b.label, a.label)}")
     if not ala.verify_steps or not alb.verify_steps:
         return Check("acceptance", False, f"forced, but unknown: {both}")
     ta, tb = ({r.forced_al for r in x.runs} for x in (a, b))
-    if None not in ta | tb and ta != tb:
+    if None not in ta | tb and not _same_targets(ta, tb):
         shown = " vs ".join(
             ",".join(f"{t:g}" for t in sorted(t for t in s if t is not None)) for s in (ta, tb)
         )
@@ -560,7 +667,10 @@ def check_histogram(a: Input, b: Input, named: Sequence[str]) -> Check:
     """Chi-square homogeneity of the pooled histograms {accepted drafts: verify steps}; required
     of forced runs only (natural ones differ by design, and the test is stated)."""
     ha, hb = pooled_histogram(a), pooled_histogram(b)
-    required = _forced(a) and _forced(b) and "k" not in named
+    required = _mode(a) == _mode(b) == "forced" and "k" not in named
+    why = ("a named K difference" if "k" in named and _mode(a) == _mode(b)
+           else "natural acceptance" if _mode(a) == _mode(b) == "natural"
+           else f"{_show_mode(a)}, {_show_mode(b)}")  # fmt: skip
     if not ha or not hb:
         return Check("histogram", not required, f"unknown: {a.label} has {sum(ha.values())}, "
                      f"{b.label} {sum(hb.values())} verify steps in histograms")  # fmt: skip
@@ -568,7 +678,7 @@ def check_histogram(a: Input, b: Input, named: Sequence[str]) -> Check:
     steps = f"{sum(ha.values())} vs {sum(hb.values())} verify steps"
     if not required:
         return Check("histogram", True, f"chi-square p {p:.3g} (df {df}, {steps}): stated, "
-                     "not required (natural acceptance or a named K difference)")  # fmt: skip
+                     f"not required ({why})")  # fmt: skip
     ok = p >= ALPHA
     return Check("histogram", ok, f"chi-square p {p:.3g} (df {df}, {steps})"
                  + ("" if ok else f": below {ALPHA:g}, the forced histograms differ"))  # fmt: skip

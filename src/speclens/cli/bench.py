@@ -407,16 +407,10 @@ class BenchOptions:
     ) -> dict[str, Any]:
         """The run's settings as summary.json records them: no API key, no URL password; the
         dataset's digest (``prompts_sha256``), so ``compare`` can tell runs of other prompts."""
-        from speclens.bench.transport import redact
-        from speclens.runs.compare import prompts_sha256
-
-        fields = {**config.__dict__, "dataset": self.dataset, "dataset_path": self.dataset_path,
+        fields = {"dataset": self.dataset, "dataset_path": self.dataset_path,
                   "categories": self.category, "slo": self.slo}  # fmt: skip
-        settings = {
-            k: (str(v) if isinstance(v, Path) else v) for k, v in fields.items() if k != "api_key"
-        }
-        settings["url"] = redact(config.url)
-        settings["urls"] = tuple(redact(u) for u in config.urls)
+        settings = load_settings(config)
+        settings.update({k: (str(v) if isinstance(v, Path) else v) for k, v in fields.items()})
         settings["backend_requested"] = self.backend.value
         settings["backend_evidence"] = evidence
         settings["max_failure_rate"] = self.max_failure_rate
@@ -425,9 +419,7 @@ class BenchOptions:
         settings["workers"] = self.workers
         settings["shard"] = list(self.part) if self.shard is not None else None
         rows = prompts if prompts is not None else self.prompts()
-        settings["prompts_sha256"] = prompts_sha256(
-            (p.category, p.max_tokens, p.text) for p in rows
-        )
+        settings["prompts_sha256"] = prompts_digest(rows)
         return settings
 
     def expected_records(self) -> int | None:
@@ -435,6 +427,24 @@ class BenchOptions:
         p, n = self.part
         count = self.count
         return len(range(p, self.warmup, n)) + len(range(p, count, n)) if count else None
+
+
+def load_settings(config: LoadConfig) -> dict[str, Any]:
+    """A load's settings as summary.json records them (``bench``, ``demo``): every field but the
+    API key, each URL without its password."""
+    from speclens.bench.transport import redact
+
+    settings = {k: v for k, v in config.__dict__.items() if k != "api_key"}
+    settings["url"] = redact(config.url)
+    settings["urls"] = tuple(redact(u) for u in config.urls)
+    return settings
+
+
+def prompts_digest(prompts: list[Prompt]) -> str:
+    """The prompts' digest (``prompts_sha256``), so ``compare`` can tell runs of other prompts."""
+    from speclens.runs.compare import prompts_sha256
+
+    return prompts_sha256((p.category, p.max_tokens, p.text) for p in prompts)
 
 
 @app.callback()

@@ -24,7 +24,7 @@ import typer
 
 from speclens.acceptance import Registry, WorkloadAcceptance, conditional_rates, resolve
 from speclens.cli._common import fail, num_spec_tokens_callback, out_console, reported
-from speclens.cli.bench import check, open_records, range_problem
+from speclens.cli.bench import check, load_settings, open_records, prompts_digest, range_problem
 from speclens.cli.profiles import print_resolution
 
 
@@ -130,7 +130,14 @@ def demo(
         )  # fmt: skip
         prompts = random_prompts(num_requests + 4, 32, max_tokens, seed=0)
         expectation = Expectation(res.acceptance_length, num_spec_tokens, res.model_dump())
-        settings = {"demo": True, "resolution": res.model_dump(), "server_command": command[3:]}
+        settings = {
+            **load_settings(config),  # what the report's Settings table shows
+            "dataset": "random", "dataset_path": None, "categories": None, "slo": None,
+            "backend_requested": config.backend, "backend_evidence": "speclens serve, started here",
+            "max_failure_rate": 0.0, "num_speculative_tokens": num_spec_tokens, "workers": 1,
+            "shard": None, "prompts_sha256": prompts_digest(prompts),
+            "demo": True, "resolution": res.model_dump(), "server_command": command[3:],
+        }  # fmt: skip
         with records_out:
             outcome = asyncio.run(
                 run_bench(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import inspect
 import math
-import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -130,23 +129,42 @@ def run_sweep(flags: dict[str, Any]) -> None:
         **flags, concurrency=concurrency[0] if concurrency else None,
         request_rate=rates[0] if rates else None, output_dir=root,
     ).checked()  # fmt: skip
+    bench_cli.check([_share_problem(options, concurrency, "command line: --concurrency")])
     slos = _slos(options.slo)
     engines = _engines(sweep_file) if sweep_file is not None else None
+    bench_cli.check([sw.points_problem(engines, concurrency, rates, rounds)])
+    for engine in engines or []:
+        values = engine.axes.concurrency or []
+        bench_cli.check([_share_problem(options, values, engine.axis_field("concurrency"))])
     _check_profile_target(write_profile, engines, options)
     prompts = options.prompts()
-    if engines is None:
-        loads = sw.load_values(concurrency, rates)
-        runner = Runner(root, options, slos, prompts, "load", rounds, _axes(loads))
-        runner.load_points(loads)
-    else:
-        runner = Runner(root, options, slos, prompts, "server", rounds, {})
-        runner.server_points(engines, concurrency, rates)
-    codes = [runner.finish()]
-    if write_profile is not None and not runner.interrupted:
-        codes.append(write_curve(runner.state, (engines or [])[0], options, prompts, write_profile))
+    with sw.interrupts() as signals:
+        if engines is None:
+            loads = sw.load_values(concurrency, rates)
+            runner = Runner(root, options, slos, prompts, "load", rounds, _axes(loads))
+            runner.load_points(loads)
+        else:
+            runner = Runner(root, options, slos, prompts, "server", rounds, {})
+            runner.server_points(engines, concurrency, rates)
+        if signals:
+            err_console.print(f"sweep: {signals[0]} received: stopped as on Ctrl-C", markup=False)  # fmt: skip
+        codes = [runner.finish()]
+        if write_profile is not None and not runner.interrupted:
+            codes.append(write_curve(runner.state, (engines or [])[0], options, prompts, write_profile))  # fmt: skip
     code = sw.exit_code(codes)
     if code:
         raise typer.Exit(code)
+
+
+def _share_problem(options: bench_cli.BenchOptions, values: list[int], where: str) -> str | None:
+    """Each worker (and shard) runs its share of the concurrency: a share of 0 would mean no
+    limit at all, so every value on the axis must be at least the workers times the shards."""
+    parts = options.part[1] * options.workers
+    low = [c for c in values if c < parts]
+    if not low:
+        return None
+    return (f"{where}: expected at least one request per worker and shard ({parts}: --workers "
+            f"{options.workers}), got {', '.join(map(str, low))}")  # fmt: skip
 
 
 def _slos(text: str | None) -> dict[str, float]:
@@ -297,9 +315,8 @@ class Runner:
             self.run_point(point, base)
             died = server.died()
             if died:
-                if point.status == "ok":
-                    point.status = "failed"
-                    point.exit_code, point.error = sw.EXIT_RUN_FAILED, died
+                if point.status == "ok":  # its server is gone: nothing says the run was sound
+                    self.state.record(point, sw.EXIT_RUN_FAILED, died)
                 self.fail_points(points, died)
                 return
 
@@ -472,11 +489,10 @@ def _server_axes(plan: list[tuple[sw.Engine, sw.ServerSetting, list[sw.Point]]])
 
 
 def _copy_log(log: Path, target: Path) -> None:
-    if not log.is_file():
+    if not log.is_file() or log.is_symlink():
         return
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(log, target)
+        sw.copy_log(log, target)
     except OSError as exc:
         err_console.print(f"sweep: {target}: cannot copy the server log: {exc.strerror or exc}", markup=False)  # fmt: skip
 

@@ -218,8 +218,10 @@ def run_estimates(sample: RunSample) -> dict[str, float]:
 
 
 def _al(samples: Sequence[RunSample]) -> Interval:
-    accepted = [a for s in samples for a in s.accepted]
-    steps = [n for s in samples for n in s.steps]
+    return _pooled_al([a for s in samples for a in s.accepted], [n for s in samples for n in s.steps])  # fmt: skip
+
+
+def _pooled_al(accepted: list[int], steps: list[int]) -> Interval:
     if not sum(steps):
         return Interval(math.nan, math.nan, math.nan, 0, "none")
     return realized_al(accepted, steps).interval()
@@ -232,16 +234,47 @@ def _finite_or_none(interval: Interval) -> Interval:
     return interval
 
 
+@dataclass(frozen=True)
+class RoundSummary:
+    """What a point's figures need from one round, kept so that a sweep combines its rounds
+    without reading them again: the round's point estimates, its per-request AL counts, and
+    (``bootstrap``) its own figures with a bootstrap over its requests."""
+
+    estimates: dict[str, float]
+    accepted: list[int]
+    steps: list[int]
+    figures: dict[str, Interval] | None = None
+
+
+def summarize(run_dir: Path, seed: int = 0, bootstrap: bool = True) -> RoundSummary:
+    """One round's summary, its figures bootstrapped when ``bootstrap`` (a point of one round
+    shows those; two or more use only the estimates). Raises PointError."""
+    sample = read_run(Path(run_dir))
+    figures = run_figures(sample, seed) if bootstrap else None
+    return RoundSummary(run_estimates(sample), sample.accepted, sample.steps, figures)
+
+
+def no_figures() -> dict[str, Interval]:
+    return {name: Interval(math.nan, math.nan, math.nan, 0, "none") for name in FIGURES}
+
+
+def combine(rounds: Sequence[RoundSummary]) -> dict[str, Interval]:
+    """The figures of a point whose rounds are ``rounds``: one round's own (bootstrap), Student
+    t across two or more, the realized AL pooled over every request with its ratio SE."""
+    if not rounds:
+        return no_figures()
+    if len(rounds) == 1:
+        if rounds[0].figures is None:
+            raise ValueError("a point of one round needs that round's bootstrapped figures")
+        return dict(rounds[0].figures)
+    out = {name: _finite_or_none(t_interval([r.estimates[name] for r in rounds])) for name in FIGURES}  # fmt: skip
+    out["realized_al"] = _pooled_al([a for r in rounds for a in r.accepted], [n for r in rounds for n in r.steps])  # fmt: skip
+    return out
+
+
 def point_figures(run_dirs: Sequence[Path], seed: int = 0) -> dict[str, Interval]:
     """Every figure of the point whose rounds are ``run_dirs``: Student t across rounds (two or
     more), a bootstrap over requests (one), the realized AL pooled with its ratio SE (always).
     Raises PointError for a directory that is not a run."""
-    samples = [read_run(Path(d)) for d in run_dirs]
-    if not samples:
-        return {name: Interval(math.nan, math.nan, math.nan, 0, "none") for name in FIGURES}
-    if len(samples) == 1:
-        return run_figures(samples[0], seed)
-    rounds = [run_estimates(s) for s in samples]
-    out = {name: _finite_or_none(t_interval([r[name] for r in rounds])) for name in FIGURES}
-    out["realized_al"] = _al(samples)
-    return out
+    one = len(run_dirs) == 1
+    return combine([summarize(Path(d), seed, bootstrap=one) for d in run_dirs])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import io
 import itertools
 import math
@@ -23,8 +24,10 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import string
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -39,7 +42,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from speclens.acceptance import Problem, ValidationError
 from speclens.acceptance.files import key_mark, read_yaml, validate
 from speclens.acceptance.quantity import num_spec_tokens_problem
-from speclens.runs.points import FIGURES, PointError, point_figures
+from speclens.runs.points import FIGURES, PointError, RoundSummary, combine, summarize
+from speclens.runs.report import open_new
 from speclens.runs.stats import Interval
 
 SCHEMA = "speclens.sweep/1"
@@ -169,6 +173,13 @@ class Engine:
     spec: EngineSpec
     axes: Axes
     where: str  # "<file>: engines[i].command (line N)"
+    file: str = ""
+    index: int = 0
+
+    def axis_field(self, axis: str) -> str:
+        """``<file>: <where the axis is set>``: the engine's own axes, else the file's."""
+        own = self.spec.axes is not None and getattr(self.spec.axes, axis) is not None
+        return f"{self.file}: " + (f"engines[{self.index}].axes.{axis}" if own else f"axes.{axis}")
 
 
 def _merged(file_axes: Axes | None, own: Axes | None) -> Axes:
@@ -189,7 +200,7 @@ def load_sweep_file(path: Path) -> list[Engine]:
         raw = data["engines"][i]
         mark = key_mark(raw, "command")
         where = f"engines[{i}].command" + (f" (line {mark.line})" if mark else "")
-        engine = Engine(spec, _merged(parsed.axes, spec.axes), f"{path}: {where}")
+        engine = Engine(spec, _merged(parsed.axes, spec.axes), f"{path}: {where}", str(path), i)
         problems += [Problem(str(path), where, m) for m in command_problems(engine)]
         if names.count(spec.name) > 1:
             problems.append(Problem(str(path), f"engines[{i}].name", "a name is given twice"))
@@ -333,6 +344,47 @@ def load_values(
     return [("concurrency", None)]
 
 
+def _load_count(concurrency: Sequence[int] | None, rate: Sequence[float] | None) -> int:
+    return len(rate or concurrency or [None])
+
+
+def engine_points(
+    engine: Engine, concurrency: Sequence[int] | None, rate: Sequence[float] | None, rounds: int
+) -> tuple[int, str]:
+    """How many points an engine's axes make (K x AL x load x rounds, counted, not listed),
+    and the product as text."""
+    axes = engine.axes
+    ks = len(axes.num_speculative_tokens or [None])
+    als = 1 if axes.acceptance_profile is not None else len(axes.acceptance_length or [None])
+    own = axes.concurrency is not None or axes.request_rate is not None
+    loads = _load_count(axes.concurrency, axes.request_rate) if own else _load_count(concurrency, rate)  # fmt: skip
+    text = f"{ks} K x {als} AL x {loads} loads x {rounds} rounds"
+    return ks * als * loads * rounds, text
+
+
+def points_problem(
+    engines: Sequence[Engine] | None, concurrency: Sequence[int] | None,
+    rate: Sequence[float] | None, rounds: int,
+) -> str | None:  # fmt: skip
+    """One line when the sweep would run more than ``MAX_POINTS`` points, from the axes' sizes
+    alone (before any point is planned): ``<file>: axes: ...`` or ``command line: ...``."""
+    if not engines:
+        total = _load_count(concurrency, rate) * rounds
+        if total <= MAX_POINTS:
+            return None
+        flag = "--request-rate" if rate else "--concurrency"
+        return (f"command line: {flag}: {total:,} points ({_load_count(concurrency, rate)} loads "
+                f"x {rounds} rounds): expected at most {MAX_POINTS:,}")  # fmt: skip
+    counts = [engine_points(e, concurrency, rate, rounds) for e in engines]
+    total = sum(n for n, _ in counts)
+    if total <= MAX_POINTS:
+        return None
+    largest = max(range(len(engines)), key=lambda i: counts[i][0])
+    engine = engines[largest]
+    return (f"{engine.file}: axes: {total:,} points (engines[{largest}] {engine.spec.name}: "
+            f"{counts[largest][1]}): expected at most {MAX_POINTS:,}")  # fmt: skip
+
+
 def points_for(
     server: ServerSetting, loads: list[tuple[str, float | None]], rounds: int
 ) -> list[Point]:
@@ -384,9 +436,13 @@ class Server:
     def start(self) -> str | None:
         """Start it and wait for its health route: None when it answers 200 in time, else why
         not (with its log's tail)."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with self.log_path.open("wb") as log:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = open_new(self.log_path)  # a link planted there is refused, never followed
+        except OSError as exc:
+            return f"{self.log_path}: the server log cannot be written: {exc.strerror or exc}"
+        try:
+            with log, held():  # a signal between the fork and ``self.proc`` would orphan it
                 self.proc = subprocess.Popen(
                     self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     env={**os.environ, **self.env}, start_new_session=True,
@@ -416,9 +472,16 @@ class Server:
         return None if code is None else self.why(f"the server exited with code {code} during the sweep")  # fmt: skip
 
     def stop(self) -> None:
-        """SIGTERM to its process group, then SIGKILL to what is left after the grace."""
+        """SIGTERM to its process group, then SIGKILL to what is left after the grace. Nothing
+        interrupts it: a Ctrl-C or a terminating signal that arrives meanwhile is held, and
+        delivered once the group is gone."""
         if self.proc is None:
             return
+        with held():
+            self._stop()
+
+    def _stop(self) -> None:
+        assert self.proc is not None
         group = self.proc.pid
         _signal_group(group, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -429,6 +492,90 @@ class Server:
         _signal_group(group, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=STOP_GRACE_S)
+
+
+def copy_log(log: Path, target: Path) -> None:
+    """The setting's server log copied to a point's ``server.log``, never through a link planted
+    at either; OSError names the file."""
+    fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as source:
+        if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(log))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open_new(target) as out:
+            shutil.copyfileobj(source, out)
+
+
+# ------------------------------------------------------------------------------ signals
+def _terminating() -> tuple[signal.Signals, ...]:
+    names = ("SIGHUP", "SIGTERM", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM",
+             "SIGPROF", "SIGXCPU", "SIGIO", "SIGPWR")  # fmt: skip
+    return tuple(getattr(signal, n) for n in names if hasattr(signal, n))
+
+
+#: The signals whose default action ends the process, besides SIGINT (which Python raises as
+#: KeyboardInterrupt): a sweep takes each as a Ctrl-C, so that the server it started is stopped.
+TERMINATING = _terminating()
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _as_ctrl_c(signum: int, _frame: Any) -> None:
+    """A terminating signal handled as a Ctrl-C: through SIGINT's own handler (bench's load
+    phase ends its sending on it), or as a KeyboardInterrupt where SIGINT is ignored."""
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+        raise KeyboardInterrupt
+    signal.raise_signal(signal.SIGINT)
+
+
+@contextlib.contextmanager
+def interrupts() -> Iterator[list[str]]:
+    """For the block, every terminating signal left at its default action (one ignored, as
+    ``nohup`` ignores SIGHUP, or handled by someone else is left alone) acts as a Ctrl-C; yields
+    the names of those that arrived. The handlers are put back after."""
+    if not _in_main_thread():
+        yield []
+        return
+    seen: list[str] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        seen.append(signal.Signals(signum).name)
+        _as_ctrl_c(signum, frame)
+
+    previous = {}
+    for sig in TERMINATING:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield seen
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Hold SIGINT and the terminating signals for the block (stopping a server must not be cut
+    short: a second Ctrl-C during its grace period would skip the SIGKILL); the first that
+    arrived is delivered to its own handler after the block."""
+    if not _in_main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {}
+    for sig in (signal.SIGINT, *TERMINATING):
+        handler = signal.getsignal(sig)
+        if handler is not signal.SIG_IGN and handler is not None:
+            previous[sig] = signal.signal(sig, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    if caught:
+        signal.raise_signal(caught[0])
 
 
 def _signal_group(group: int, sig: int) -> None:
@@ -476,7 +623,13 @@ def status_of(code: int) -> str:
 @dataclass
 class Sweep:
     """The sweep directory as it fills: ``record`` after each point rewrites sweep.json and
-    sweep.csv (atomically: a reader never sees half a file)."""
+    sweep.csv (atomically: a reader never sees half a file).
+
+    Only points that finished ok have figures, count in ``rounds_ok`` and feed ``stats``: a
+    failed verdict, too many failed requests, a server that died after its point, a cut point
+    leave their row in sweep.csv without figures. ``record`` reads a point's run once (one
+    bootstrap for its own figures) and recomputes only its own setting's statistics, from the
+    rounds' kept estimates: N points cost N reads and N bootstraps, not N(N+1)/2."""
 
     root: Path
     kind: Literal["load", "server"]
@@ -484,37 +637,49 @@ class Sweep:
     axes: dict[str, list[Any]]
     points: list[Point] = field(default_factory=list)
     seed: int = 0
+    _summaries: dict[str, RoundSummary] = field(default_factory=dict, init=False, repr=False)
+    _stats: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
 
     def record(self, point: Point, code: int, error: str | None = None) -> None:
+        """The point's outcome (again, when a point that finished ok turns out failed: its
+        server died after it), its setting's statistics, and both files rewritten."""
         point.exit_code, point.status, point.error = code, status_of(code), error
+        point.figures = None
+        self._summaries.pop(point.id, None)
         if code == 0:
             try:
-                point.figures = point_figures([self.root / point.dir], self.seed)
+                summary = summarize(self.root / point.dir, self.seed)
             except PointError as exc:
                 point.status, point.error = "failed", str(exc)
+            else:
+                self._summaries[point.id] = summary
+                point.figures = summary.figures
+        self._restat(_group_key(point))
         self.write()
 
     def ran(self) -> list[Point]:
         """The points that ran or were cut (a point not reached is in neither file)."""
         return [p for p in self.points if p.status != "pending"]
 
+    def _restat(self, key: str) -> None:
+        members = [p for p in self.ran() if _group_key(p) == key]
+        if not members:
+            self._stats.pop(key, None)
+            return
+        ok = [self._summaries[p.id] for p in members if p.status == "ok" and p.id in self._summaries]  # fmt: skip
+        self._stats[key] = {
+            "engine": members[0].engine, "settings": members[0].settings, "rounds_ok": len(ok),
+            "figures": {k: v.to_json() for k, v in combine(ok).items()},
+        }  # fmt: skip
+
     def stats(self) -> list[dict[str, Any]]:
-        groups: dict[str, list[Point]] = {}
-        for p in self.ran():
-            key = orjson.dumps([p.engine, p.settings]).decode()
-            groups.setdefault(key, []).append(p)
-        out = []
-        for members in groups.values():
-            ok = [self.root / p.dir for p in members if p.status == "ok"]
-            try:
-                figures = point_figures(ok, self.seed)
-            except PointError:
-                figures = point_figures([], self.seed)
-            out.append({
-                "engine": members[0].engine, "settings": members[0].settings,
-                "rounds_ok": len(ok), "figures": {k: v.to_json() for k, v in figures.items()},
-            })  # fmt: skip
-        return out
+        """Per setting (engine and settings, in the order the points ran): its rounds that
+        finished ok and their figures."""
+        keys = list(dict.fromkeys(_group_key(p) for p in self.ran()))
+        for key in keys:
+            if key not in self._stats:
+                self._restat(key)
+        return [self._stats[key] for key in keys]
 
     def document(self) -> dict[str, Any]:
         return {
@@ -536,11 +701,16 @@ class Sweep:
         for p in self.ran():
             row = [p.id, p.engine or "", *(_cell(p.settings[k]) for k in head[2:6]), p.round,
                    p.status, _cell(p.exit_code)]  # fmt: skip
+            shown = p.figures if p.status == "ok" else None
             for name in FIGURES:
-                iv = p.figures.get(name) if p.figures else None
+                iv = shown.get(name) if shown else None
                 row += [_cell(v) for v in ((iv.mean, iv.low, iv.high) if iv else (None,) * 3)]
             writer.writerow(row)
         return out.getvalue().encode("utf-8")
+
+
+def _group_key(point: Point) -> str:
+    return orjson.dumps([point.engine, point.settings]).decode()
 
 
 def _cell(value: Any) -> Any:

@@ -168,6 +168,11 @@ def test_pareto_front_drops_dominated_points_and_interpolates_linearly() -> None
     assert [(c.x, c.y.mean) for c in curve] == [(10, 100), (20, 50)]
     mid = cmp.interpolate(curve, 15)
     assert mid is not None and mid.mean == pytest.approx(75)
+    # a quarter of the way from 10 to 20: weight 0.75 on the left point, 0.25 on the right
+    quarter = cmp.interpolate(curve, 12.5)
+    se = 1 / 12.706204736174707  # each point's SE: a 2-round t half-width of 1
+    assert quarter is not None and quarter.mean == pytest.approx(0.75 * 100 + 0.25 * 50)
+    assert quarter.se == pytest.approx(math.hypot(0.75 * se, 0.25 * se), rel=1e-9)
     assert cmp.interpolate(curve, 25) is None
 
 

@@ -36,6 +36,7 @@ from speclens.engine.request import (
     RequestOutput,
     SamplingError,
     SamplingParams,
+    StopMatcher,
 )
 from speclens.engine.scheduler import ScheduledBatch, Scheduler
 from speclens.engine.tokenizer import IncrementalDecoder, Tokenizer
@@ -211,6 +212,9 @@ class Engine:
                 f"this model's maximum context length is {limit} tokens; the prompt has "
                 f"{len(ids)} and max_tokens asks for {params.max_tokens} more"
             )
+        stops = [s for s in params.stop if s]
+        matcher = StopMatcher(stops) if stops else None
+        stop_ids = frozenset(params.stop_token_ids)
         children = []
         for index, child_id in enumerate(child_ids):
             child = Request(
@@ -222,6 +226,7 @@ class Engine:
             )
             child.acceptance.num_spec_tokens = self.k or None
             child.decoder = IncrementalDecoder(self.tokenizer)
+            child.stop_matcher, child.stop_token_ids = matcher, stop_ids
             if params.seed is not None:
                 child.generator = torch.Generator(device=self.device).manual_seed(
                     params.seed + index
@@ -456,25 +461,27 @@ class Engine:
             if not params.ignore_eos and token == request.eos_token_id:
                 self._finish(request, "stop")
                 return
-            if token in params.stop_token_ids:
+            if token in request.stop_token_ids:
                 self._finish(request, "stop")
                 return
             if self.config.detokenize:
-                request.text += request.decoder.push([token])
-            if params.stop and self._cut_at_stop(request):
-                self._finish(request, "stop", cut=True)
-                return
+                new = request.decoder.push([token])
+                request.text += new
+                if request.stop_matcher is not None and self._cut_at_stop(request, new):
+                    self._finish(request, "stop", cut=True)
+                    return
             if len(request.output_token_ids) >= params.max_tokens:
                 self._finish(request, "length")
                 return
 
-    def _cut_at_stop(self, request: Request) -> bool:
-        longest = max(len(s) for s in request.params.stop)
-        window_start = max(0, len(request.text) - longest - 8)
-        hits = [i for s in request.params.stop if (i := request.text.find(s, window_start)) >= 0]
-        if not hits:
+    def _cut_at_stop(self, request: Request, new: str) -> bool:
+        """Cut the text where the earliest stop string ending in ``new`` (its newest characters)
+        begins; the work is in proportion to ``new``, whatever the stop strings."""
+        assert request.stop_matcher is not None
+        request.stop_state, first = request.stop_matcher.feed(request.stop_state, new)
+        if first is None:
             return False
-        request.text = request.text[: min(hits)]
+        request.text = request.text[: len(request.text) - len(new) + first]
         return True
 
     def _finish(self, request: Request, reason: str, cut: bool = False) -> None:
@@ -494,11 +501,8 @@ class Engine:
         new_ids, new_text, outputs = [], [], []
         for index, child in enumerate(children):
             sent_tokens, sent_chars = self._emitted[child.request_id]
-            hold = (
-                0
-                if child.finished or not child.params.stop
-                else max(len(s) for s in child.params.stop) - 1
-            )
+            matcher = child.stop_matcher
+            hold = 0 if child.finished or matcher is None else matcher.longest - 1
             visible = max(sent_chars, len(child.text) - hold)
             new_ids.append(child.output_token_ids[sent_tokens:])
             new_text.append(child.text[sent_chars:visible])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import time
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,9 +13,99 @@ import torch
 
 from speclens.acceptance import AcceptanceHistogram
 
+#: Bounds on a request's stop conditions, checked before anything is built from them: every
+#: emitted token is matched against them on the engine thread, which all requests share.
+MAX_STOP_STRINGS = 128
+MAX_STOP_CHARS = 8192
+MAX_STOP_TOKEN_IDS = 1024
+
 
 class SamplingError(ValueError):
-    """Invalid sampling parameters (the server answers 400)."""
+    """Invalid sampling parameters (the server answers 400, naming ``field`` when known)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def stop_problem(stop: Any, stop_token_ids: Any) -> tuple[str, str] | None:
+    """The field and the message when ``stop`` or ``stop_token_ids`` is over its bound (counted
+    before anything else is done with them), or None. Items of the wrong type are left to the
+    caller's type checks."""
+    strings = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    if len(strings) > MAX_STOP_STRINGS:
+        return "stop", f"stop: {len(strings)} strings, expected at most {MAX_STOP_STRINGS}"
+    chars = sum(len(s) for s in strings if isinstance(s, str))
+    if chars > MAX_STOP_CHARS:
+        return "stop", f"stop: {chars} characters in all, expected at most {MAX_STOP_CHARS}"
+    if isinstance(stop_token_ids, list | tuple | set | frozenset) and (
+        len(stop_token_ids) > MAX_STOP_TOKEN_IDS
+    ):
+        return "stop_token_ids", (
+            f"stop_token_ids: {len(stop_token_ids)} token ids, expected at most "
+            f"{MAX_STOP_TOKEN_IDS}"
+        )
+    return None
+
+
+class StopMatcher:
+    """Finds a request's stop strings in its text as the text grows, in time proportional to the
+    new text whatever the number or length of the strings: an Aho-Corasick automaton (a trie of
+    the strings with failure links), built once per request, whose state each sequence keeps.
+
+    ``feed(state, new)`` returns the next state and the offset in ``new`` (negative: that many
+    characters before it) where the earliest-starting stop string that ends in ``new`` begins,
+    or None. Empty strings never match. ``work`` counts the automaton's transitions and failure
+    hops (at most twice the characters fed, amortized), so tests can bound the cost.
+    """
+
+    __slots__ = ("_fail", "_goto", "_out", "longest", "work")
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        goto: list[dict[str, int]] = [{}]
+        out = [0]  # per state, the length of the longest stop string that ends there
+        for text in stops:
+            node = 0
+            for ch in text:
+                nxt = goto[node].get(ch)
+                if nxt is None:
+                    nxt = len(goto)
+                    goto[node][ch] = nxt
+                    goto.append({})
+                    out.append(0)
+                node = nxt
+            out[node] = len(text) if text else 0
+        fail = [0] * len(goto)
+        queue = deque(goto[0].values())
+        while queue:
+            node = queue.popleft()
+            for ch, nxt in goto[node].items():
+                back = fail[node]
+                while back and ch not in goto[back]:
+                    back = fail[back]
+                target = goto[back].get(ch, 0)
+                fail[nxt] = target if target != nxt else 0
+                out[nxt] = out[nxt] or out[fail[nxt]]
+                queue.append(nxt)
+        self._goto, self._fail, self._out = goto, fail, out
+        self.longest = max((len(s) for s in stops), default=0)
+        self.work = 0
+
+    def feed(self, state: int, new: str) -> tuple[int, int | None]:
+        goto, fail, out = self._goto, self._fail, self._out
+        first: int | None = None
+        work = 0
+        for i, ch in enumerate(new):
+            while state and ch not in goto[state]:
+                state = fail[state]
+                work += 1
+            state = goto[state].get(ch, 0)
+            work += 1
+            if out[state]:
+                start = i + 1 - out[state]
+                first = start if first is None else min(first, start)
+        self.work += work
+        return state, first
 
 
 @dataclass
@@ -31,6 +123,9 @@ class SamplingParams:
     n: int = 1
 
     def __post_init__(self) -> None:
+        problem = stop_problem(self.stop, self.stop_token_ids)
+        if problem is not None:
+            raise SamplingError(problem[1], problem[0])
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.max_tokens < 1:
@@ -130,6 +225,11 @@ class Request:
     #: Text emitted so far (after stop-string truncation) and the decoder state behind it.
     text: str = ""
     decoder: Any = None
+    #: The stop strings' automaton (shared by a request's sequences) and this sequence's state
+    #: in it; the stop token ids as a set.
+    stop_matcher: StopMatcher | None = None
+    stop_state: int = 0
+    stop_token_ids: frozenset[int] = frozenset()
 
     @property
     def num_tokens(self) -> int:

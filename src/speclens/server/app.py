@@ -65,8 +65,9 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {}
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or (first.get("ctx") or {}).get("field")
         message = "; ".join(_located(e) for e in exc.errors())
-        return _json(error_body(message or "invalid request", 400, ".".join(loc) or None), 400)
+        return _json(error_body(message or "invalid request", 400, param or None), 400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:

@@ -101,7 +101,7 @@ class Generation:
         try:
             return body.sampling_params(self.settings.default_max_tokens)
         except SamplingError as exc:
-            raise ApiError(400, str(exc)) from None
+            raise ApiError(400, str(exc), exc.field) from None
 
     async def _start(
         self, prompt: list[int], params: SamplingParams, request_id: str
@@ -116,7 +116,7 @@ class Generation:
         except EngineDead as exc:
             raise ApiError(503, f"{exc}; the server is shutting down") from None
         except SamplingError as exc:
-            raise ApiError(400, str(exc)) from None
+            raise ApiError(400, str(exc), exc.field) from None
 
     async def _generate(
         self, request: Request, body: Body, prompt: list[int], chat: bool

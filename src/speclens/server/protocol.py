@@ -16,6 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from pydantic_core import PydanticCustomError
 
 from speclens.engine import RequestAcceptance, SamplingParams
+from speclens.engine.request import stop_problem
 
 StatsLevel = Literal["none", "summary", "detailed"]
 Role = Literal["system", "user", "assistant", "developer", "tool"]
@@ -82,9 +83,17 @@ class _Request(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _utf8(cls, data: Any) -> Any:
-        """Refuse a string no tokenizer can encode (a lone surrogate, which JSON can spell as
-        ``\\ud800``) anywhere in the body, before any handler sees it."""
+    def _refuse_early(cls, data: Any) -> Any:
+        """Refuse ``stop`` or ``stop_token_ids`` over its bound (before walking their items), and
+        a string no tokenizer can encode (a lone surrogate, which JSON can spell as
+        ``\\ud800``) anywhere in the body, before any handler sees it. ``field`` in the error's
+        context names the field for the error body's ``param``."""
+        if isinstance(data, dict):
+            bound = stop_problem(data.get("stop"), data.get("stop_token_ids"))
+            if bound is not None:
+                raise PydanticCustomError(
+                    "too_long", "{problem}", {"problem": bound[1], "field": bound[0]}
+                )
         problem = _bad_text(data, "")
         if problem:
             raise PydanticCustomError("invalid_text", "{problem}", {"problem": problem})

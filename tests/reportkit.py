@@ -2,8 +2,9 @@
 
 The runs are real: ``speclens bench`` against ``speclens serve --executor sim`` forced at K 7,
 AL 3.78 (a passing verdict at concurrency 1, a failing one, expecting AL 3.0, at concurrency 2). The sweep and compare
-directories are assembled from those runs in the shape their writers use (sweep.json with
-``runs.points.point_figures`` per point; compare.json with one comparable pair).
+directories are assembled from those runs: sweep.json in the shape its writer uses
+(``runs.points.point_figures`` per point), compare.json as ``compare`` computes it (one
+comparable pair).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def make_dirs(root: Path) -> ReportDirs:
         run_ok = bench(server.url, root / "run-ok", expect=3.78, concurrency=1, code=0)
         run_fail = bench(server.url, root / "run-fail", expect=3.0, concurrency=2, code=1)
     sweep = make_sweep(root / "sweep", {1: run_ok, 2: run_fail})
-    compare = make_compare(root / "compare", sweep, run_fail)
+    compare = make_compare(root / "compare", sweep, run_ok)
     return ReportDirs(run_ok, run_fail, sweep, compare)
 
 
@@ -82,39 +83,19 @@ def make_sweep(sweep_dir: Path, runs: dict[int, Path]) -> Path:
 
 
 def make_compare(out_dir: Path, sweep: Path, run: Path) -> Path:
-    """A compare of the sweep (A) against one of its runs (B), and its report."""
+    """``compare``'s own output (``speclens.runs.compare``, as the command computes it) for the
+    sweep (A) against ``run`` as a server 1.25 times as fast would have run it (B: the run's
+    records over 0.8 of its duration), and its report: one comparable pair, a ratio at matched
+    concurrency and a delta at matched interactivity, none of them written by hand."""
+    from speclens.runs import compare as cmp
     from speclens.runs.html import write_compare_report
 
-    a_stats = orjson.loads((sweep / "sweep.json").read_bytes())["stats"][1]["figures"]
-    b = point_figures([run])
-    a_tps, b_tps = a_stats["output_tokens_per_s"], b["output_tokens_per_s"].to_json()
-    ratio = b_tps["mean"] / a_tps["mean"]
-    checks = [{"name": n, "ok": True, "detail": f"{n}: the same"} for n in
-              ("prompts", "sampling", "lengths", "k", "acceptance", "histogram", "model")]  # fmt: skip
-    data = {
-        "schema": "speclens.compare/1",
-        "inputs": [
-            {"label": "A", "path": str(sweep), "kind": "sweep", "model": "dummy",
-             "engine": "speclens", "gpus": 1},
-            {"label": "B", "path": str(run), "kind": "run", "model": "dummy",
-             "engine": "speclens", "gpus": 1},
-        ],
-        "pairs": [{
-            "a": "A", "b": "B", "comparable": True, "checks": checks, "label": "comparable",
-            "deltas": {
-                "matched_concurrency": [{
-                    "concurrency": 2, "figure": "output_tokens_per_s", "a": a_tps, "b": b_tps,
-                    "ratio": ratio, "ratio_low": ratio * 0.9, "ratio_high": ratio * 1.1,
-                }],
-                "matched_interactivity": [{
-                    "tokens_per_s_per_user": 44.0, "a_tok_s_gpu": a_tps["mean"],
-                    "b_tok_s_gpu": b_tps["mean"], "delta_pct": (ratio - 1) * 100,
-                    "low_pct": (ratio * 0.9 - 1) * 100, "high_pct": (ratio * 1.1 - 1) * 100,
-                    "sentence": "at 44 tok/s/user, B delivers +0% tok/s/GPU (CI -10% to +10%)",
-                }],
-            },
-        }],
-    }  # fmt: skip
+    faster = out_dir.parent / f"{out_dir.name}-b"
+    shutil.copytree(run, faster)
+    summary = orjson.loads((faster / "summary.json").read_bytes())
+    summary["figures"]["duration_s"] *= 0.8
+    (faster / "summary.json").write_bytes(orjson.dumps(summary))
+    data = cmp.compare(cmp.read_inputs([sweep, faster], ["A", "B"], [1, 1]))
     out_dir.mkdir(parents=True)
     (out_dir / "compare.json").write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
     write_compare_report(out_dir, data)

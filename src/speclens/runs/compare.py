@@ -2,16 +2,19 @@
 
 Two runs are only worth a speed-up when they did the same work at the same acceptance. So every
 pair is checked first, one line per check with its evidence: the same prompts (the dataset's
-``prompts_sha256`` and the same measured indices and categories), the same sampling, input and
-output lengths that agree (two-sample Kolmogorov-Smirnov), the same K (or a difference the user
-named), and acceptance: forced runs must agree (realized AL intervals overlap, histograms pass a
-chi-square homogeneity test), natural runs state their AL difference with its interval. A pair
-that fails a check is "not comparable: <why>" and every delta it prints says so.
+``prompts_sha256`` and the same measured indices and categories), the same sampling and client
+(max_tokens, ignore_eos, temperature, stream, endpoint), input and output lengths that agree
+(two-sample Kolmogorov-Smirnov), the same K (or a difference the user named), and acceptance:
+forced runs must agree (realized AL intervals overlap, histograms pass a chi-square homogeneity
+test), natural runs state their AL difference with its interval, and a forced run against a
+natural one is no comparison. A pair that fails a check is "not comparable: <why>" and every
+delta it prints says so.
 
 Deltas, each with a 95% interval: the ratio B / A at matched concurrency (or request rate), and
 at matched interactivity (tokens/s per user) read off each input's Pareto curve of throughput per
 GPU, interpolated only where both curves reach. Every file is read through bounds and the record
-validators (``record.row_problems``); nothing here trusts a figure it did not recompute.
+validators (``record.row_problems``) and kept only in the fields compare reads, bounded in all
+(``MAX_KEPT_BYTES``); nothing here trusts a figure it did not recompute.
 
 Fidelity, for a pair of two single runs that sent the same requests (a simulator's replay of an
 observed run keeps each request's index): B's error against A request by request, matched by
@@ -68,8 +71,9 @@ MAX_ROWS = 2**20
 MAX_POINTS = 4096
 MAX_INPUTS = 26
 #: The most bytes (as JSON) of what compare keeps of all its inputs together: the fields it
-#: reads of every summary and records.jsonl row (``SUMMARY_FIELDS``, ``ROW_FIELDS``). About
-#: 3 bytes of memory a byte: a few hundred MB at most, whatever the rows' raw payloads weigh.
+#: reads of every summary and records.jsonl row (``SUMMARY_FIELDS``, ``ROW_FIELDS``): about
+#: 300 bytes a request, held in about 3 times that (some 900,000 requests in 0.8 GB at most),
+#: whatever the rows' raw payloads weigh.
 MAX_KEPT_BYTES = 256 * 2**20
 
 #: The fields of a records.jsonl row compare reads; the rest (the raw wire payloads above all)

@@ -231,3 +231,55 @@ def test_a_qwen3_config_is_read_with_its_own_head_dim(tmp_path: Path) -> None:
     moe_cost = Roofline(moe, catalog.chip("h200"))
     assert moe_cost.weights_bytes() == 2 * moe_parameters
     assert moe_cost.kv_tokens() == math.floor((141e9 * 0.9 - 2 * moe_parameters) / 98_304)
+
+
+# --- GQA past its KV heads ---------------------------------------------------------------------
+# Qwen3-30B-A3B has 4 KV heads: at TP 8 each rank keeps one KV head (two ranks a head), a quarter
+# of the 48 * 2 * 4 * 128 * 2 = 98,304 bytes a token, not an eighth.
+#   every token's part  48 * (18,874,368 attention + 2048 * 128 router) = 918,552,576
+#   LM head             151936 * 2048 = 311,164,928 (the embedding as many again)
+#   an expert           3 * 2048 * 768 = 4,718,592; 128 a layer, 8 a token
+#   attention FLOPs     48 * 4 * 32 * 128 = 786,432 per query and context token
+QWEN_MOE_EVERY_TOKEN, QWEN_MOE_LM_HEAD, QWEN_MOE_EXPERT = 918_552_576, 311_164_928, 4_718_592
+
+
+def test_gqa_past_its_kv_heads_keeps_a_copy_of_one_head_a_rank(tmp_path: Path) -> None:
+    """Qwen3-30B-A3B at TP 8 on H200. Capacity: each chip holds 126.9 GB, an eighth of
+    61.06 GB of weights (7.63 GB), and 98,304 / 4 = 24,576 bytes of every token:
+    (126.9e9 - 7.633e9) / 24,576 = 4,852,987 tokens (split 8 ways it would be twice that).
+    A decode step of 64 at 4,096 each reads 24,576 x 262,144 bytes of KV on each chip."""
+    assert QWEN_MOE_EVERY_TOKEN == 48 * (2 * 2048 * 32 * 128 + 2 * 2048 * 4 * 128 + 2048 * 128)
+    model = catalog.read_model(_config(tmp_path, "Qwen3-30B-A3B", QWEN3_30B_A3B))
+    chips = 8
+    weights = 2 * (QWEN_MOE_EVERY_TOKEN + 2 * QWEN_MOE_LM_HEAD + 48 * 128 * QWEN_MOE_EXPERT)
+    assert weights == 2 * 30_531_911_680
+    per_chip_kv = 48 * 2 * 4 * 128 * 2 / 4
+    tokens = math.floor((H200_MEMORY * MEMORY_USE - weights / chips) / per_chip_kv)
+    assert tokens == 4_852_987
+    assert Roofline(model, catalog.chip("h200"), chips).kv_tokens() == tokens
+    # At TP 4 the 4 KV heads split evenly: 98,304 / 4 a chip again, a quarter of the weights.
+    four = math.floor((H200_MEMORY * MEMORY_USE - weights / 4) / per_chip_kv)
+    assert Roofline(model, catalog.chip("h200"), 4).kv_tokens() == four
+
+    def forward(tokens: int, requests: int, context: int) -> float:
+        bf16_peak = 989.5e12
+        flops = 2 * (QWEN_MOE_EVERY_TOKEN + 48 * 8 * QWEN_MOE_EXPERT + QWEN_MOE_LM_HEAD)
+        touched = 128 * (1 - (1 - 8 / 128) ** tokens)
+        read = 2 * (QWEN_MOE_EVERY_TOKEN + QWEN_MOE_LM_HEAD + 48 * touched * QWEN_MOE_EXPERT)
+        linear = max(
+            flops * tokens / (bf16_peak * COMPUTE * chips),
+            read / (H200_BANDWIDTH * MEMORY * chips),
+        )
+        attention = max(
+            786_432 * tokens * (context / requests) / (bf16_peak * COMPUTE * chips),
+            per_chip_kv * context / (H200_BANDWIDTH * MEMORY),  # one KV head a chip
+        )
+        ring = 2 * (chips - 1) / chips * tokens * 2048 * 2 / (NVLINK * INTERCONNECT)
+        return linear + attention + 2 * 48 * (ring + ALL_REDUCE_LATENCY)
+
+    cost = Roofline(model, catalog.chip("h200"), chips, efficiency=DS_IDLE)
+    kv_read = 24_576 * 64 * 4096 / (H200_BANDWIDTH * MEMORY)  # 1.68 ms, half of it split 8 ways
+    assert kv_read == pytest.approx(1.6777e-3, rel=1e-4)
+    for tokens, requests, context in ((64, 64, 64 * 4096), (256, 256, 256 * 4096)):
+        expected = forward(tokens, requests, context)
+        assert cost.verify(tokens, requests, context) == pytest.approx(expected, rel=1e-9)

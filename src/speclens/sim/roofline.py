@@ -8,16 +8,20 @@ parallel), costs
     + max(attention_flops(T, C / R) / (peak * e_c),  kv_bytes_per_token * C / (bandwidth * e_m))
     + 2 * layers * (ring all-reduce of T * hidden activations + latency)      (parallel > 1)
 
-each compute and memory term divided over the chips. peak(T) is the chip's peak, or, for a chip
-``calibrate --host`` measured, its matmul FLOP/s at T tokens (interpolated on the measured
-curve: a CPU reaches its peak only at wide batches). The weights are read once per step: all of
-a dense model's, and of a mixture of experts the shared parts plus the routed experts the T
-tokens touch (E * (1 - (1 - a / E)^T) per layer, for uniform routing), so a MoE step's bytes grow
-with its batch. A speculating sequence's verify step carries K + 1 query tokens. The drafter runs
-K forwards over the requests that draft: a ``draft_model`` is priced as that model's own step;
-``eagle``, ``eagle3``, ``mtp`` and ``dspark`` as ``draft_layers`` extra layers of the target's
-width plus its LM head; ``ngram`` is free. KV capacity is what the chips' memory holds beyond the
-weights (``kv_tokens``); the engine reserves K + 1 slots a sequence in it.
+each compute and memory term divided over the chips, but the KV cache's reads: those over the
+shards the KV splits in, min(parallel, KV heads) for GQA (a rank past the KV heads keeps a copy
+of one) and 1 for MLA (every rank holds the whole latent). Attention runs over each sequence's
+own context: C / R, the batch's mean, not the batch's total C. peak(T) is the chip's peak, or,
+for a chip ``calibrate --host`` measured, its matmul FLOP/s at T tokens (interpolated on the
+measured curve: a CPU reaches its peak only at wide batches). The weights are read once per
+step: all of a dense model's, and of a mixture of experts the shared parts plus the routed
+experts the T tokens touch (E * (1 - (1 - a / E)^T) per layer, for uniform routing), so a MoE
+step's bytes grow with its batch. A speculating sequence's verify step carries K + 1 query
+tokens. The drafter runs K forwards over the requests that draft: a ``draft_model`` is priced as
+that model's own step; ``eagle``, ``eagle3``, ``mtp`` and ``dspark`` as ``draft_layers`` extra
+layers of the target's width plus its LM head; ``ngram`` is free. KV capacity is what the chips'
+memory holds beyond the weights, each chip holding an equal share of the weights and one shard
+of every token's KV (``kv_tokens``); the engine reserves K + 1 slots a sequence in it.
 
 The efficiencies and the overhead are what ``speclens calibrate`` fits; the defaults are typical
 of a tuned engine, not measured here.
@@ -86,7 +90,9 @@ class Shape:
     weight_bytes: float  # per parameter, outside the routed experts
     expert_bytes: float
     kv_bytes_per_token: float  # all layers
-    kv_split: bool  # whether tensor parallelism splits the KV cache (not MLA's latent)
+    #: The most ranks tensor parallelism splits the KV cache over: the KV heads (a rank past
+    #: them holds a copy of one); 1 for MLA, whose one latent a token every rank holds whole.
+    kv_shards: int
     attention_flops_per_pair: float  # per query token per context token, all layers
     mtp_layers: int
 
@@ -130,7 +136,7 @@ class Shape:
             weight_bytes=BYTES[m.dtype],
             expert_bytes=BYTES[(e.dtype if e is not None else None) or m.dtype],
             kv_bytes_per_token=kv_per_token,
-            kv_split=m.mla is None,
+            kv_shards=1 if m.mla is not None else m.num_key_value_heads,
             attention_flops_per_pair=pair,
             mtp_layers=m.mtp_layers,
         )
@@ -186,7 +192,7 @@ class _Constants:
     curve: tuple[np.ndarray, np.ndarray] | None  # log tokens, TFLOP/s: a measured chip's curve
     compute: float  # e_c x chips
     memory: float  # bandwidth x e_m x chips
-    kv_memory: float  # bandwidth x e_m x the chips that split the KV cache
+    kv_memory: float  # bandwidth x e_m x the shards the chips split the KV cache in
     flops: float  # per token through the linear layers
     dense_read: float  # bytes read once a step but the routed experts
     expert_read: float  # bytes of one routed expert, over every MoE layer
@@ -217,7 +223,7 @@ class _Constants:
             curve=curve,
             compute=e.compute * tp,
             memory=bandwidth * e.memory * tp,
-            kv_memory=bandwidth * e.memory * (tp if s.kv_split else 1),
+            kv_memory=bandwidth * e.memory * roof.kv_shards,
             flops=s.flops_per_token(),
             dense_read=(s.dense_part() + s.lm_head) * s.weight_bytes,
             expert_read=s.moe_layers * s.expert * s.expert_bytes,
@@ -354,13 +360,20 @@ class Roofline:
         )
         return self.shape.weights_bytes() + draft + layers
 
+    @property
+    def kv_shards(self) -> int:
+        """The pieces the chips split a token's KV into: each chip holds and reads one. GQA
+        splits by KV head, up to its KV heads (past them a rank keeps a copy of one head); MLA's
+        latent is one piece every rank holds whole."""
+        return min(self.parallel, self.shape.kv_shards)
+
     def kv_tokens(self) -> int:
         """Tokens of KV cache the chips hold beyond the weights (0 when the weights do not
-        fit)."""
+        fit): each chip holds an equal share of the weights and one shard of every token's KV."""
         tp = self.parallel
         free = self.chip.memory_gb * 1e9 * self.efficiency.memory_utilization * tp
         free -= self.weights_bytes()
-        per_token = self.shape.kv_bytes_per_token * (1 if self.shape.kv_split else tp)
+        per_token = self.shape.kv_bytes_per_token * tp / self.kv_shards
         if free <= 0:
             return 0
         return math.floor(free / per_token) if per_token > 0 else MAX_KV_TOKENS

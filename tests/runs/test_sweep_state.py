@@ -223,3 +223,57 @@ def test_an_al_of_k_plus_one_is_in_range(tmp_path: Path) -> None:
         "axes": {"num_speculative_tokens": [4], "acceptance_length": [5.0]},
     })  # fmt: skip
     assert [(s.k, s.al) for s, _ in sweep_cli._settings(engines[0], [], [], None)] == [(4, 5.0)]  # type: ignore[arg-type]
+
+
+# ------------------------------------------------- the golden curve's AL against the records
+def test_the_golden_curves_al_is_pooled_from_the_ok_points_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--write-profile``'s AL at each K is 1 + accepted / verify steps summed over the measured,
+    successful requests of that K's points that finished ok, checked against the records
+    themselves (the end-to-end tier forces the curve back, which a wrong pooling survives)."""
+    failed = {"e-k4-c1-r1": 1}
+    seen: list[str] = []
+
+    def bench_point(options: Any, _slos: Any, _prompts: Any) -> int:
+        run = Path(options.output_dir)
+        seen.append(run.name)
+        i = len(seen)
+        write_run(run, [0.01] * 3, [4 + i, 3, 2 * i], [i, 2, 3 + i % 2])
+        with (run / "records.jsonl").open("a") as fh:  # neither is evidence
+            for extra in ({"warmup": True, "success": True}, {"warmup": False, "success": False}):
+                fh.write(json.dumps({**extra, "category": "random", "spec_decode_acceptance": {
+                    "num_spec_steps": 50, "num_accepted_draft_tokens": 50 * (i % 3)}}) + "\n")  # fmt: skip
+        return failed.get(run.name, 0)
+
+    monkeypatch.setattr(sweep_cli, "_bench_point", bench_point)
+    FakeServer.checks, FakeServer.lives = 0, 10**6
+    for name in ("start", "died", "stop"):
+        monkeypatch.setattr(sw.Server, name, getattr(FakeServer, name))
+    sweep_file = tmp_path / "s.yaml"
+    sweep_file.write_text(yaml.safe_dump({
+        "engines": [{"name": "e", "command": f"{sys.executable} -c pass {{port}} {{k}}",
+                     "method": "ngram", "hardware": "test-cpu"}],
+        "axes": {"num_speculative_tokens": [2, 4], "concurrency": [1]},
+    }))  # fmt: skip
+    out, curve = tmp_path / "out", tmp_path / "curve.yaml"
+    code, output = sweep_in_process("--sweep-file", sweep_file, "--rounds", "2", "--output-dir",
+                                    out, "--write-profile", curve, "--num-requests", "3")  # fmt: skip
+    assert code == 1, output  # the failed round's verdict; the curve is written all the same
+    data = json.loads((out / "sweep.json").read_text())
+    expected = {}
+    for k in (2, 4):
+        accepted = steps = 0
+        for point in data["points"]:
+            if point["settings"]["num_speculative_tokens"] != k or point["status"] != "ok":
+                continue
+            for line in (out / point["dir"] / "records.jsonl").read_text().splitlines():
+                row = json.loads(line)
+                if row["warmup"] or not row["success"]:
+                    continue
+                accepted += row["spec_decode_acceptance"]["num_accepted_draft_tokens"]
+                steps += row["spec_decode_acceptance"]["num_spec_steps"]
+        expected[k] = round(1 + accepted / steps, 4)
+    profiles = yaml.safe_load(curve.read_text())["profiles"]
+    assert {p["num_spec_tokens"]: p["acceptance_length"] for p in profiles} == expected
+    assert expected[2] != expected[4]

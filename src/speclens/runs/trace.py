@@ -129,10 +129,10 @@ def read_fields(path: Path, fields: Sequence[str]) -> Run:
     every records.jsonl line checked), keeping of each row only ``fields``: a row's raw payloads
     are dropped as soon as its line is read, and what is kept is bounded (``MAX_KEPT_BYTES``).
     Raises ``speclens.runs.compare.InputError``."""
-    from speclens.runs.compare import MAX_ROWS, InputError, Run, _read_json, summary_problems
+    from speclens.runs.compare import MAX_ROWS, InputError, Run, summary_problems
 
     summary_path, records = path / "summary.json", path / "records.jsonl"
-    summary = _read_json(summary_path)
+    summary = _read_summary(summary_path)
     problems = summary_problems(summary, str(summary_path))
     if problems:
         raise InputError(problems, 1)
@@ -168,6 +168,23 @@ def read_fields(path: Path, fields: Sequence[str]) -> Run:
     if problems:
         raise InputError(problems[:10], 1)
     return Run(path, summary, rows)
+
+
+def _read_summary(path: Path) -> Any:
+    """summary.json, within compare's bound on a file (``MAX_FILE_BYTES``), read at its size
+    (a read of the bound itself would take that much memory first, whatever the file holds)."""
+    from speclens.runs.compare import MAX_FILE_BYTES, InputError
+
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise InputError([f"{path}: larger than {MAX_FILE_BYTES} bytes"], 1)
+        with path.open("rb") as fh:
+            return orjson.loads(fh.read(size + 1))
+    except OSError as exc:
+        raise InputError([f"{path}: cannot be read: {exc.strerror or exc}"], 1) from None
+    except orjson.JSONDecodeError as exc:
+        raise InputError([f"{path}: not JSON ({exc})"[:300]], 1) from None
 
 
 def _run_trace(path: Path) -> Trace:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import math
 import signal
 import sys
 from dataclasses import dataclass
@@ -23,6 +24,9 @@ from speclens.acceptance import MAX_NUM_SPEC_TOKENS, ValidationError, validate
 from speclens.cli._common import REGISTRY_OPTION, fail, interrupt_deferred, load_registry
 
 log = logging.getLogger("speclens.serve")
+#: ``--collective-timeout``'s floor: under it, ordinary waits on a busy machine would stop the
+#: server.
+MIN_COLLECTIVE_TIMEOUT_S = 0.5
 
 
 class StatsChoice(StrEnum):
@@ -142,6 +146,15 @@ def _server_flags(port: int, max_queue: int, api_key: str | None) -> None:
     if api_key is not None and not api_key.strip():
         fail(
             "--api-key: empty; give a non-empty key, or omit the flag to serve without one", code=2
+        )
+
+
+def _check_collective_timeout(seconds: float) -> None:
+    if not (math.isfinite(seconds) and MIN_COLLECTIVE_TIMEOUT_S <= seconds <= 86400):
+        fail(
+            f"--collective-timeout {seconds:g}: expected seconds in "
+            f"{MIN_COLLECTIVE_TIMEOUT_S:g}..86400",
+            code=2,
         )
 
 
@@ -295,6 +308,12 @@ def serve(
         "--debug-lockstep",
         help="Ranks compare a checksum of their accepted counts every step (one all-reduce).",
     ),
+    collective_timeout: float = typer.Option(
+        60.0,
+        "--collective-timeout",
+        help="Tensor parallelism: seconds rank 0 waits in one collective before it calls a rank "
+        "stopped or hung, fails every request and stops the server.",
+    ),
     step_cost: str | None = typer.Option(
         None,
         "--step-cost",
@@ -352,6 +371,7 @@ class ServeArgs:
     device: str
     tensor_parallel_size: int
     debug_lockstep: bool
+    collective_timeout: float
     step_cost: str | None
 
     @property
@@ -363,6 +383,7 @@ class ServeArgs:
         """Check every flag, resolve acceptance, check the engine's configuration, then serve;
         every refusal exits before a port is bound."""
         _server_flags(self.port, self.max_queue, self.api_key)
+        _check_collective_timeout(self.collective_timeout)
         _check_k(self.num_speculative_tokens)
         spec_json = _speculative_json(self.speculative_config)
         workload = self._workload()
@@ -383,6 +404,7 @@ class ServeArgs:
             run_server(
                 config, self.name, self.host, self.port, self.api_key, self.stats_level.value,
                 self.max_queue, resolution, force_include_usage=self.force_include_usage,
+                collective_timeout_s=self.collective_timeout,
             )  # fmt: skip
         except ModelLoadError as exc:  # what the headers could not show (a tensor, the tokenizer)
             fail(_model_refusal(exc, self.model))
@@ -550,6 +572,7 @@ def run_server(
     resolution: Any = None,
     idle_timeout_s: float = 30.0,
     force_include_usage: bool = False,
+    collective_timeout_s: float | None = None,
 ) -> None:
     """Bind, build the engine and app, then serve until SIGINT/SIGTERM (exit 0) or until the
     engine fails (exit 1, after its traceback is logged once)."""
@@ -563,7 +586,7 @@ def run_server(
     from speclens.engine.config import ConfigError
 
     try:
-        engine = build_engine(config)
+        engine = build_engine(config, collective_timeout_s)
     except ConfigError as exc:  # a tensor-parallel rank that could not start
         fail(f"refused: {exc}")
     try:

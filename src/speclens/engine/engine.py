@@ -319,9 +319,18 @@ class Engine:
         return batch
 
     def check_alive(self) -> None:
-        """Raise ``RankDied`` when a tensor-parallel rank has ended (a no-op otherwise)."""
+        """Raise ``RankDied`` when a tensor-parallel rank has ended or stopped answering (a
+        no-op otherwise). Called while idle: rank 0 also checks, every ``HEARTBEAT_S``, that the
+        other ranks answer (a stopped rank is then caught by the collective timeout)."""
         if self.parallel is not None:
             self.parallel.check()
+            if self._leader:
+                self.parallel.heartbeat()
+
+    @property
+    def failure(self) -> str | None:
+        """Why a tensor-parallel engine cannot go on (a rank ended or stopped answering)."""
+        return self.parallel.dead if self.parallel is not None else None
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (rank 0; a no-op otherwise). Idempotent."""

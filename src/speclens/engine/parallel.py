@@ -57,9 +57,16 @@ UNSEEDED_ENV = "SPECLENS_TEST_UNSEEDED_RANK_DRAW"
 FAIL_RANK_ENV = "SPECLENS_TEST_FAIL_RANK"
 #: How long rank 0 waits for the other ranks to load their shards and join.
 STARTUP_TIMEOUT_S = 300.0
-#: Collectives never time out on their own: an idle server waits for its next request in one.
+#: gloo's own timeout, never reached: an idle follower waits for rank 0's next plan in one.
 #: A rank that dies is seen by rank 0's monitor (and by gloo as a closed connection).
 COLLECTIVE_TIMEOUT = datetime.timedelta(days=7)
+#: How long rank 0 waits in one collective before it calls the group wedged (a rank stopped or
+#: hung): its monitor then kills the other ranks, which fails the collective, the engine and
+#: every request (``serve --collective-timeout``). One collective spans one layer's forward at
+#: most, so a healthy rank answers far sooner.
+COLLECTIVE_TIMEOUT_S = 60.0
+#: An idle rank 0 checks that the ranks answer (one broadcast plan and one all-reduce) this often.
+HEARTBEAT_S = 1.0
 #: Bounds on a broadcast plan (bytes) and on the per-step log each rank keeps (steps).
 MAX_PLAN_BYTES = 1 << 28
 LOG_STEPS = 100_000
@@ -67,7 +74,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 class RankDied(RuntimeError):
-    """A rank process ended while the engine was running; the engine cannot go on."""
+    """A rank process ended, or stopped answering, while the engine was running; the engine
+    cannot go on."""
 
 
 class LockstepError(RuntimeError):
@@ -135,6 +143,13 @@ class Comm:
     calls: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
     listeners: list[Callable[[str], None]] = field(default_factory=list)
+    #: The collective in progress (its kind, and when it began on the monotonic clock), read by
+    #: rank 0's monitor; and when the last one ended.
+    waiting: tuple[str, float] | None = None
+    last_done: float = field(default_factory=time.monotonic)
+    #: Set by rank 0's monitor when a rank died or stopped answering: a collective that fails
+    #: afterwards raises ``RankDied`` with it.
+    failure: str | None = None
 
     @contextlib.contextmanager
     def _timed(self, kind: str) -> Iterator[None]:
@@ -142,10 +157,23 @@ class Comm:
         for listener in self.listeners:
             listener(kind)
         started = time.perf_counter()
+        self.waiting = (kind, time.monotonic())
         try:
             yield
+        except RuntimeError as exc:
+            raise self._failed(exc) from exc
         finally:
+            self.waiting = None
+            self.last_done = time.monotonic()
             self.seconds += time.perf_counter() - started
+
+    def _failed(self, exc: RuntimeError) -> RuntimeError:
+        """A failed collective as ``RankDied`` with what rank 0's monitor saw (it polls every
+        0.1 s, so a peer's closed connection may be seen here first), else as it came."""
+        deadline = time.monotonic() + 1.0
+        while self.failure is None and self.rank == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return RankDied(self.failure) if self.failure is not None else exc
 
     def all_reduce(self, tensor: torch.Tensor, kind: str = "all_reduce", op: Any = None) -> None:
         with self._timed(kind):
@@ -252,6 +280,8 @@ class Rank:
     accepted_log: deque[list[int]] = field(default_factory=lambda: deque(maxlen=LOG_STEPS))
     #: What a dead rank left behind (rank 0 only): set by the monitor, raised by ``check``.
     dead: str | None = None
+    #: Rank 0: the longest one collective may take before the group is called wedged.
+    timeout_s: float = COLLECTIVE_TIMEOUT_S
     journal: list[list[Any]] = field(default_factory=list)
     group: _Group | None = None
     steps: int = 0
@@ -289,6 +319,19 @@ class Rank:
 
     def receive(self) -> Any:
         return self.comm.broadcast_json(None, self.device)
+
+    def heartbeat(self) -> None:
+        """Rank 0, idle: every ``HEARTBEAT_S``, a plan that asks each rank to answer one
+        all-reduce, so a rank that stopped answering is found (by the monitor's timeout) while
+        no request is running too."""
+        self.check()
+        if time.monotonic() - self.comm.last_done < HEARTBEAT_S:
+            return
+        self.comm.broadcast_json({"op": "ping"}, self.device)
+        self.answer_ping()
+
+    def answer_ping(self) -> None:
+        self.comm.all_reduce(torch.zeros(1, dtype=torch.int64, device=self.device), "ping")
 
     # -- the step's shared tensors
     def share_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -336,7 +379,8 @@ class Rank:
         """Rank 0, between steps: every rank's per-step accepted counts, rank by rank."""
         self.comm.broadcast_json({"op": "report"}, self.device)
         gathered: list[Any] = [None] * self.size
-        dist.gather_object(list(self.accepted_log), gathered if self.leader else None, dst=0)
+        with self.comm._timed("report"):
+            dist.gather_object(list(self.accepted_log), gathered if self.leader else None, dst=0)
         return gathered
 
     def answer_report(self) -> None:
@@ -368,15 +412,16 @@ def _threads_per_rank(size: int) -> int:
     return max(1, (cores or 1) // size)
 
 
-def launch(config: EngineConfig) -> Engine:
+def launch(config: EngineConfig, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> Engine:
     """Rank 0's engine with ranks 1..N-1 started beside it and joined: ``join(start(config))``."""
-    return join(config, start(config))
+    return join(config, start(config, timeout_s))
 
 
-def start(config: EngineConfig) -> Rank:
+def start(config: EngineConfig, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> Rank:
     """Start ranks 1..N-1 (they load their shards meanwhile); refuses (``ConfigError``, one line)
     a size this machine cannot take. Call it on a thread that outlives the ranks (the main
-    thread): Linux's parent-death signal fires when the thread that started a process ends."""
+    thread): Linux's parent-death signal fires when the thread that started a process ends.
+    ``timeout_s``: the longest rank 0 waits in one collective before it stops the group."""
     size = config.tensor_parallel_size
     problem = capacity_problem(size, config.device)
     if problem is not None:
@@ -387,7 +432,7 @@ def start(config: EngineConfig) -> Rank:
     )  # fmt: skip
     group = _Group(store, [], threads=torch.get_num_threads())
     rank = Rank(0, size, torch.device(_rank_device(config, 0)), config.debug_lockstep)
-    rank.group = group
+    rank.group, rank.timeout_s = group, timeout_s
     try:
         payload = pickle.dumps(config)
         for r in range(1, size):
@@ -464,15 +509,38 @@ def _wait_for_ranks(group: _Group, size: int) -> None:
 
 
 def _watch(rank: Rank) -> None:
+    """Rank 0's monitor: a rank that exits, or a collective that outlasts ``rank.timeout_s``
+    (a rank stopped or hung), ends the engine. A wedged group's ranks are killed, which fails
+    the collective rank 0 waits in; either way the next collective or check raises
+    ``RankDied`` with the reason."""
     group = rank.group
     assert group is not None
     while not group.closing:
         for r, process in enumerate(group.processes, start=1):
             if process.poll() is not None and not group.closing:
-                rank.dead = f"tensor-parallel rank {r} exited with code {process.returncode}"
-                log.error("%s; the engine cannot go on", rank.dead)
+                _fail(rank, f"tensor-parallel rank {r} exited with code {process.returncode}")
                 return
+        waiting = rank.comm.waiting
+        if waiting is not None and time.monotonic() - waiting[1] > rank.timeout_s:
+            if group.closing:
+                return
+            pids = [p.pid for p in group.processes]
+            _fail(
+                rank,
+                f"tensor-parallel ranks did not complete a collective ({waiting[0]}) within "
+                f"{rank.timeout_s:g} s (--collective-timeout): a rank is stopped or hung; "
+                f"stopping the other ranks (pids {pids})",
+            )
+            for process in group.processes:
+                with contextlib.suppress(OSError):
+                    process.kill()
+            return
         time.sleep(0.1)
+
+
+def _fail(rank: Rank, reason: str) -> None:
+    rank.dead = rank.comm.failure = reason
+    log.error("%s; the engine cannot go on", reason)
 
 
 def close(rank: Rank | None) -> None:
@@ -571,5 +639,8 @@ def follow(engine: Engine, rank: Rank) -> None:
             return
         if op == "report":
             rank.answer_report()
+            continue
+        if op == "ping":
+            rank.answer_ping()
             continue
         engine.follow(plan)

@@ -82,7 +82,10 @@ def _add_info_routes(
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200 if runner.ready else 503)
+        """200 while the engine serves; 503 before it starts, once it has failed, and as soon
+        as a tensor-parallel rank has ended or stopped answering."""
+        healthy = runner.ready and runner.engine.failure is None
+        return Response(status_code=200 if healthy else 503)
 
     @app.get("/version")
     async def version() -> Response:

@@ -6,7 +6,8 @@ its priced cost in real time (its own work included), so a mock server paces tok
 thing.
 
 A tensor-parallel engine (``build_engine`` starts its ranks) dies the same way when one of its
-ranks ends: the runner checks between steps, idle or not.
+ranks ends, or stops answering (a collective that outlasts its timeout): the runner checks
+between steps, idle or not, and an idle runner has rank 0 check that the ranks answer.
 
 If the engine thread fails, the runner is dead for good (an engine's state after a failed step
 cannot be trusted): every waiting and running request gets ``EngineDead`` at once, new ones are
@@ -62,8 +63,11 @@ class Snapshot:
     kv_usage: float
 
 
-def build_engine(config: EngineConfig) -> Engine:
+def build_engine(config: EngineConfig, collective_timeout_s: float | None = None) -> Engine:
     """``Engine(config)`` built on a thread that ends before this returns.
+
+    ``collective_timeout_s``: with tensor parallelism, the longest rank 0 waits in one
+    collective before it calls the group wedged (``parallel.COLLECTIVE_TIMEOUT_S`` if None).
 
     PyTorch's OpenMP runtime keeps a pool of worker threads for every thread that has run a
     parallel region, and a pool left on the main thread by loading the weights made every
@@ -75,9 +79,9 @@ def build_engine(config: EngineConfig) -> Engine:
     failed: list[BaseException] = []
     rank = None
     if config.tensor_parallel_size > 1:  # started here: a rank dies with the thread starting it
-        from speclens.engine.parallel import join, start
+        from speclens.engine.parallel import COLLECTIVE_TIMEOUT_S, join, start
 
-        rank = start(config)
+        rank = start(config, collective_timeout_s or COLLECTIVE_TIMEOUT_S)
 
     def build() -> None:
         try:

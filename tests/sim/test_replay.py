@@ -185,6 +185,37 @@ def test_a_prefill_computes_only_the_prompt_tokens_not_from_the_cache() -> None:
     assert two.latency - two.ttft == pytest.approx(one.latency - one.ttft)
 
 
+def test_a_verify_step_attends_over_its_k_drafts() -> None:
+    """A verify step's context is the prompt, the tokens so far and its K drafts; a step that
+    drafted nothing attends over the prompt and the tokens so far only. By hand, at K 4: a
+    prompt of 100, three verify steps accepting 2 drafts each (3 tokens a step after the
+    prefill's 1) attend over 100 + 1 + 4, 100 + 4 + 4 and 100 + 7 + 4 tokens."""
+    from speclens.sim.replay import Recorded
+
+    drafting = TraceRequest(0, 0.0, 100, 1 + 3 * 3, "c", 3, 6, {2: 3})
+    t = trace([drafting], 1)
+    emitted, context, drafted, accepted = Recorded(t, K, np.random.default_rng(0))._one(
+        100, drafting.output_tokens, drafting
+    )
+    assert emitted.tolist() == [3, 3, 3] and drafted.tolist() == [True] * 3
+    assert accepted.tolist() == [2, 2, 2]
+    assert context.tolist() == [105, 108, 111]
+    # one verify step that accepted nothing and two that drafted nothing, in a random order
+    mixed = TraceRequest(1, 0.0, 50, 1 + 3, "c", 1, 0, {0: 1})
+    _, context, drafted, _ = Recorded(trace([mixed], 1), K, np.random.default_rng(1))._one(
+        50, mixed.output_tokens, mixed
+    )
+    assert drafted.sum() == 1
+    assert sorted(zip(drafted.tolist(), context.tolist(), strict=True)) == sorted(
+        (bool(d), 51 + i + 4 * bool(d)) for i, d in enumerate(drafted.tolist())
+    )
+    # priced by context alone (1 ms a token), the request's decode takes 105 + 108 + 111 ms
+    cost = StepCost(base=0.0, per_token=0.0, per_seq=0.0, per_context_token=1e-3,
+                    draft_base=0.0, draft_per_token=0.0)  # fmt: skip
+    (record,) = replay(t, cost, K, 256, 8192).records
+    assert record.latency - record.ttft == pytest.approx(0.324)
+
+
 def test_a_request_without_acceptance_decodes_a_token_a_step() -> None:
     req = TraceRequest(0, 0.0, 10, 9, "c")
     result = replay(Trace(Path("t"), "mooncake", [req]), TRUE, 0, 256, 8192)

@@ -1,6 +1,7 @@
 """Observe, calibrate, replay, compare, end to end against a real server: ``speclens serve`` on
 the dummy model with n-gram K 4 (real drafting), benched closed-loop at concurrency 1 and 4,
-``calibrate`` on those two runs, a held-out run at concurrency 8 replayed from its trace with the
+``calibrate`` on those two runs (its step counts against the engine's own, its price of a step
+against what the runs took), a held-out run at concurrency 8 replayed from its trace with the
 fitted cost, and ``compare OBSERVED SIMULATED``. What is checked is the plumbing: the replay
 sends the same requests (indices, lengths, each one's acceptance) in the same loop, and compare
 reports its fidelity request by request. How close the prediction is, is a timing claim:
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -59,6 +61,24 @@ def test_observe_calibrate_replay_compare(tmp_path: Path) -> None:
         "fit"
     ]
     assert fitted["provenance"]["engine"].startswith("speclens==") and "decode steps" in out
+    # Observed on a real server, not built by the replay: the fit counts each request's decode
+    # steps as the engine ran them. Counted from tokens (completion - 1 - accepted) they come
+    # out short wherever max_tokens cut the last step's accepted drafts: 10 of 14 at K 4.
+    calibrated = [row for c in (1, 4) for row in rows(runs[c]).values()]
+    ran = [row["spec_decode_acceptance"]["num_decode_steps"] for row in calibrated]
+    assert fitted["fit"]["decode_steps"] == sum(ran)
+    assert sum(ran) > sum(row["completion_tokens"] - 1
+                          - row["spec_decode_acceptance"]["num_accepted_draft_tokens"]
+                          for row in calibrated)  # fmt: skip
+    # and prices a step of one request as the concurrency-1 run took one (its decode time over
+    # its decode steps, at its context half way), within the machine's noise
+    price, c1 = fitted["step_cost"], rows(runs[1]).values()
+    took = [(row["latency_s"] - row["ttft_s"]) / row["spec_decode_acceptance"]["num_decode_steps"]
+            for row in c1]  # fmt: skip
+    priced = [price["base"] + price["per_seq"]
+              + price["per_context_token"] * (row["prompt_tokens"] + row["completion_tokens"] / 2)
+              for row in c1]  # fmt: skip
+    assert float(np.median(priced)) == pytest.approx(float(np.median(took)), rel=0.35)
 
     sim = tmp_path / "sim8"
     _, err = speclens("sim", "--trace", runs[8], "--step-cost", cost, "--output-dir", sim)

@@ -1,8 +1,8 @@
 """Fit a step cost from observed runs of any engine, black box: only what the client saw.
 
 A streamed request's chunks show when its decode steps ended, and its acceptance says how many
-there were (completion tokens - 1 - accepted drafts: every step emits one token plus the drafts
-it accepted). The batch around it is rebuilt from the run itself: over each chunk, the requests
+there were (the server's ``num_decode_steps`` where it counts them; else completion tokens - 1 -
+accepted drafts: every step emits one token plus the drafts it accepted). The batch around it is rebuilt from the run itself: over each chunk, the requests
 decoding (first token to finish) and their context (prompt plus tokens so far), weighted by the
 chunk's time; and the prompts prefilled while it decoded (requests whose first token arrived in
 its span, those admitted together counted as one prefill step). Per request, then, its decode
@@ -112,7 +112,13 @@ def _spec(row: dict[str, Any], key: str) -> int:
 
 
 def _decode_steps(row: dict[str, Any]) -> int:
-    """The request's decode steps: each emits one token plus the drafts it accepted."""
+    """The request's decode steps: as the server counted them (``num_decode_steps``: speclens
+    serve, sim); else from its tokens, each step emitting one plus the drafts it accepted. The
+    count from tokens is short where ``max_tokens`` cut the last step's accepted drafts (by up
+    to K steps: on speclens serve at K 4 and 48 tokens, 10 counted of 14 run)."""
+    stated = _spec(row, "num_decode_steps")
+    if stated:
+        return stated
     accepted = _spec(row, "num_accepted_draft_tokens")
     return max(1, int(row["completion_tokens"]) - 1 - accepted)
 

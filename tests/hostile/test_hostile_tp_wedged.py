@@ -102,7 +102,7 @@ def test_a_stopped_rank_fails_the_request_in_flight_and_health(tmp_path: Path) -
         cleanup(server, rank)
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "0.1"])
+@pytest.mark.parametrize("value", ["0.1", "nan", "100000"])
 def test_a_collective_timeout_out_of_range_is_a_usage_error(value: str) -> None:
     done = launch.run(
         serve_command(["-tp", "2", "--collective-timeout", value], free_port()),

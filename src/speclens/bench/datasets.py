@@ -131,13 +131,13 @@ def trace_prompts(path: Path) -> list[Prompt]:
     from speclens.runs.trace import TraceError, read_trace
 
     trace = read_trace(path)
-    words = sum(r.input_tokens for r in trace.requests)
-    if words * WORD_BYTES > MAX_DATASET_BYTES:
+    tokens = sum(r.input_tokens for r in trace.requests)
+    if tokens * WORD_BYTES > MAX_DATASET_BYTES:
         file, field = ((path / "records.jsonl", "prompt_tokens") if trace.kind == "run"
                        else (path, "input_length"))  # fmt: skip
         raise TraceError([
-            f"{file}: {field}: {len(trace.requests):,} requests ask for {words:,} input tokens "
-            f"in all, up to {words * WORD_BYTES:,} bytes of prompt text (a word of filler a "
+            f"{file}: {field}: {len(trace.requests):,} requests ask for {tokens:,} input tokens "
+            f"in all, up to {tokens * WORD_BYTES:,} bytes of prompt text (a word of filler a "
             f"token), over the {MAX_DATASET_BYTES:,} bytes a prompt set may hold: send fewer "
             "or shorter requests"
         ])  # fmt: skip

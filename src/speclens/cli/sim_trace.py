@@ -143,7 +143,7 @@ def replay_command(
     k = _k(trace, scenario, scenario_path)
     max_num_seqs, budget = _engine_limits(scenario, trace)
     where = _priced_by(cost, meta, cost_source, step_cost, scenario)
-    problems = limits.trace_problems(trace, cost, k, max_num_seqs, budget, where)
+    problems = limits.trace_problems(trace, cost, k, where)
     if problems:
         fail(problems)
     stream = None

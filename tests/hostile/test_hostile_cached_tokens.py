@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from speclens.bench.client import RequestRecord, Tally, finish_record
-from speclens.runs.compare import InputError, read_run
+from speclens.runs.compare import read_run
+from speclens.runs.rundir import InputError
 from speclens.runs.report import RecordStream, record_row
 from speclens.sim import run_output
 

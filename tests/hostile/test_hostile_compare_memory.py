@@ -12,6 +12,7 @@ import pytest
 
 from comparekit import write_run
 from speclens.runs import compare as cmp
+from speclens.runs import rundir
 
 #: A streamed response's events, as bench keeps them in ``raw``: many small objects.
 EVENT = {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "a",
@@ -57,10 +58,10 @@ def test_what_is_kept_of_all_inputs_together_is_bounded(
     b = write_run(tmp_path / "b", seed=2)
     one = cmp.read_run(a)
     size = sum(len(orjson.dumps(r, option=orjson.OPT_NON_STR_KEYS)) for r in one.rows)
-    monkeypatch.setattr(cmp, "MAX_KEPT_BYTES", int(size * 1.5))
+    monkeypatch.setattr(rundir, "MAX_KEPT_BYTES", int(size * 1.5))
     cmp.read_run(a)  # one run fits
     code, out, err = run_cli("compare", a, b)
     assert code == 1 and "Traceback" not in out + err, (code, out, err)
     (line,) = err.strip().splitlines()
     assert line.startswith(f"{b / 'records.jsonl'}: line ")
-    assert f"the fields compare keeps of its inputs pass {int(size * 1.5):,} bytes in all" in line
+    assert f"the fields kept of its inputs pass {int(size * 1.5):,} bytes in all" in line

@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from speclens.runs import rundir
 from speclens.runs import trace as trace_module
 from speclens.runs.report import RecordStream
 from speclens.runs.trace import Trace, TraceError, TraceRequest, read_trace
@@ -76,7 +77,7 @@ def test_a_trace_keeps_no_raw_payload(runs: dict[int, Path]) -> None:
     assert peak < 8 * 2**20, f"read_trace held {peak:,} bytes of a 3 MB run at once"
     assert t.concurrency == 4 and t.k == K and t.model == "dummy"
     assert {r.histogram == {0: 2, 1: 2, 2: 2, 3: 2} for r in t.requests} == {True}
-    run = trace_module.read_fields(runs[4], trace_module.TRACE_FIELDS)
+    run = rundir.read_run(runs[4], rundir.fields(trace_module.TRACE_FIELDS), dict)
     assert all(set(row) <= set(trace_module.TRACE_FIELDS) for row in run.rows)
     assert all("raw" not in row and "itl_runs_s" not in row for row in run.rows)
 
@@ -96,13 +97,13 @@ def test_what_a_trace_keeps_is_bounded_in_one_line(
 ) -> None:  # fmt: skip
     """The bound counts the fields kept, not the raw payloads dropped: under it, a 3 MB run
     reads; past it, one line naming the file and the row where it was passed."""
-    monkeypatch.setattr(trace_module, "MAX_KEPT_BYTES", 4000)
+    monkeypatch.setattr(rundir, "MAX_KEPT_BYTES", 4000)
     with pytest.raises(TraceError) as caught:
         read_trace(runs[4])
     (line,) = caught.value.lines
     records = runs[4] / "records.jsonl"
     assert line.startswith(f"{records}: line ") and line.endswith(
-        "pass 4,000 bytes: expected a smaller run"
+        "pass 4,000 bytes in all: expected fewer or smaller runs"
     ), line
     cost = tmp_path / "cost.yaml"
     cost.write_text("base: 0.01\n")
@@ -111,4 +112,4 @@ def test_what_a_trace_keeps_is_bounded_in_one_line(
     with pytest.raises(calibrate.CalibrationError) as refused:
         calibrate.observe(runs[4])
     (line,) = refused.value.lines
-    assert line.startswith(f"{records}: line ") and "itl_runs_s" in line, line
+    assert line.startswith(f"{records}: line ") and "pass 4,000 bytes in all" in line, line

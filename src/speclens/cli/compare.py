@@ -53,6 +53,7 @@ def compare(
     first, then throughput at matched concurrency and at matched interactivity, with 95% CIs."""
     from speclens.acceptance import ValidationError
     from speclens.runs import compare as cmp
+    from speclens.runs.rundir import InputError
 
     if len(inputs) < 2:
         fail("command line: INPUTS: expected two or more run or sweep directories", 2)
@@ -71,7 +72,7 @@ def compare(
         result = cmp.compare(read, differ, seed)
     except ValidationError as exc:
         fail([str(p) for p in exc.problems], 2)
-    except cmp.InputError as exc:
+    except InputError as exc:
         fail(exc.lines, exc.code)
     if output_dir is not None:
         _write(output_dir, result)

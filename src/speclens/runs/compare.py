@@ -14,7 +14,7 @@ Deltas, each with a 95% interval: the ratio B / A at matched concurrency (or req
 at matched interactivity (tokens/s per user) read off each input's Pareto curve of throughput per
 GPU, interpolated only where both curves reach. Every file is read through bounds and the record
 validators (``record.row_problems``) and kept only in the fields compare reads, bounded in all
-(``MAX_KEPT_BYTES``); nothing here trusts a figure it did not recompute.
+(``rundir.MAX_KEPT_BYTES``); nothing here trusts a figure it did not recompute.
 
 Fidelity, for a pair of two single runs that sent the same requests (a simulator's replay of an
 observed run keeps each request's index): B's error against A request by request, matched by
@@ -26,13 +26,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-import re
 import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
 import orjson
@@ -40,8 +39,10 @@ from scipy import stats as _stats
 
 from speclens.acceptance import ValidationError
 from speclens.acceptance.errors import Problem
+from speclens.runs import rundir
 from speclens.runs.points import PointError, point_figures
-from speclens.runs.record import MAX_COUNT, MAX_LINE_BYTES, MAX_SECONDS, TOLERANCE, parse_row
+from speclens.runs.record import MAX_SECONDS, TOLERANCE
+from speclens.runs.rundir import Budget, InputError, Run, is_number, read_json
 from speclens.runs.stats import CONFIDENCE, Interval, RealizedAL, realized_al
 
 SCHEMA = "speclens.compare/1"
@@ -65,16 +66,9 @@ FIDELITY_FIGURES = ("e2e", "ttft", "tpot", "itl")
 #: Fewest requests matched by index for a fidelity block: one request is an anecdote.
 MIN_MATCHED = 2
 
-#: Bounds on what is read: one file, one records.jsonl line, rows per run, points per sweep, inputs.
-MAX_FILE_BYTES = 64 * 2**20
-MAX_ROWS = 2**20
+#: Bounds on what is read (a run's files: ``speclens.runs.rundir``): points per sweep, inputs.
 MAX_POINTS = 4096
 MAX_INPUTS = 26
-#: The most bytes (as JSON) of what compare keeps of all its inputs together: the fields it
-#: reads of every summary and records.jsonl row (``SUMMARY_FIELDS``, ``ROW_FIELDS``): about
-#: 300 bytes a request, held in about 3 times that (some 900,000 requests in 0.8 GB at most),
-#: whatever the rows' raw payloads weigh.
-MAX_KEPT_BYTES = 256 * 2**20
 
 #: The fields of a records.jsonl row compare reads; the rest (the raw wire payloads above all)
 #: are dropped as each line is read. Of ``itl_runs_s`` it keeps one run, the request's token-
@@ -88,19 +82,8 @@ SPEC_FIELDS = ("num_spec_tokens", "num_spec_steps", "num_accepted_draft_tokens",
 SUMMARY_FIELDS = {"settings": None, "server": ("engine", "acceptance"),
                   "figures": ("duration_s",), "verdict": ("passed",)}  # fmt: skip
 
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _LOAD_KEYS = ("concurrency", "request_rate")
 _POINT_KEYS = ("concurrency", "request_rate", "num_speculative_tokens", "acceptance_length")
-
-
-class InputError(Exception):
-    """An input that cannot be compared: one line per problem, and the exit code (1: an invalid
-    file, 2: a usage error such as a directory that is not a run, or runs of different models)."""
-
-    def __init__(self, lines: Sequence[str], code: int) -> None:
-        super().__init__("\n".join(lines))
-        self.lines = list(lines)
-        self.code = code
 
 
 def prompts_sha256(rows: Iterable[tuple[str, int | None, str]]) -> str:
@@ -113,140 +96,6 @@ def prompts_sha256(rows: Iterable[tuple[str, int | None, str]]) -> str:
 
 
 # --- reading runs and sweeps ----------------------------------------------------------------------
-
-
-@dataclass
-class Run:
-    """One run directory, checked: its summary and its measured rows."""
-
-    path: Path
-    summary: dict[str, Any]
-    rows: list[dict[str, Any]]
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        return dict(self.summary["settings"])
-
-    @property
-    def completed(self) -> list[dict[str, Any]]:
-        return [r for r in self.rows if r.get("success") and "row_error" not in r]
-
-    @property
-    def forced(self) -> bool:
-        """The server forced its acceptance (speclens serve says so), or bench judged the run
-        against an expected AL."""
-        server = self.summary.get("server")
-        acceptance = server.get("acceptance") if isinstance(server, dict) else None
-        if isinstance(acceptance, dict) and acceptance.get("forced") is True:
-            return True
-        return isinstance(self.summary.get("verdict"), dict)
-
-    @property
-    def forced_al(self) -> float | None:
-        server = self.summary.get("server")
-        acceptance = server.get("acceptance") if isinstance(server, dict) else None
-        if not isinstance(acceptance, dict) or acceptance.get("forced") is not True:
-            return None
-        value = acceptance.get("acceptance_length")
-        return float(value) if _is_number(value) else None
-
-    @property
-    def engine(self) -> str | None:
-        server = self.summary.get("server")
-        engine = server.get("engine") if isinstance(server, dict) else None
-        return engine if isinstance(engine, str) else None
-
-    def ks(self) -> set[int]:
-        """The K its requests report; else the server's; else the one its settings state
-        (``bench --num-spec-tokens``, for a server that reports none, as llama.cpp)."""
-        out = {s["num_spec_tokens"] for s in self.specs() if s.get("num_spec_tokens")}
-        if out:
-            return out
-        server = self.summary.get("server")
-        acceptance = server.get("acceptance") if isinstance(server, dict) else None
-        served = acceptance.get("num_speculative_tokens") if isinstance(acceptance, dict) else None
-        for k in (served, self.settings.get("num_speculative_tokens")):
-            if _is_int(k) and k > 0:
-                return {k}
-        return set()
-
-    def specs(self) -> list[dict[str, Any]]:
-        return [r["spec_decode_acceptance"] for r in self.completed
-                if isinstance(r.get("spec_decode_acceptance"), dict)]  # fmt: skip
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
-
-
-def _is_number(value: object) -> TypeGuard[float]:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise InputError([f"{path}: larger than {MAX_FILE_BYTES} bytes"], 1)
-        with path.open("rb") as fh:
-            return orjson.loads(fh.read(MAX_FILE_BYTES + 1))
-    except OSError as exc:
-        raise InputError([f"{path}: cannot be read: {exc.strerror or exc}"], 1) from None
-    except orjson.JSONDecodeError as exc:
-        raise InputError([f"{path}: not JSON ({exc})"[:300]], 1) from None
-
-
-#: (field, test, what it must be) for every settings field compare reads.
-_SETTINGS = (
-    ("model", lambda v: isinstance(v, str) and v, "a model name"),
-    ("max_tokens", lambda v: v is None or (_is_int(v) and v > 0), "null or an integer > 0"),
-    ("ignore_eos", lambda v: isinstance(v, bool), "true or false"),
-    ("temperature", lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-    ("concurrency", lambda v: v is None or (_is_int(v) and v > 0), "null or an integer > 0"),
-    ("request_rate", lambda v: v is None or (_is_number(v) and v > 0), "null or a number > 0"),
-    ("prompts_sha256", lambda v: v is None or (isinstance(v, str) and _SHA256.fullmatch(v)),
-     "null or 64 lowercase hex digits"),
-    ("stream", lambda v: v is None or isinstance(v, bool), "null or true or false"),
-    ("endpoint", lambda v: v is None or (isinstance(v, str) and 0 < len(v) <= 64),
-     "null or an endpoint name"),
-)  # fmt: skip
-
-
-def summary_problems(summary: object, where: str) -> list[str]:
-    """What is wrong with a run's summary.json, for every field compare reads."""
-    if not isinstance(summary, dict):
-        return [f"{where}: expected a JSON object, got {type(summary).__name__}"]
-    settings, figures = summary.get("settings"), summary.get("figures")
-    if not isinstance(settings, dict) or not isinstance(figures, dict):
-        return [f"{where}: settings, figures: missing: not a speclens run summary"]
-    out = []
-    for name, test, what in _SETTINGS:
-        value = settings.get(name)
-        if not test(value):
-            out.append(f"{where}: settings.{name}: expected {what}, got {value!r:.60}")
-    server = summary.get("server")
-    if server is not None and not isinstance(server, dict):
-        out.append(f"{where}: server: expected null or an object, got {server!r:.60}")
-    if isinstance(server, dict) and not isinstance(server.get("acceptance", {}), dict | None):
-        out.append(f"{where}: server.acceptance: expected an object, got "
-                   f"{server['acceptance']!r:.60}")  # fmt: skip
-    duration = figures.get("duration_s")
-    if not (_is_number(duration) and duration >= 0):
-        out.append(f"{where}: figures.duration_s: expected seconds >= 0, got {duration!r:.60}")
-    return out
-
-
-class Budget:
-    """What compare may still keep, in bytes of JSON (``MAX_KEPT_BYTES`` for one comparison)."""
-
-    def __init__(self, limit: int | None = None) -> None:
-        self.limit = MAX_KEPT_BYTES if limit is None else limit
-        self.left = self.limit
-
-    def take(self, kept: object, where: str) -> None:
-        self.left -= len(orjson.dumps(kept, option=orjson.OPT_NON_STR_KEYS))
-        if self.left < 0:
-            raise InputError([f"{where}: the fields compare keeps of its inputs pass "
-                              f"{self.limit:,} bytes in all: compare fewer or smaller runs"], 1)  # fmt: skip
 
 
 def slim_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -265,6 +114,11 @@ def slim_row(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_run(path: Path, budget: Budget | None = None) -> Run:
+    """A run directory, checked, in the fields compare reads (``slim_row``, ``slim_summary``)."""
+    return rundir.read_run(path, slim_row, slim_summary, budget)
+
+
 def slim_summary(summary: dict[str, Any]) -> dict[str, Any]:
     """The fields of a checked summary compare reads (``SUMMARY_FIELDS``)."""
     out: dict[str, Any] = {}
@@ -275,52 +129,6 @@ def slim_summary(summary: dict[str, Any]) -> dict[str, Any]:
         if key in summary:
             out[key] = value
     return out
-
-
-def _read_rows(path: Path, budget: Budget) -> list[dict[str, Any]]:
-    """The measured rows of records.jsonl, each through ``row_problems`` and kept only in the
-    fields compare reads (``slim_row``, counted against ``budget``); the first bad lines raise
-    one InputError."""
-    rows: list[dict[str, Any]] = []
-    problems: list[str] = []
-    try:
-        with path.open("rb") as fh:
-            for number in range(1, MAX_ROWS + 2):
-                line = fh.readline(MAX_LINE_BYTES + 1)
-                if not line:
-                    break
-                if number > MAX_ROWS:
-                    problems.append(f"{path}: holds more than {MAX_ROWS} rows")
-                    break
-                if not line.strip():
-                    continue
-                row, wrong = parse_row(line)
-                problems += [f"{path}: line {number}{': ' + f if f else ''}: {w}" for f, w in wrong]
-                if len(problems) >= 10:
-                    break
-                if row is not None and not row.get("warmup"):
-                    kept = slim_row(row)
-                    budget.take(kept, f"{path}: line {number}")
-                    rows.append(kept)
-    except OSError as exc:
-        raise InputError([f"{path}: cannot be read: {exc.strerror or exc}"], 1) from None
-    if problems:
-        raise InputError(problems[:10], 1)
-    return rows
-
-
-def read_run(path: Path, budget: Budget | None = None) -> Run:
-    """A run directory, checked, in the fields compare reads; what it keeps is counted against
-    ``budget`` (one comparison's, or ``MAX_KEPT_BYTES`` for this run alone)."""
-    budget = budget if budget is not None else Budget()
-    summary_path = path / "summary.json"
-    summary = _read_json(summary_path)
-    problems = summary_problems(summary, str(summary_path))
-    if problems:
-        raise InputError(problems, 1)
-    kept = slim_summary(summary)
-    budget.take(kept, str(summary_path))
-    return Run(path, kept, _read_rows(path / "records.jsonl", budget))
 
 
 @dataclass
@@ -401,7 +209,7 @@ def read_inputs(paths: Sequence[Path], labels: Sequence[str], gpus: Sequence[int
 
 def _read_sweep(path: Path, label: str, gpus: int, budget: Budget) -> list[Input]:
     where = path / "sweep.json"
-    sweep = _read_json(where)
+    sweep = read_json(where)
     if not isinstance(sweep, dict) or sweep.get("schema") != SWEEP_SCHEMA:
         got = sweep.get("schema") if isinstance(sweep, dict) else type(sweep).__name__
         raise InputError([f"{where}: schema: expected {SWEEP_SCHEMA!r}, got {got!r:.60}"], 1)
@@ -445,7 +253,7 @@ def _sweep_point(
         raise InputError([f"{where}.dir: expected a path inside the sweep, got {rel!r:.60}"], 1)
     for key in _POINT_KEYS:
         value = settings.get(key)
-        if value is not None and not (_is_number(value) and value > 0):
+        if value is not None and not (is_number(value) and value > 0):
             raise InputError([f"{where}.settings.{key}: expected null or a number > 0, got "
                               f"{value!r:.60}"], 1)  # fmt: skip
     run_dir = root / rel
@@ -860,7 +668,7 @@ def matched_interactivity(a: Input, b: Input, prefix: str) -> tuple[list[dict[st
 
 def _seconds(value: object) -> float | None:
     """A time a row holds, bounded as every checked time is (``tpot_s`` is not checked on read)."""
-    return float(value) if _is_number(value) and 0 <= value <= MAX_SECONDS else None
+    return float(value) if is_number(value) and 0 <= value <= MAX_SECONDS else None
 
 
 #: One request's per-request figures (``request_figures``), in seconds.

@@ -19,14 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-from speclens.runs.record import MAX_LINE_BYTES, MAX_SECONDS, parse_row
-
-if TYPE_CHECKING:
-    from speclens.runs.compare import Run
+from speclens.runs import rundir
+from speclens.runs.record import MAX_SECONDS
+from speclens.runs.rundir import InputError
 
 #: Bounds on a trace file: its size, its requests, and a request's tokens (each becomes words of
 #: filler for bench and decode steps of arrays for the replay).
@@ -37,9 +36,6 @@ MAX_TRACE_TOKENS = 2**20
 #: hold (``speclens.runs.record.MAX_SECONDS``); past it a step's price would vanish in the clock's
 #: rounding and the replay's records could not be read back.
 MAX_TRACE_SPAN_MS = MAX_SECONDS * 1000.0
-#: The most bytes of the fields a reader keeps of a run's records.jsonl (``read_fields``), as
-#: JSON: the raw payloads and every field it does not read are dropped line by line.
-MAX_KEPT_BYTES = 64 * 2**20
 #: The fields of a records.jsonl row a replay reads (``read_trace``).
 TRACE_FIELDS = ("index", "success", "row_error", "warmup", "category", "start_s", "scheduled_s",
                 "latency_s", "prompt_tokens", "completion_tokens", "cached_tokens",
@@ -124,74 +120,14 @@ def read_trace(path: Path) -> Trace:
 # --- a run directory ------------------------------------------------------------------------
 
 
-def read_fields(path: Path, fields: Sequence[str]) -> Run:
-    """A run directory as ``speclens.runs.compare.read_run`` reads it (its summary checked,
-    every records.jsonl line checked), keeping of each row only ``fields``: a row's raw payloads
-    are dropped as soon as its line is read, and what is kept is bounded (``MAX_KEPT_BYTES``).
-    Raises ``speclens.runs.compare.InputError``."""
-    from speclens.runs.compare import MAX_ROWS, InputError, Run, summary_problems
-
-    summary_path, records = path / "summary.json", path / "records.jsonl"
-    summary = _read_summary(summary_path)
-    problems = summary_problems(summary, str(summary_path))
-    if problems:
-        raise InputError(problems, 1)
-    rows: list[dict[str, Any]] = []
-    kept = 0
-    try:
-        with records.open("rb") as fh:
-            for number in range(1, MAX_ROWS + 2):
-                line = fh.readline(MAX_LINE_BYTES + 1)
-                if not line:
-                    break
-                if number > MAX_ROWS:
-                    problems.append(f"{records}: holds more than {MAX_ROWS} rows")
-                    break
-                if not line.strip():
-                    continue
-                row, wrong = parse_row(line)
-                problems += [f"{records}: line {number}{': ' + f if f else ''}: {w}"
-                             for f, w in wrong]  # fmt: skip
-                if len(problems) >= 10:
-                    break
-                if row is None or row.get("warmup"):
-                    continue
-                lean = {key: row[key] for key in fields if key in row}
-                kept += len(orjson.dumps(lean, option=orjson.OPT_NON_STR_KEYS))
-                if kept > MAX_KEPT_BYTES:
-                    raise InputError([f"{records}: line {number}: the fields read of its rows "
-                                      f"({', '.join(fields)}) pass {MAX_KEPT_BYTES:,} bytes: "
-                                      "expected a smaller run"], 1)  # fmt: skip
-                rows.append(lean)
-    except OSError as exc:
-        raise InputError([f"{records}: cannot be read: {exc.strerror or exc}"], 1) from None
-    if problems:
-        raise InputError(problems[:10], 1)
-    return Run(path, summary, rows)
-
-
-def _read_summary(path: Path) -> Any:
-    """summary.json, within compare's bound on a file (``MAX_FILE_BYTES``), read at its size
-    (a read of the bound itself would take that much memory first, whatever the file holds)."""
-    from speclens.runs.compare import MAX_FILE_BYTES, InputError
-
-    try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise InputError([f"{path}: larger than {MAX_FILE_BYTES} bytes"], 1)
-        with path.open("rb") as fh:
-            return orjson.loads(fh.read(size + 1))
-    except OSError as exc:
-        raise InputError([f"{path}: cannot be read: {exc.strerror or exc}"], 1) from None
-    except orjson.JSONDecodeError as exc:
-        raise InputError([f"{path}: not JSON ({exc})"[:300]], 1) from None
+def _summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """Of a summary, what a replay reads: the settings and the server (its K and batch)."""
+    return {key: summary[key] for key in ("settings", "server", "figures") if key in summary}
 
 
 def _run_trace(path: Path) -> Trace:
-    from speclens.runs.compare import InputError
-
     try:
-        run = read_fields(path, TRACE_FIELDS)
+        run = rundir.read_run(path, rundir.fields(TRACE_FIELDS), _summary)
     except InputError as exc:
         raise TraceError(exc.lines) from None
     rows = run.completed

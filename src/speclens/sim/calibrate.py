@@ -57,6 +57,7 @@ from pydantic import Field
 
 from speclens.acceptance.errors import ValidationError
 from speclens.acceptance.schema import _Model
+from speclens.runs import rundir
 from speclens.runs.trace import counted_verify_steps
 from speclens.sim.catalog import ChipSpec, ModelSpec
 from speclens.sim.cost import StepCost, _nonnegative_lstsq, seconds_problem
@@ -159,15 +160,14 @@ def _requests(rows: Sequence[dict[str, Any]], k: int | None) -> list[_Request]:
 FIELDS = ("index", "success", "row_error", "warmup", "start_s", "ttft_s", "latency_s",
           "prompt_tokens", "completion_tokens", "cached_tokens", "itl_runs_s",
           "spec_decode_acceptance")  # fmt: skip
+#: Of its summary: the settings and the server (engine, version, K).
+SUMMARY_FIELDS = ("settings", "server", "figures")
 
 
 def observe(path: Path) -> Observed:
-    from speclens.runs.compare import InputError
-    from speclens.runs.trace import read_fields
-
     try:
-        run = read_fields(path, FIELDS)
-    except InputError as exc:
+        run = rundir.read_run(path, rundir.fields(FIELDS), rundir.fields(SUMMARY_FIELDS))
+    except rundir.InputError as exc:
         raise CalibrationError(exc.lines) from None
     settings = run.settings
     load = ("request_rate", float(settings["request_rate"])) if settings.get("request_rate") \

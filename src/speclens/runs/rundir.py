@@ -1,0 +1,232 @@
+"""A run directory read back: its summary.json and records.jsonl, checked and bounded.
+
+compare, ``sim --trace`` and calibrate read runs the same way: every field they read typed
+(``summary_problems``, ``record.row_problems``), every file and row count bounded, and each row
+kept only in the fields the reader uses (a row's raw wire payloads are dropped as its line is
+read), what is kept of all inputs together bounded too (``Budget``, ``MAX_KEPT_BYTES``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeGuard
+
+import orjson
+
+from speclens.runs.record import MAX_COUNT, MAX_LINE_BYTES, parse_row
+
+#: Bounds on what is read: one file, rows per run.
+MAX_FILE_BYTES = 64 * 2**20
+MAX_ROWS = 2**20
+#: The most bytes (as JSON) a reader keeps of all its inputs together: the fields it reads of
+#: every summary and records.jsonl row (compare's: about 300 bytes a request, held in about 3
+#: times that, some 900,000 requests in 0.8 GB at most), whatever the rows' raw payloads weigh.
+MAX_KEPT_BYTES = 256 * 2**20
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+#: What a reader keeps of a checked row (or summary): the fields it reads.
+Keep = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class InputError(Exception):
+    """An input that cannot be compared: one line per problem, and the exit code (1: an invalid
+    file, 2: a usage error such as a directory that is not a run, or runs of different models)."""
+
+    def __init__(self, lines: Sequence[str], code: int) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = list(lines)
+        self.code = code
+
+
+@dataclass
+class Run:
+    """One run directory, checked: its summary and its measured rows."""
+
+    path: Path
+    summary: dict[str, Any]
+    rows: list[dict[str, Any]]
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return dict(self.summary["settings"])
+
+    @property
+    def completed(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r.get("success") and "row_error" not in r]
+
+    @property
+    def forced(self) -> bool:
+        """The server forced its acceptance (speclens serve says so), or bench judged the run
+        against an expected AL."""
+        server = self.summary.get("server")
+        acceptance = server.get("acceptance") if isinstance(server, dict) else None
+        if isinstance(acceptance, dict) and acceptance.get("forced") is True:
+            return True
+        return isinstance(self.summary.get("verdict"), dict)
+
+    @property
+    def forced_al(self) -> float | None:
+        server = self.summary.get("server")
+        acceptance = server.get("acceptance") if isinstance(server, dict) else None
+        if not isinstance(acceptance, dict) or acceptance.get("forced") is not True:
+            return None
+        value = acceptance.get("acceptance_length")
+        return float(value) if is_number(value) else None
+
+    @property
+    def engine(self) -> str | None:
+        server = self.summary.get("server")
+        engine = server.get("engine") if isinstance(server, dict) else None
+        return engine if isinstance(engine, str) else None
+
+    def ks(self) -> set[int]:
+        """The K its requests report; else the server's; else the one its settings state
+        (``bench --num-spec-tokens``, for a server that reports none, as llama.cpp)."""
+        out = {s["num_spec_tokens"] for s in self.specs() if s.get("num_spec_tokens")}
+        if out:
+            return out
+        server = self.summary.get("server")
+        acceptance = server.get("acceptance") if isinstance(server, dict) else None
+        served = acceptance.get("num_speculative_tokens") if isinstance(acceptance, dict) else None
+        for k in (served, self.settings.get("num_speculative_tokens")):
+            if is_int(k) and k > 0:
+                return {k}
+        return set()
+
+    def specs(self) -> list[dict[str, Any]]:
+        return [r["spec_decode_acceptance"] for r in self.completed
+                if isinstance(r.get("spec_decode_acceptance"), dict)]  # fmt: skip
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def is_number(value: object) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file within ``MAX_FILE_BYTES``, read at its size (a read of the bound itself
+    would take that much memory first, whatever the file holds)."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise InputError([f"{path}: larger than {MAX_FILE_BYTES} bytes"], 1)
+        with path.open("rb") as fh:
+            return orjson.loads(fh.read(size + 1))
+    except OSError as exc:
+        raise InputError([f"{path}: cannot be read: {exc.strerror or exc}"], 1) from None
+    except orjson.JSONDecodeError as exc:
+        raise InputError([f"{path}: not JSON ({exc})"[:300]], 1) from None
+
+
+#: (field, test, what it must be) for every settings field compare reads.
+_SETTINGS = (
+    ("model", lambda v: isinstance(v, str) and v, "a model name"),
+    ("max_tokens", lambda v: v is None or (is_int(v) and v > 0), "null or an integer > 0"),
+    ("ignore_eos", lambda v: isinstance(v, bool), "true or false"),
+    ("temperature", lambda v: is_number(v) and v >= 0, "a number >= 0"),
+    ("concurrency", lambda v: v is None or (is_int(v) and v > 0), "null or an integer > 0"),
+    ("request_rate", lambda v: v is None or (is_number(v) and v > 0), "null or a number > 0"),
+    ("prompts_sha256", lambda v: v is None or (isinstance(v, str) and _SHA256.fullmatch(v)),
+     "null or 64 lowercase hex digits"),
+    ("stream", lambda v: v is None or isinstance(v, bool), "null or true or false"),
+    ("endpoint", lambda v: v is None or (isinstance(v, str) and 0 < len(v) <= 64),
+     "null or an endpoint name"),
+)  # fmt: skip
+
+
+def summary_problems(summary: object, where: str) -> list[str]:
+    """What is wrong with a run's summary.json, for every field compare reads."""
+    if not isinstance(summary, dict):
+        return [f"{where}: expected a JSON object, got {type(summary).__name__}"]
+    settings, figures = summary.get("settings"), summary.get("figures")
+    if not isinstance(settings, dict) or not isinstance(figures, dict):
+        return [f"{where}: settings, figures: missing: not a speclens run summary"]
+    out = []
+    for name, test, what in _SETTINGS:
+        value = settings.get(name)
+        if not test(value):
+            out.append(f"{where}: settings.{name}: expected {what}, got {value!r:.60}")
+    server = summary.get("server")
+    if server is not None and not isinstance(server, dict):
+        out.append(f"{where}: server: expected null or an object, got {server!r:.60}")
+    if isinstance(server, dict) and not isinstance(server.get("acceptance", {}), dict | None):
+        out.append(f"{where}: server.acceptance: expected an object, got "
+                   f"{server['acceptance']!r:.60}")  # fmt: skip
+    duration = figures.get("duration_s")
+    if not (is_number(duration) and duration >= 0):
+        out.append(f"{where}: figures.duration_s: expected seconds >= 0, got {duration!r:.60}")
+    return out
+
+
+class Budget:
+    """What a reader may still keep, in bytes of JSON (``MAX_KEPT_BYTES`` for one reading)."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = MAX_KEPT_BYTES if limit is None else limit
+        self.left = self.limit
+
+    def take(self, kept: object, where: str) -> None:
+        self.left -= len(orjson.dumps(kept, option=orjson.OPT_NON_STR_KEYS))
+        if self.left < 0:
+            raise InputError([f"{where}: the fields kept of its inputs pass "
+                              f"{self.limit:,} bytes in all: expected fewer or smaller runs"], 1)  # fmt: skip
+
+
+def read_rows(path: Path, budget: Budget, keep: Keep) -> list[dict[str, Any]]:
+    """The measured rows of records.jsonl, each through ``row_problems`` and kept only in the
+    fields the reader uses (``keep``, counted against ``budget``); the first bad lines raise one
+    InputError."""
+    rows: list[dict[str, Any]] = []
+    problems: list[str] = []
+    try:
+        with path.open("rb") as fh:
+            for number in range(1, MAX_ROWS + 2):
+                line = fh.readline(MAX_LINE_BYTES + 1)
+                if not line:
+                    break
+                if number > MAX_ROWS:
+                    problems.append(f"{path}: holds more than {MAX_ROWS} rows")
+                    break
+                if not line.strip():
+                    continue
+                row, wrong = parse_row(line)
+                problems += [f"{path}: line {number}{': ' + f if f else ''}: {w}" for f, w in wrong]
+                if len(problems) >= 10:
+                    break
+                if row is not None and not row.get("warmup"):
+                    kept = keep(row)
+                    budget.take(kept, f"{path}: line {number}")
+                    rows.append(kept)
+    except OSError as exc:
+        raise InputError([f"{path}: cannot be read: {exc.strerror or exc}"], 1) from None
+    if problems:
+        raise InputError(problems[:10], 1)
+    return rows
+
+
+def read_run(path: Path, keep_row: Keep, keep_summary: Keep, budget: Budget | None = None) -> Run:
+    """A run directory, checked, in the fields its reader uses (``keep_row``, ``keep_summary``);
+    what it keeps is counted against ``budget`` (one reading's, or ``MAX_KEPT_BYTES`` for this
+    run alone)."""
+    budget = budget if budget is not None else Budget()
+    summary_path = path / "summary.json"
+    summary = read_json(summary_path)
+    problems = summary_problems(summary, str(summary_path))
+    if problems:
+        raise InputError(problems, 1)
+    kept = keep_summary(summary)
+    budget.take(kept, str(summary_path))
+    return Run(path, kept, read_rows(path / "records.jsonl", budget, keep_row))
+
+
+def fields(names: Sequence[str]) -> Keep:
+    """A ``Keep`` of the named top-level fields."""
+    return lambda row: {key: row[key] for key in names if key in row}

@@ -14,8 +14,8 @@ import pytest
 
 from speclens.bench.client import RequestRecord, Tally, finish_record
 from speclens.runs.compare import read_run
-from speclens.runs.rundir import InputError
 from speclens.runs.report import RecordStream, record_row
+from speclens.runs.rundir import InputError
 from speclens.sim import run_output
 
 

@@ -80,10 +80,16 @@ def test_ctrl_c_keeps_every_finished_point_and_exits_130(
         proc = launch.popen(command, stdout=so, stderr=se)
 
     def finished() -> bool:
+        """A point is ok and the next one's load is under way (its first records are written:
+        a Ctrl-C in its set-up, before bench's load phase, would leave it no report)."""
         try:
-            return any(p["status"] == "ok" for p in document(out)["points"])
+            points = document(out)["points"]
         except (OSError, ValueError):
             return False
+        recorded = {p["dir"] for p in points}
+        running = [d for d in (out / "points").iterdir() if f"points/{d.name}" not in recorded]
+        records = [d / "records.jsonl" for d in running if (d / "records.jsonl").exists()]
+        return any(p["status"] == "ok" for p in points) and any(r.stat().st_size for r in records)
 
     try:
         assert wait_until(finished, timeout=120), (tmp_path / "stderr").read_text()[-3000:]

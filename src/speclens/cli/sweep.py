@@ -6,7 +6,8 @@ Every ``speclens bench`` option is a sweep option too: the command's parameters 
 is bench's run, called in this process, so a point's files are exactly bench's.
 
 Exit codes follow bench's; the sweep exits with its worst point's code, from the worst down:
-130 interrupted (Ctrl-C keeps every finished point), 2 usage, 3 a run failed (too many failed
+130 interrupted (Ctrl-C, or SIGTERM, SIGHUP or another terminating signal, which acts as one:
+every finished point is kept and every server stopped), 2 usage, 3 a run failed (too many failed
 requests, or its server did not start or died), 1 a failed verdict, 4 inconclusive, 0 ok. A
 failed point does not stop the sweep; an interrupted one does.
 """
@@ -159,12 +160,14 @@ def run_sweep(flags: dict[str, Any]) -> None:
 def _share_problem(options: bench_cli.BenchOptions, values: list[int], where: str) -> str | None:
     """Each worker (and shard) runs its share of the concurrency: a share of 0 would mean no
     limit at all, so every value on the axis must be at least the workers times the shards."""
-    parts = options.part[1] * options.workers
+    shards = options.part[1]
+    parts = shards * options.workers
     low = [c for c in values if c < parts]
     if not low:
         return None
-    return (f"{where}: expected at least one request per worker and shard ({parts}: --workers "
-            f"{options.workers}), got {', '.join(map(str, low))}")  # fmt: skip
+    split = f"--workers {options.workers}" + (f" x {shards} shards" if shards > 1 else "")
+    return (f"{where}: expected at least one request per worker and shard ({parts}: {split}), "
+            f"got {', '.join(map(str, low))}")  # fmt: skip
 
 
 def _slos(text: str | None) -> dict[str, float]:

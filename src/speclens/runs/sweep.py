@@ -6,7 +6,8 @@ Load axes (concurrency, request rate) sweep one running server. Server axes come
 file (YAML): per engine a server command template whose placeholders ({port}, {k}, {al},
 {forcing}) are filled for each setting; the server is started in its own process group, waited
 on by its health route (bounded), and stopped by its group (SIGTERM, then SIGKILL), its log kept
-beside the point's run. This module never imports bench, sim, engine or server: the caller
+beside the point's run. A terminating signal to the sweep acts as a Ctrl-C (``interrupts``), and
+nothing interrupts a server's stop (``held``), so no server outlives the sweep. This module never imports bench, sim, engine or server: the caller
 passes the function that runs one point.
 """
 
@@ -639,6 +640,14 @@ class Sweep:
     seed: int = 0
     _summaries: dict[str, RoundSummary] = field(default_factory=dict, init=False, repr=False)
     _stats: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
+    _keys: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+
+    def _key(self, point: Point) -> str:
+        """The point's setting (engine and settings) as text: its statistics' key."""
+        key = self._keys.get(point.id)
+        if key is None:
+            key = self._keys[point.id] = orjson.dumps([point.engine, point.settings]).decode()
+        return key
 
     def record(self, point: Point, code: int, error: str | None = None) -> None:
         """The point's outcome (again, when a point that finished ok turns out failed: its
@@ -654,7 +663,7 @@ class Sweep:
             else:
                 self._summaries[point.id] = summary
                 point.figures = summary.figures
-        self._restat(_group_key(point))
+        self._restat(self._key(point))
         self.write()
 
     def ran(self) -> list[Point]:
@@ -662,7 +671,7 @@ class Sweep:
         return [p for p in self.points if p.status != "pending"]
 
     def _restat(self, key: str) -> None:
-        members = [p for p in self.ran() if _group_key(p) == key]
+        members = [p for p in self.ran() if self._key(p) == key]
         if not members:
             self._stats.pop(key, None)
             return
@@ -675,7 +684,7 @@ class Sweep:
     def stats(self) -> list[dict[str, Any]]:
         """Per setting (engine and settings, in the order the points ran): its rounds that
         finished ok and their figures."""
-        keys = list(dict.fromkeys(_group_key(p) for p in self.ran()))
+        keys = list(dict.fromkeys(self._key(p) for p in self.ran()))
         for key in keys:
             if key not in self._stats:
                 self._restat(key)
@@ -707,10 +716,6 @@ class Sweep:
                 row += [_cell(v) for v in ((iv.mean, iv.low, iv.high) if iv else (None,) * 3)]
             writer.writerow(row)
         return out.getvalue().encode("utf-8")
-
-
-def _group_key(point: Point) -> str:
-    return orjson.dumps([point.engine, point.settings]).decode()
 
 
 def _cell(value: Any) -> Any:

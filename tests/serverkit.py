@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -181,6 +182,24 @@ def post(url: str, body: Any, **kw: Any) -> httpx.Response:
         kw.setdefault("headers", {"content-type": "application/json"})
         return httpx.post(url, content=body, timeout=kw.pop("timeout", 60.0), **kw)
     return httpx.post(url, json=body, timeout=kw.pop("timeout", 60.0), **kw)
+
+
+def post_in_background(
+    url: str, body: Any, timeout: float = 60.0
+) -> tuple[threading.Thread, list[httpx.Response | Exception]]:
+    """``post`` on a thread, started: the thread, and the list its answer (the response, or
+    the client's error) lands in."""
+    answer: list[httpx.Response | Exception] = []
+
+    def ask() -> None:
+        try:
+            answer.append(post(url, body, timeout=timeout))
+        except httpx.HTTPError as exc:
+            answer.append(exc)
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    return thread, answer
 
 
 def mtp_stats(base: str) -> dict[str, Any]:

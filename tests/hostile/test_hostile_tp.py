@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from serverkit import (
     free_port,
     mtp_stats,
     post,
+    post_in_background,
     running_servers,
     serve_command,
     wait_until,
@@ -134,17 +134,8 @@ def test_a_rank_dying_fails_the_request_and_stops_the_server(tmp_path: Path) -> 
     server = tp_server(tmp_path)
     try:
         (rank,) = rank_pids(server.pid)
-        answer: list[httpx.Response | Exception] = []
         body = {"model": "dummy", "prompt": "x", "max_tokens": 1500, "ignore_eos": True}
-
-        def ask() -> None:
-            try:
-                answer.append(post(server.url + "/v1/completions", body, timeout=60))
-            except httpx.HTTPError as exc:
-                answer.append(exc)
-
-        thread = threading.Thread(target=ask)
-        thread.start()
+        thread, answer = post_in_background(server.url + "/v1/completions", body)
         time.sleep(1.0)
         os.kill(rank, signal.SIGKILL)
         thread.join(timeout=60)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -23,7 +22,15 @@ import pytest
 from test_hostile_tp import CORES, alive, rank_pids
 
 import launch
-from serverkit import ServerProcess, child_env, free_port, post, serve_command, wait_until
+from serverkit import (
+    ServerProcess,
+    child_env,
+    free_port,
+    post,
+    post_in_background,
+    serve_command,
+    wait_until,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -62,19 +69,10 @@ def cleanup(server: ServerProcess, rank: int) -> None:
 def test_a_stopped_rank_fails_the_request_in_flight_and_health(tmp_path: Path) -> None:
     server, rank = wedged_server(tmp_path)
     try:
-        answer: list[httpx.Response | Exception] = []
         body = {"model": "dummy", "prompt": "x", "max_tokens": 1500, "ignore_eos": True}
-
-        def ask() -> None:
-            try:
-                answer.append(post(server.url + "/v1/completions", body, timeout=60))
-            except httpx.HTTPError as exc:
-                answer.append(exc)
-
         time.sleep(TIMEOUT_S + 1.0)  # idle past the timeout: the heartbeat finds the ranks well
         assert health(server) == 200
-        thread = threading.Thread(target=ask)
-        thread.start()
+        thread, answer = post_in_background(server.url + "/v1/completions", body)
         time.sleep(1.0)
         assert health(server) == 200
         os.kill(rank, signal.SIGSTOP)

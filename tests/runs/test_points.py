@@ -7,43 +7,20 @@ check allows four of them, the percentile bootstrap a further 3 points low (it i
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from pointkit import write_run
 from speclens.runs.points import FIGURES, PointError, RunSample, point_figures, run_figures
 from speclens.runs.stats import realized_al
 
 
-def write_run(
-    root: Path, name: str, tpot_s: list[float], steps: list[int], accepted: list[int],
-    tokens: int = 16, ttft_s: float = 0.05,
-) -> Path:  # fmt: skip
-    """A run directory as bench writes it, as far as the figures read it."""
-    run = root / name
-    run.mkdir(parents=True)
-    rows, start = [], 0.0
-    for i, (tpot, n, a) in enumerate(zip(tpot_s, steps, accepted, strict=True)):
-        latency = ttft_s + tpot * (tokens - 1)
-        rows.append({
-            "index": i, "warmup": False, "success": True, "start_s": start,
-            "latency_s": latency, "ttft_s": ttft_s, "tpot_s": tpot,
-            "itl_runs_s": [[tpot, tokens - 1]], "completion_tokens": tokens,
-            "category": "random",
-            "spec_decode_acceptance": {"num_spec_steps": n, "num_accepted_draft_tokens": a},
-        })  # fmt: skip
-        start += latency
-    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run / "summary.json").write_text(json.dumps({"figures": {"duration_s": start}}))
-    return run
-
-
 def test_one_round_is_a_bootstrap_over_requests_and_matches_the_run(tmp_path: Path) -> None:
     tpot = [0.01, 0.02, 0.03, 0.04]
-    run = write_run(tmp_path, "r0", tpot, [5, 5, 4, 6], [10, 8, 8, 12])
+    run = write_run(tmp_path / "r0", tpot, [5, 5, 4, 6], [10, 8, 8, 12])
     figures = point_figures([run])
     assert list(figures) == list(FIGURES)
     for name in FIGURES[:-1]:
@@ -61,9 +38,9 @@ def test_one_round_is_a_bootstrap_over_requests_and_matches_the_run(tmp_path: Pa
 def test_rounds_are_student_t_and_the_al_pools_every_request(tmp_path: Path) -> None:
     """Mutation killed: the realized AL as t across the rounds' ALs (it must pool requests)."""
     runs = [
-        write_run(tmp_path, "r0", [0.01, 0.02], [4, 4], [8, 4]),
-        write_run(tmp_path, "r1", [0.03, 0.02], [4, 2], [6, 2]),
-        write_run(tmp_path, "r2", [0.02, 0.02], [5, 5], [5, 10]),
+        write_run(tmp_path / "r0", [0.01, 0.02], [4, 4], [8, 4]),
+        write_run(tmp_path / "r1", [0.03, 0.02], [4, 2], [6, 2]),
+        write_run(tmp_path / "r2", [0.02, 0.02], [5, 5], [5, 10]),
     ]
     figures = point_figures(runs)
     assert all(figures[name].method == "t" and figures[name].n == 3 for name in FIGURES[:-1])
@@ -73,7 +50,7 @@ def test_rounds_are_student_t_and_the_al_pools_every_request(tmp_path: Path) -> 
 
 
 def test_a_figure_with_no_data_says_none(tmp_path: Path) -> None:
-    run = write_run(tmp_path, "r0", [0.01], [0], [0])
+    run = write_run(tmp_path / "r0", [0.01], [0], [0])
     figures = point_figures([run])
     assert figures["realized_al"].method == "none"
     assert figures["tpot_ms"].method == "none"  # one request: no spread to bootstrap
@@ -84,7 +61,7 @@ def test_a_directory_that_is_not_a_run_is_named(tmp_path: Path) -> None:
     (tmp_path / "x").mkdir()
     with pytest.raises(PointError, match=r"x/summary.json: cannot be read"):
         point_figures([tmp_path / "x"])
-    run = write_run(tmp_path, "r0", [0.01, 0.02], [1, 1], [1, 1])
+    run = write_run(tmp_path / "r0", [0.01, 0.02], [1, 1], [1, 1])
     (run / "records.jsonl").write_text("{}\n[1]\n")
     with pytest.raises(PointError, match=r"records.jsonl: line 2: expected a record object"):
         point_figures([run])
@@ -111,7 +88,7 @@ def test_three_rounds_e2e_interval_covers_the_mean(tmp_path: Path) -> None:
     for i in range(trials):
         runs = [
             write_run(
-                tmp_path / str(i), f"r{r}", list(rng.exponential(truth, size=8)), [1] * 8, [1] * 8
+                tmp_path / str(i) / f"r{r}", list(rng.exponential(truth, size=8)), [1] * 8, [1] * 8
             )
             for r in range(3)
         ]

@@ -16,29 +16,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from pointkit import write_run
 from speclens.cli import app
 from speclens.cli import sweep as sweep_cli
 from speclens.runs import points as points_mod
 from speclens.runs import sweep as sw
 from speclens.runs.points import FIGURES, point_figures
-
-
-def write_run(run: Path, tpot_s: list[float], steps: list[int], accepted: list[int]) -> Path:
-    """A run directory as bench writes it, as far as the figures read it."""
-    run.mkdir(parents=True, exist_ok=True)
-    rows, start = [], 0.0
-    for i, (tpot, n, a) in enumerate(zip(tpot_s, steps, accepted, strict=True)):
-        latency = 0.05 + tpot * 15
-        rows.append({
-            "index": i, "warmup": False, "success": True, "start_s": start, "latency_s": latency,
-            "ttft_s": 0.05, "tpot_s": tpot, "itl_runs_s": [[tpot, 15]], "completion_tokens": 16,
-            "category": "random",
-            "spec_decode_acceptance": {"num_spec_steps": n, "num_accepted_draft_tokens": a},
-        })  # fmt: skip
-        start += latency
-    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run / "summary.json").write_text(json.dumps({"figures": {"duration_s": start}}))
-    return run
 
 
 def a_run(run: Path, i: int) -> Path:

@@ -169,7 +169,7 @@ def speeds(samples: dict[str, Any]) -> None:
     alternating least squares; 1 is the runs' mean (geometric, weighted by steps)."""
     import numpy as np
 
-    from speclens.sim.cost import _nonnegative_lstsq
+    from speclens.cost import _nonnegative_lstsq
 
     parts = list(samples.values())
     x = np.vstack([s.clean_x for s in parts])
@@ -194,8 +194,8 @@ def against_fit(samples: dict[str, Any], cost: Path) -> None:
     leaves the fit's line through them (and the machine's speed that run)."""
     import numpy as np
 
+    from speclens.cost import StepCost
     from speclens.sim import calibrate as cal
-    from speclens.sim.cost import StepCost
 
     fitted, _ = cal.read_cost_file(cost)
     assert isinstance(fitted, StepCost)

@@ -123,8 +123,9 @@ def test_one_type_one_formula() -> None:
     and a decode step's price is the verify forward plus K drafter forwards over the requests
     that draft (none when none does), elementwise over numpy arrays of steps as the fast path
     prices a stretch of them."""
+    from speclens import cost
     from speclens.engine import EngineConfig
-    from speclens.sim import cost, fast, scenario
+    from speclens.sim import fast, scenario
 
     assert scenario.StepCostSpec is StepCost is cost.StepCost
     assert EngineConfig().block_size == cost.BLOCK_SIZE == fast.BLOCK_SIZE

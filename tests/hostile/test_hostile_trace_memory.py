@@ -11,12 +11,12 @@ from pathlib import Path
 import orjson
 import pytest
 
+from speclens.cost import StepCost
 from speclens.runs import rundir
 from speclens.runs import trace as trace_module
 from speclens.runs.report import RecordStream
 from speclens.runs.trace import Trace, TraceError, TraceRequest, read_trace
 from speclens.sim import calibrate, run_output
-from speclens.sim.cost import StepCost
 from speclens.sim.replay import replay, settings
 
 K = 4

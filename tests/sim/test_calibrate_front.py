@@ -11,6 +11,7 @@ import numpy as np
 import orjson
 import pytest
 
+from speclens.cost import StepCost
 from speclens.runs.report import RecordStream
 from speclens.runs.trace import Trace, TraceRequest
 from speclens.sim import run_output
@@ -22,7 +23,6 @@ from speclens.sim.calibrate import (
     observe,
     read_cost_file,
 )
-from speclens.sim.cost import StepCost
 from speclens.sim.replay import replay, settings
 
 K = 4

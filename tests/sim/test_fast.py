@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from speclens.acceptance import minimum_variance_rates
+from speclens.cost import StepCost
 from speclens.sim import simulate as simulate_module
-from speclens.sim.cost import StepCost
 from speclens.sim.fast import run_replica
 from speclens.sim.scenario import Scenario
 from speclens.sim.simulate import simulate

@@ -16,12 +16,12 @@ import pytest
 import yaml
 
 import launch
+from speclens.cost import StepCost
 from speclens.runs.report import RecordStream
 from speclens.runs.trace import Trace, TraceError, TraceRequest, read_trace
 from speclens.sim import catalog, run_output
 from speclens.sim.calibrate import CalibrationError, fit, fit_roofline, observe, read_cost_file
 from speclens.sim.catalog import ChipSpec
-from speclens.sim.cost import StepCost
 from speclens.sim.replay import replay, settings
 from speclens.sim.roofline import Efficiency, Roofline
 

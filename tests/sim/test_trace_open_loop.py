@@ -9,10 +9,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from speclens.cost import StepCost
 from speclens.runs.report import RecordStream
 from speclens.runs.trace import Trace, TraceRequest, read_trace
 from speclens.sim import run_output
-from speclens.sim.cost import StepCost
 from speclens.sim.replay import replay, settings
 
 COST = StepCost(base=0.01, per_token=0.0, per_seq=0.002, per_context_token=0.0,

@@ -21,7 +21,7 @@ from speclens.acceptance.errors import UNRECOGNIZED_KEY, Problem, ValidationErro
 
 class Validated(Protocol):
     """What ``validate`` reads: a pydantic model, or a type that validates as one does
-    (``speclens.sim.cost.StepCost``)."""
+    (``speclens.cost.StepCost``)."""
 
     @classmethod
     def model_validate(cls, obj: Any) -> Self: ...

@@ -79,7 +79,7 @@ def _priced_by(
     dearest term) or roofline, or the scenario's first pool's."""
     from dataclasses import asdict
 
-    from speclens.sim.cost import StepCost
+    from speclens.cost import StepCost
 
     if step_cost is None:
         pool = scenario.deployment.pools[0]

@@ -19,9 +19,9 @@ from speclens.acceptance import (
     length_from_rates,
     minimum_variance_rates,
 )
-from speclens.sim.cost import BLOCK_SIZE
-from speclens.sim.cost import Pricing as Pricing
-from speclens.sim.cost import StepCost as StepCost  # the sim executor's prices, torch-free
+from speclens.cost import BLOCK_SIZE
+from speclens.cost import Pricing as Pricing
+from speclens.cost import StepCost as StepCost  # the sim executor's prices, torch-free
 
 #: Drafters this engine can run with real forward passes.
 TORCH_METHODS = ("draft_model", "ngram")

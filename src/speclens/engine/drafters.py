@@ -18,12 +18,12 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
+from speclens.cost import Pricing
 from speclens.engine import logits as logits_ops
 from speclens.engine.batch import build_batch
 from speclens.engine.kv_cache import BlockManager
 from speclens.engine.model import KVPool, LlamaModel
 from speclens.engine.request import Request
-from speclens.sim.cost import Pricing
 
 
 @dataclass

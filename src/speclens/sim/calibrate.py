@@ -57,10 +57,10 @@ from pydantic import Field
 
 from speclens.acceptance.errors import ValidationError
 from speclens.acceptance.schema import _Model
+from speclens.cost import StepCost, _nonnegative_lstsq, seconds_problem
 from speclens.runs import rundir
 from speclens.runs.trace import counted_verify_steps
 from speclens.sim.catalog import ChipSpec, ModelSpec
-from speclens.sim.cost import StepCost, _nonnegative_lstsq, seconds_problem
 from speclens.sim.roofline import Efficiency, Roofline
 
 #: The file kind ``calibrate`` writes; ``read_cost_file`` also takes a bare StepCost mapping.

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from speclens.cost import Pricing
 from speclens.engine import Engine
 from speclens.engine.drafters import Proposal, SimDrafter
 from speclens.engine.executor import Forward, SimExecutor
 from speclens.engine.request import Request
-from speclens.sim.cost import Pricing
 
 
 @dataclass

@@ -28,7 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
-from speclens.sim.cost import BLOCK_SIZE, Pricing
+from speclens.cost import BLOCK_SIZE, Pricing
 from speclens.sim.sketch import Tally, Totals
 
 #: Most request-step draws held at a time (a group of admitted requests is drawn together).

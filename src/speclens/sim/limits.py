@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from speclens.acceptance import MAX_NUM_SPEC_TOKENS as _MAX_K
 from speclens.acceptance import Problem, ValidationError
+from speclens.cost import Pricing
 from speclens.runs.record import MAX_SECONDS
-from speclens.sim.cost import Pricing
 from speclens.sim.run_output import MAX_RECORDED_REQUEST_STEPS
 from speclens.sim.scenario import Lengths, Pool, Scenario, pool_cost
 

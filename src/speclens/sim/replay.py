@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from speclens.cost import Pricing
 from speclens.runs.request import RequestRecord
 from speclens.runs.trace import Trace, TraceRequest
 from speclens.sim import fast
-from speclens.sim.cost import Pricing
 from speclens.sim.run_output import from_trace
 from speclens.sim.sketch import Tally, Totals
 

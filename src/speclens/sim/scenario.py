@@ -20,8 +20,8 @@ from speclens.acceptance.schema import (
     Thinking,
     _Model,
 )
+from speclens.cost import StepCost
 from speclens.sim import catalog
-from speclens.sim.cost import StepCost
 from speclens.sim.roofline import Efficiency, Roofline
 
 log = logging.getLogger(__name__)

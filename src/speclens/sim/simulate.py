@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from speclens.acceptance import AcceptanceHistogram, Problem, ValidationError, acceptance_length
+from speclens.cost import Pricing
 from speclens.sim import fast as fast_path
 from speclens.sim import limits, run_output
-from speclens.sim.cost import Pricing
 from speclens.sim.scenario import Lengths, Pool, Scenario, Workload, cost_source, pool_cost
 from speclens.sim.sketch import Tally, Totals
 

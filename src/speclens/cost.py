@@ -3,7 +3,9 @@ executor (``speclens.engine.StepCost`` is this class), the scenario file's ``ste
 fast path, which prices whole numpy arrays of steps with the same methods.
 
 Torch-free (numpy loads only to fit), so the scenario schema and the fast path run without the
-engine extra; for the same reason the engine's KV block size is defined here.
+engine extra; for the same reason the engine's KV block size is defined here. A layer of its own,
+under both the engine and the simulator, over ``acceptance`` only: the engine never imports the
+simulator.
 """
 
 from __future__ import annotations

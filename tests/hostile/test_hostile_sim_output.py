@@ -47,7 +47,7 @@ def test_a_file_as_the_output_dir_is_refused(run_cli, tmp_path: Path) -> None:
 def test_a_planted_link_is_refused_and_never_written_through(
     run_cli, tmp_path: Path, name: str
 ) -> None:
-    """records.jsonl would be refused by ``runs.report.open_new`` (O_NOFOLLOW); the others are
+    """records.jsonl would be refused by ``runs.files.open_new`` (O_NOFOLLOW); the others are
     refused up front too, not after the simulation has run."""
     out, victim = tmp_path / "out", tmp_path / "victim"
     out.mkdir()

@@ -84,8 +84,8 @@ def compare(
 
 
 def _write(output_dir: Path, result: dict[str, Any]) -> None:
+    from speclens.runs.files import open_new
     from speclens.runs.html import ReportError, write_compare_report
-    from speclens.runs.report import open_new
 
     try:
         output_dir.mkdir(parents=True, exist_ok=True)

@@ -166,6 +166,17 @@ def units_refusal(units: dict[str, dict[str, int]]) -> str | None:
     )
 
 
+#: The per-engine figures, as the report's columns.
+DERIVED = (
+    ("draft_acceptance_rate", "draft rate"),
+    ("al_per_request", "AL per request"),
+    ("al_from_server_counters", "AL from counters"),
+    ("histogram", "histogram"),
+    ("per_step", "per-step"),
+    ("decode_steps", "decode steps"),
+)
+
+
 def derivable(with_stats: Sequence[RequestRecord]) -> dict[str, dict[str, Any]]:
     """Per engine, which figures its requests' records could give: "yes" (every request),
     "some", or "no". AL from the server's counters is decided by the run (it needs a scrape)."""

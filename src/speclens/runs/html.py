@@ -24,6 +24,8 @@ from typing import Any, TypeGuard
 import numpy as np
 import orjson
 
+from speclens.runs.figures import DERIVED
+from speclens.runs.files import open_new
 from speclens.runs.request import RequestRecord
 from speclens.runs.stats import realized_al
 
@@ -277,8 +279,6 @@ def _schema(data: Mapping[str, Any], path: Path, schema: str) -> None:
 
 
 def write_page(directory: Path, page: Page) -> Path:
-    from speclens.runs.report import open_new
-
     path = directory / REPORT_NAME
     with open_new(path) as fh:
         fh.write(page.render().encode("utf-8"))
@@ -591,8 +591,6 @@ def _server_counters(f: Fields) -> str:
 
 
 def _derived_table(page: Page, f: Fields) -> None:
-    from speclens.runs.report import DERIVED
-
     d = ("figures", "acceptance", "derivable")
     rows = [
         (esc(engine), f.num(*d, engine, "requests"), *(f.text(*d, engine, key) for key, _ in DERIVED))

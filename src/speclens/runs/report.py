@@ -7,18 +7,18 @@ import csv
 import errno
 import io
 import math
-import os
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, Protocol, TypeGuard
+from typing import Any, Protocol, TypeGuard
 
 import orjson
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from speclens.runs.figures import DERIVED
+from speclens.runs.files import open_new
 from speclens.runs.request import RequestRecord
 
 
@@ -151,17 +151,6 @@ def print_verdict(console: Console, verdict: dict[str, Any], acc: dict[str, Any]
         f"with stats{left_out})",
         soft_wrap=True,
     )
-
-
-#: The per-engine figures, as the report's columns.
-DERIVED = (
-    ("draft_acceptance_rate", "draft rate"),
-    ("al_per_request", "AL per request"),
-    ("al_from_server_counters", "AL from counters"),
-    ("histogram", "histogram"),
-    ("per_step", "per-step"),
-    ("decode_steps", "decode steps"),
-)
 
 
 def derivation_table(derivable: dict[str, Any]) -> Table:
@@ -339,26 +328,6 @@ class RecordStream:
 
 
 _JSONL = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
-
-
-def open_new(path: Path, buffering: int = -1) -> BinaryIO:
-    """``path`` created or truncated for writing, never through a symbolic link (``O_NOFOLLOW``)
-    and only as a regular file: a link planted in the output directory must not send a run's
-    files elsewhere, nor a FIFO hang it. Raises OSError naming the file."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise OSError(
-                exc.errno, "is a symbolic link (never written through)", str(path)
-            ) from None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "wb", buffering=buffering)
 
 
 def write_files(out_dir: Path, summary: dict[str, Any], records: list[RequestRecord]) -> list[Path]:

@@ -43,8 +43,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from speclens.acceptance import Problem, ValidationError
 from speclens.acceptance.files import key_mark, read_yaml, validate
 from speclens.acceptance.quantity import num_spec_tokens_problem
+from speclens.runs.files import open_new
 from speclens.runs.points import FIGURES, PointError, RoundSummary, combine, summarize
-from speclens.runs.report import open_new
 from speclens.runs.stats import Interval
 
 SCHEMA = "speclens.sweep/1"

@@ -26,7 +26,8 @@ from dataclasses import fields
 import torch
 
 from speclens.engine import Engine, EngineConfig, SpeculativeConfig, StepCost
-from speclens.sim.simulate import SimRequest, _run_replica
+from speclens.sim.request import SimRequest
+from speclens.sim.simulate import _run_replica
 
 K = 7
 INPUT, OUTPUT, REQUESTS = 24, 64, 32

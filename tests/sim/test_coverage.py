@@ -14,8 +14,9 @@ import yaml
 from speclens.acceptance import minimum_variance_rates
 from speclens.engine import Engine, EngineConfig, SpeculativeConfig, StepCost
 from speclens.sim.coverage import cover
+from speclens.sim.request import SimRequest
 from speclens.sim.scenario import Scenario
-from speclens.sim.simulate import SimRequest, _run_replica, simulate
+from speclens.sim.simulate import _run_replica, simulate
 
 K = 3
 #: AL 2 at K 3 with the minimum-variance schedule is [1, 0, 0]: a drafting step gains exactly

@@ -11,8 +11,9 @@ import yaml
 
 from speclens.acceptance import ValidationError, minimum_variance_rates
 from speclens.engine import Engine, EngineConfig, SpeculativeConfig, StepCost, StepRecord
+from speclens.sim.request import SimRequest
 from speclens.sim.scenario import Scenario, load_scenario
-from speclens.sim.simulate import SimRequest, _run_replica, simulate
+from speclens.sim.simulate import _run_replica, simulate
 
 BASE = {
     "model": "kimi-k3",

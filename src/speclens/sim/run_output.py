@@ -26,8 +26,8 @@ from speclens.runs.request import RequestRecord, RunResult
 if TYPE_CHECKING:
     from speclens.runs.sweep import Sweep
     from speclens.sim.fast import Trace
+    from speclens.sim.request import SimRequest
     from speclens.sim.scenario import Lengths, Scenario
-    from speclens.sim.simulate import SimRequest
 
 #: The category of a request whose workload names none.
 DEFAULT_CATEGORY = "default"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,13 +19,13 @@ from speclens.acceptance import AcceptanceHistogram, Problem, ValidationError, a
 from speclens.cost import Pricing
 from speclens.sim import fast as fast_path
 from speclens.sim import limits, run_output
+from speclens.sim.request import SimRequest
 from speclens.sim.scenario import Lengths, Pool, Scenario, Workload, cost_source, pool_cost
 from speclens.sim.sketch import Tally, Totals
 
 if TYPE_CHECKING:  # torch loads only for the step-exact loop
     from speclens.engine import Engine
     from speclens.engine.model import LlamaModel
-    from speclens.engine.request import RequestAcceptance
     from speclens.engine.tokenizer import Tokenizer
     from speclens.runs.request import RequestRecord
 
@@ -39,19 +38,6 @@ COVERAGE_STREAM = 0xC0FE
 #: Requests drawn at a time. A workload of at most this many draws exactly what one batch
 #: would (inputs, then outputs, then gaps), so its results do not depend on the chunking.
 CHUNK = 65_536
-
-
-@dataclass
-class SimRequest:
-    index: int
-    arrival: float
-    input_tokens: int
-    output_tokens: int
-    first_token: float | None = None
-    finish: float | None = None
-    token_times: list[tuple[float, int]] = field(default_factory=list)
-    #: The engine's count of its speculation, set when it finishes.
-    acceptance: RequestAcceptance | None = None
 
 
 def _lengths(spec: int | Lengths, count: int, rng: np.random.Generator) -> np.ndarray:

@@ -9,7 +9,8 @@ from collections import Counter
 import pytest
 
 from speclens.engine import Engine, SamplingParams
-from speclens.engine.parallel import UNSEEDED_ENV, LockstepError, launch
+from speclens.engine.lockstep import UNSEEDED_ENV, LockstepError
+from speclens.engine.parallel import launch
 from tpkit import PROMPTS, forced_config, per_step_collectives
 
 

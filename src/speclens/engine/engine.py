@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -27,9 +27,8 @@ from speclens.engine.drafters import (
 from speclens.engine.drafters import _one_hot as one_hot
 from speclens.engine.executor import SimExecutor, TorchExecutor
 from speclens.engine.kv_cache import BlockManager, blocks_for
+from speclens.engine.lockstep import Lockstep, LockstepError, synthetic_for
 from speclens.engine.model import KVPool, LlamaModel
-from speclens.engine.parallel import LockstepError, synthetic_for
-from speclens.engine.parallel import close as close_group
 from speclens.engine.request import (
     CompletionOutput,
     Request,
@@ -43,9 +42,6 @@ from speclens.engine.tokenizer import IncrementalDecoder, Tokenizer
 from speclens.engine.weights import load_model
 from speclens.sampling import SpecDecodeStats, rejection_sample
 from speclens.sampling.rejection import SamplerOutput
-
-if TYPE_CHECKING:
-    from speclens.engine.parallel import Rank
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +76,7 @@ class Engine:
         target: LlamaModel | None = None,
         draft: LlamaModel | None = None,
         tokenizer: Tokenizer | None = None,
-        parallel: Rank | None = None,
+        parallel: Lockstep | None = None,
     ) -> None:
         """``parallel``: this process's tensor-parallel rank (``speclens.engine.parallel``
         builds it; an engine of ``tensor_parallel_size`` > 1 is started with ``launch``)."""
@@ -335,7 +331,8 @@ class Engine:
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (rank 0; a no-op otherwise). Idempotent."""
         if self._leader:
-            close_group(self.parallel)
+            assert self.parallel is not None
+            self.parallel.close()
 
     def follow(self, plan: dict[str, Any]) -> None:
         """A follower rank: apply rank 0's adds and aborts, then run the step it planned."""

@@ -39,9 +39,9 @@ import torch.distributed as dist
 from torch import nn
 
 from speclens.engine.config import ConfigError, EngineConfig
+from speclens.engine.lockstep import LockstepError
 from speclens.engine.model import DecoderLayer, LlamaModel, ModelConfig
 from speclens.engine.request import SamplingParams
-from speclens.sampling import SyntheticAcceptance
 from speclens.sampling.rejection import SamplerOutput
 
 if TYPE_CHECKING:
@@ -50,9 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Test-only: every rank draws its forced accept decisions with an unseeded ``torch.rand``
-#: (the bug the lockstep stream prevents), so the lockstep check can be shown to catch it.
-UNSEEDED_ENV = "SPECLENS_TEST_UNSEEDED_RANK_DRAW"
 #: Test-only: the rank with this number fails while starting (a rank that cannot start).
 FAIL_RANK_ENV = "SPECLENS_TEST_FAIL_RANK"
 #: How long rank 0 waits for the other ranks to load their shards and join.
@@ -76,10 +73,6 @@ _PR_SET_PDEATHSIG = 1
 class RankDied(RuntimeError):
     """A rank process ended, or stopped answering, while the engine was running; the engine
     cannot go on."""
-
-
-class LockstepError(RuntimeError):
-    """The ranks disagreed about a step (its batch or its accepted counts)."""
 
 
 def split(total: int, parts: int, index: int) -> tuple[int, int]:
@@ -243,29 +236,6 @@ def _reducer(comm: Comm) -> Callable[..., torch.Tensor]:
     return hook
 
 
-# ---------------------------------------------------------------------- the forced draw
-class UnseededAcceptance(SyntheticAcceptance):
-    """Test-only (``SPECLENS_TEST_UNSEEDED_RANK_DRAW=1``): accept decisions from a generator each
-    rank seeds from the OS, the per-rank ``torch.rand`` the seed warns about."""
-
-    def accept(self, batch: int, width: int, device: torch.device | str) -> torch.Tensor:
-        generator = getattr(self, "_unseeded", None)
-        if generator is None:
-            generator = torch.Generator(device=device)
-            generator.seed()
-            self._unseeded = generator
-        self.step += 1
-        conditional = self.conditional_on(device)[:width]
-        return torch.rand((batch, width), generator=generator, device=device) < conditional
-
-
-def synthetic_for(rates: Sequence[float], seed: int, size: int) -> SyntheticAcceptance:
-    if size > 1 and os.environ.get(UNSEEDED_ENV) == "1":
-        log.warning("%s=1: every rank draws unseeded (a test-only switch)", UNSEEDED_ENV)
-        return UnseededAcceptance(rates, seed)
-    return SyntheticAcceptance(rates, seed)
-
-
 # ---------------------------------------------------------------------- one rank
 @dataclass
 class Rank:
@@ -302,6 +272,10 @@ class Rank:
     def check(self) -> None:
         if self.dead is not None:
             raise RankDied(self.dead)
+
+    def close(self) -> None:
+        """Rank 0: stop the other ranks and leave the group (``close``). Idempotent."""
+        close(self)
 
     # -- the plan
     def note_add(self, ids: Sequence[int], params: SamplingParams, request_id: str) -> None:

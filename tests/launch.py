@@ -179,6 +179,15 @@ def _by_name(*streams: Any) -> bool:
     return all(s is None or isinstance(getattr(s, "name", None), str) for s in streams)
 
 
+def default_signals() -> None:
+    """``preexec_fn`` for a child whose signal handling is under test: SIGHUP and SIGTERM at
+    their defaults, as a shell starts a command, whatever this process inherited (``nohup``
+    ignores SIGHUP, and an ignored signal is inherited). The zygote's children inherit its
+    dispositions, so such a child is started with ``subprocess.Popen``."""
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def popen(
     command: Sequence[str | Path],
     *,

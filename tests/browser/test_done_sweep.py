@@ -168,7 +168,8 @@ def test_a_terminated_sweep_stops_its_real_server(tmp_path: Path, sig: signal.Si
     command = [PY, "-m", "speclens", "sweep", "--sweep-file", str(sweep_file), *LOAD,
                "--duration", "120", "--output-dir", str(out)]  # fmt: skip
     with (tmp_path / "stdout").open("wb") as so, (tmp_path / "stderr").open("wb") as se:
-        proc = launch.popen(command, stdout=so, stderr=se)
+        # its signals at their defaults: under nohup a sweep rightly leaves SIGHUP ignored
+        proc = subprocess.Popen(command, stdout=so, stderr=se, preexec_fn=launch.default_signals)
     server = None
     try:
         records = out / "points" / "dummy-c1-r0" / "records.jsonl"

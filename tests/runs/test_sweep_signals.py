@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -73,7 +74,10 @@ def sweep_process(tmp_path: Path, engine: dict[str, Any], *args: str) -> Iterato
     command = [PY, "-m", "speclens", "sweep", "--sweep-file", str(path), "--model", "dummy",
                "--output-dir", str(tmp_path / "out"), *args]  # fmt: skip
     with (tmp_path / "stdout").open("wb") as so, (tmp_path / "stderr").open("wb") as se:
-        swept = Swept(launch.popen(command, stdout=so, stderr=se))
+        # its signals at their defaults: under nohup a sweep rightly leaves SIGHUP ignored
+        swept = Swept(
+            subprocess.Popen(command, stdout=so, stderr=se, preexec_fn=launch.default_signals)
+        )
     try:
         yield swept
     finally:

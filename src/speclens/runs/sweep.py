@@ -640,14 +640,11 @@ class Sweep:
     seed: int = 0
     _summaries: dict[str, RoundSummary] = field(default_factory=dict, init=False, repr=False)
     _stats: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
-    _keys: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
-    def _key(self, point: Point) -> str:
+    @staticmethod
+    def _key(point: Point) -> str:
         """The point's setting (engine and settings) as text: its statistics' key."""
-        key = self._keys.get(point.id)
-        if key is None:
-            key = self._keys[point.id] = orjson.dumps([point.engine, point.settings]).decode()
-        return key
+        return orjson.dumps([point.engine, point.settings]).decode()
 
     def record(self, point: Point, code: int, error: str | None = None) -> None:
         """The point's outcome (again, when a point that finished ok turns out failed: its

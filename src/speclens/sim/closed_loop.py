@@ -1,0 +1,339 @@
+"""A published benchmark point's load, simulated in steps and priced afterwards.
+
+A serving benchmark at concurrency c keeps c requests in flight: each client sends its next
+request the moment its last one finishes. The engine's schedule (which requests prefill and
+decode in each step) then depends on step counts only, never on how long a step takes: a request
+arrives at the end of the step that finished its predecessor. So ``schedule`` runs the loop once,
+in steps, and ``Schedule.price`` prices it under any step cost as numpy arrays: a fit that tries a
+thousand parameter sets schedules once and prices a thousand times.
+
+The loop is the benchmark's (InferenceX runs vLLM's ``benchmark_serving``): ``10 c`` requests
+from an idle engine, prompt and output lengths uniform on [0.8 L, L] (``--random-range-ratio
+0.8``: the published points' token throughputs put the mean at 0.9 L), every request measured
+(the warm-up requests ran before and are not part of it). Two schedulers:
+
+- ``separate`` (SGLang's and ATOM's default): waiting prompts are prefilled in steps of their own,
+  up to ``budget`` tokens a step (a longer prompt in chunks), while the decodes wait;
+- ``mixed`` (TensorRT-LLM's and vLLM's chunked prefill): every step decodes every running request
+  and fills what is left of its ``budget`` with prompt chunks.
+
+A speculating request verifies K + 1 positions a step and emits ``acceptance_length`` tokens a
+step on average (the forced schedule's mean), so it needs ceil((output - 1) / AL) decode steps.
+
+What the client adds beyond the engine's steps (HTTP, tokenizing: ``front`` seconds) is added to
+each request's TTFT and E2E, and to each client's cycle when the throughput is worked out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from speclens.cost import Pricing
+
+#: Requests a point sends per unit of concurrency (``--num-prompts 10 x conc``).
+PROMPTS_PER_CLIENT = 10
+#: The lengths' spread: uniform on [RANGE_RATIO x L, L].
+RANGE_RATIO = 0.8
+#: Prompt tokens a step may carry (SGLang's chunked-prefill size on these chips).
+BUDGET = 16384
+#: The most requests, and the most steps, one point may schedule (bounds time and memory).
+MAX_REQUESTS = 200_000
+MAX_STEPS = 20_000_000
+
+Scheduler = Literal["separate", "mixed"]
+
+
+@dataclass(frozen=True)
+class Load:
+    """One benchmark point's load."""
+
+    concurrency: int
+    input_tokens: int
+    output_tokens: int
+    num_spec_tokens: int = 0
+    acceptance_length: float = 1.0
+    scheduler: Scheduler = "separate"
+    budget: int = BUDGET
+    requests: int | None = None  # None: PROMPTS_PER_CLIENT x concurrency
+    seed: int = 0
+
+    def problems(self) -> list[str]:
+        out = []
+        for name in ("concurrency", "input_tokens", "output_tokens", "budget"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                out.append(f"{name}: expected an integer >= 1, got {value!r}")
+        k, al = self.num_spec_tokens, self.acceptance_length
+        if not isinstance(k, int) or k < 0:
+            out.append(f"num_spec_tokens: expected an integer >= 0, got {k!r}")
+        elif not (isinstance(al, int | float) and 1.0 <= al <= k + 1):
+            out.append(f"acceptance_length: expected a number in [1, {k + 1}], got {al!r}")
+        if self.count > MAX_REQUESTS:
+            out.append(f"requests: {self.count:,}, at most {MAX_REQUESTS:,}")
+        return out
+
+    @property
+    def count(self) -> int:
+        return self.requests if self.requests is not None else PROMPTS_PER_CLIENT * self.concurrency
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The steps a point's load runs, and where each request's life falls in them.
+
+    Per step: the decoding requests and their verify tokens and context, the prompt tokens
+    prefilled (and their causal context: each chunk's tokens times the prompt already prefilled
+    plus half the chunk), and the prefilling requests. Per request: the step count at its
+    arrival (it arrived when that many steps had ended), the step that emitted its first token,
+    the step that emitted its last, and its lengths."""
+
+    load: Load
+    decoding: np.ndarray
+    verify_tokens: np.ndarray
+    context: np.ndarray
+    prefill_tokens: np.ndarray
+    prefill_requests: np.ndarray
+    prefill_context: np.ndarray
+    arrival: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    inputs: np.ndarray
+    outputs: np.ndarray
+
+    @property
+    def steps(self) -> int:
+        return len(self.decoding)
+
+    def price(self, cost: Pricing) -> np.ndarray:
+        """Each step's seconds under ``cost`` (a decode step with its K drafter forwards)."""
+        k = self.load.num_spec_tokens
+        d, p = self.decoding, self.prefill_tokens
+        seconds = np.zeros(self.steps)
+        decode_only, prefill_only, both = (d > 0) & (p == 0), (d == 0) & (p > 0), (d > 0) & (p > 0)
+        if decode_only.any():
+            m = decode_only
+            seconds[m] = cost.decode(
+                self.verify_tokens[m], d[m], self.context[m], d[m] * (k > 0), k
+            )
+        if prefill_only.any():
+            m = prefill_only
+            seconds[m] = cost.prefill(p[m], self.prefill_requests[m], self._prompt_context(m))
+        if both.any():
+            m = both
+            mixed = getattr(cost, "mixed", None)
+            if mixed is not None:
+                seconds[m] = mixed(self.verify_tokens[m], d[m], self.context[m], p[m],
+                                   self.prefill_requests[m], self.prefill_context[m],
+                                   d[m] * (k > 0), k)  # fmt: skip
+            else:
+                seconds[m] = cost.decode(
+                    self.verify_tokens[m] + p[m], d[m] + self.prefill_requests[m],
+                    self.context[m] + self._prompt_context(m), d[m] * (k > 0), k)  # fmt: skip
+        return seconds
+
+    def _prompt_context(self, m: np.ndarray) -> np.ndarray:
+        """The prefilled prompts' context as a step cost takes it (their requests times the mean
+        context a prompt token attends over, causal: the prompt before it)."""
+        p = np.maximum(self.prefill_tokens[m], 1.0)
+        context: np.ndarray = self.prefill_requests[m] * self.prefill_context[m] / p
+        return context
+
+    def figures(self, cost: Pricing, front: float = 0.0, gpus: int = 1) -> Figures:
+        """The point's published figures under ``cost``."""
+        return self.figures_of(self.price(cost), front, gpus)
+
+    def figures_of(self, seconds: np.ndarray, front: float = 0.0, gpus: int = 1) -> Figures:
+        ends = np.cumsum(seconds)
+        starts = np.where(self.arrival > 0, ends[np.maximum(self.arrival - 1, 0)], 0.0)
+        first, last = ends[self.first], ends[self.last]
+        ttft = first - starts + front
+        decoded = np.maximum(self.outputs - 1, 1)
+        tpot = np.where(self.outputs > 1, (last - first) / decoded, 0.0)
+        e2e = last - starts + front
+        cycles = math.ceil(len(self.outputs) / self.load.concurrency)
+        duration = float(ends[-1]) + front * cycles
+        steps = self.decoding > 0
+        itl = seconds[steps] if steps.any() else seconds
+        return Figures(
+            ttft_s=ttft, tpot_s=tpot[self.outputs > 1], e2e_s=e2e, itl_s=itl,
+            duration_s=duration, input_tokens=int(self.inputs.sum()),
+            output_tokens=int(self.outputs.sum()), gpus=gpus,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A simulated point's per-request latencies (seconds), its duration and its tokens."""
+
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray
+    e2e_s: np.ndarray
+    itl_s: np.ndarray
+    duration_s: float
+    input_tokens: int
+    output_tokens: int
+    gpus: int
+
+    @property
+    def median_tpot_s(self) -> float:
+        return float(np.median(self.tpot_s)) if len(self.tpot_s) else 0.0
+
+    @property
+    def median_ttft_s(self) -> float:
+        return float(np.median(self.ttft_s))
+
+    @property
+    def throughput_per_gpu(self) -> float:
+        """Input and output tokens a second, per GPU (InferenceX's ``tput_per_gpu``)."""
+        return (self.input_tokens + self.output_tokens) / self.duration_s / self.gpus
+
+    def summary_figures(self) -> dict[str, Any]:
+        """The figures block of an aggregate-only run's summary.json (milliseconds)."""
+
+        def stats(values: np.ndarray) -> dict[str, float]:
+            ms = 1e3 * np.asarray(values, dtype=float)
+            if not len(ms):
+                return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+            return {"mean": float(ms.mean()), "p50": float(np.median(ms)),
+                    "p90": float(np.quantile(ms, 0.9)), "p99": float(np.quantile(ms, 0.99))}  # fmt: skip
+
+        total = (self.input_tokens + self.output_tokens) / self.duration_s
+        output = self.output_tokens / self.duration_s
+        tpot = self.tpot_s[self.tpot_s > 0]
+        users = 1.0 / tpot if len(tpot) else np.zeros(0)
+        return {
+            "aggregate_only": True,
+            "latency_ms": {"ttft": stats(self.ttft_s), "tpot": stats(self.tpot_s),
+                           "itl": stats(self.itl_s), "e2e": stats(self.e2e_s)},
+            "throughput": {
+                "output_tokens_per_s": output, "total_tokens_per_s": total,
+                "output_tokens_per_s_per_gpu": output / self.gpus,
+                "total_tokens_per_s_per_gpu": total / self.gpus,
+            },
+            "interactivity": {"p50": float(np.median(users)) if len(users) else 0.0,
+                              "mean": float(users.mean()) if len(users) else 0.0},
+        }  # fmt: skip
+
+
+def _lengths(load: Load) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(load.seed)
+    n = load.count
+
+    def draw(length: int) -> np.ndarray:
+        low = max(1, math.floor(RANGE_RATIO * length))
+        return rng.integers(low, length + 1, size=n)
+
+    return draw(load.input_tokens), draw(load.output_tokens)
+
+
+class _Steps:
+    """The growing per-step columns, a stretch at a time."""
+
+    def __init__(self) -> None:
+        self.columns: list[list[np.ndarray]] = [[] for _ in range(6)]
+        self.count = 0
+
+    def add(self, n: int, decoding: int, verify: int, context: float, growth: float,
+            prefill: tuple[int, int, float] = (0, 0, 0.0)) -> None:  # fmt: skip
+        if self.count + n > MAX_STEPS:
+            raise ValueError(f"steps: more than {MAX_STEPS:,} (a point this long is refused)")
+        values = (decoding, verify, None, *prefill)
+        for j, value in enumerate(values):
+            if j == 2:
+                self.columns[j].append(context + growth * np.arange(n, dtype=float))
+            else:
+                self.columns[j].append(np.full(n, value, dtype=float))
+        self.count += n
+
+    def arrays(self) -> list[np.ndarray]:
+        return [np.concatenate(c) if c else np.zeros(0) for c in self.columns]
+
+
+def schedule(load: Load) -> Schedule:
+    """Run ``load``'s closed loop in steps (see the module)."""
+    problems = load.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    inputs, outputs = _lengths(load)
+    k, al = load.num_spec_tokens, float(load.acceptance_length)
+    width = k + 1 if k else 1
+    n, c = load.count, load.concurrency
+    arrival, first, last = (np.zeros(n, dtype=np.int64) for _ in range(3))
+    # Per slot: its request (-1: idle), prompt tokens left to prefill, decode steps left, context.
+    slot_req = np.full(c, -1, dtype=np.int64)
+    left_prompt = np.zeros(c, dtype=np.int64)
+    left_steps = np.zeros(c, dtype=np.int64)
+    context = np.zeros(c, dtype=float)
+    waiting: deque[int] = deque()
+    steps = _Steps()
+    sent = 0
+
+    def send(slot: int) -> None:
+        nonlocal sent
+        if sent >= n:
+            slot_req[slot] = -1
+            return
+        slot_req[slot], arrival[sent] = sent, steps.count
+        left_prompt[slot], context[slot] = inputs[sent], 0.0
+        waiting.append(slot)
+        sent += 1
+
+    def finish(slots: np.ndarray) -> None:
+        for slot in slots.tolist():
+            last[slot_req[slot]] = steps.count - 1
+            send(slot)
+
+    for slot in range(c):
+        send(slot)
+    decoding = np.zeros(c, dtype=bool)
+    while (slot_req >= 0).any():
+        if waiting:
+            mixed = load.scheduler == "mixed"
+            d = int(decoding.sum()) if mixed else 0
+            room = max(load.budget - (d * width if mixed else 0), 1)
+            tokens, requests, pairs, done = 0, 0, 0.0, []
+            while waiting and room > 0:
+                slot = waiting[0]
+                chunk = int(min(left_prompt[slot], room))
+                before = inputs[slot_req[slot]] - left_prompt[slot]
+                pairs += chunk * (before + chunk / 2)
+                tokens, requests, room = tokens + chunk, requests + 1, room - chunk
+                left_prompt[slot] -= chunk
+                if left_prompt[slot] == 0:
+                    done.append(waiting.popleft())
+            ctx = float(context[decoding].sum()) if mixed else 0.0
+            steps.add(1, d, d * width, ctx, 0.0, (tokens, requests, pairs))
+            ended = []
+            if mixed and d:
+                left_steps[decoding] -= 1
+                context[decoding] += al
+                ended = np.flatnonzero(decoding & (left_steps <= 0)).tolist()
+                decoding[ended] = False
+            for slot in done:
+                r = slot_req[slot]
+                first[r] = steps.count - 1
+                context[slot] = inputs[r] + 1
+                left_steps[slot] = math.ceil((outputs[r] - 1) / al) if outputs[r] > 1 else 0
+                if left_steps[slot] > 0:
+                    decoding[slot] = True
+                else:
+                    ended.append(slot)
+            finish(np.array(ended, dtype=np.int64))
+            continue
+        live = np.flatnonzero(decoding)
+        stretch = int(left_steps[live].min())
+        d = len(live)
+        steps.add(stretch, d, d * width, float(context[live].sum()), al * d)
+        left_steps[live] -= stretch
+        context[live] += al * stretch
+        ended_mask = decoding & (left_steps <= 0)
+        decoding &= ~ended_mask
+        finish(np.flatnonzero(ended_mask))
+    cols = steps.arrays()
+    return Schedule(load, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], arrival, first,
+                    last, inputs, outputs)  # fmt: skip

@@ -1,0 +1,364 @@
+"""A roofline calibrated on published points: runs that kept only their aggregate figures.
+
+Each point (an aggregate-only run directory: ``speclens import`` writes them) is simulated under
+its own load (``closed_loop``: a closed loop at its concurrency and lengths, from an idle
+engine). The roofline's free parameters (compute and memory efficiency, the overhead a step and
+a sequence, and the client's front latency) are fitted to the points' median TPOT, median TTFT
+and total throughput per GPU, least squares on the log ratio predicted / measured (each point's
+schedule run once, priced at every trial). A weak pull to the starting values keeps a parameter
+the points cannot see where it was; the report names such parameters ("not pinned down": moving
+it 2x moves no prediction by 2%).
+
+The AL of a speculating run that published none is then the AL at which the calibrated model
+reproduces its median TPOT (``infer_acceptance``); the range is the AL at the measured TPOT
+moved by the fit's largest TPOT residual either way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from speclens.runs import rundir
+from speclens.sim.closed_loop import Figures, Load, Schedule, schedule
+from speclens.sim.roofline import Roofline
+
+#: Fewest points a fit takes.
+MIN_POINTS = 3
+#: The parameters fitted, with their bounds (the efficiencies are shares of a peak; seconds).
+PARAMETERS: dict[str, tuple[float, float]] = {
+    "compute": (1e-3, 1.0),
+    "memory": (1e-3, 1.0),
+    "overhead": (1e-6, 1.0),
+    "per_sequence": (1e-8, 1e-2),
+    "front_latency_s": (1e-5, 10.0),
+}
+#: The pull to the starting values, per unit of log parameter (a residual of 2% per e-fold).
+PRIOR = 0.02
+#: A parameter whose 2x move changes no prediction by more than this is not pinned down.
+PINNED = 0.02
+#: Engines whose scheduler mixes prompt chunks into decode steps (the rest prefill apart).
+MIXED_ENGINES = ("trt", "trtllm", "tensorrt-llm", "vllm")
+
+
+class PointsError(Exception):
+    """Points that cannot be fitted or read: one line each."""
+
+    def __init__(self, lines: Sequence[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = list(lines)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One published point: its deployment, its load and its measured medians."""
+
+    path: Path
+    settings: dict[str, Any]
+    tpot_s: float
+    ttft_s: float
+    throughput_per_gpu: float
+
+    @property
+    def concurrency(self) -> int:
+        return int(self.settings["concurrency"])
+
+    @property
+    def speculating(self) -> bool:
+        return self.settings.get("method") not in (None, "none")
+
+    def load(self, k: int = 0, acceptance_length: float = 1.0) -> Load:
+        s = self.settings
+        engine = str(s.get("engine") or "")
+        return Load(
+            concurrency=self.concurrency,
+            input_tokens=int(s["input_tokens"]["max"]),
+            output_tokens=int(s["output_tokens"]["max"]),
+            num_spec_tokens=k,
+            acceptance_length=acceptance_length,
+            scheduler="mixed" if engine in MIXED_ENGINES else "separate",
+        )
+
+    @property
+    def gpus(self) -> int:
+        return int(self.settings.get("gpus") or self.settings.get("tensor_parallel") or 1)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(
+        value) and value > 0  # fmt: skip
+
+
+def _runs(paths: Sequence[Path]) -> list[Path]:
+    """Run directories: each path itself, or a sweep directory's points."""
+    out = []
+    for path in paths:
+        if (path / "summary.json").is_file():
+            out.append(path)
+        elif (path / "points").is_dir():
+            out.extend(
+                sorted(p for p in (path / "points").iterdir() if (p / "summary.json").is_file())
+            )
+        else:
+            raise PointsError([f"{path}: expected a run directory (summary.json) or a sweep "
+                               "directory (points/)"])  # fmt: skip
+    return out
+
+
+def read_point(path: Path) -> Point:
+    """An aggregate-only run directory's point, every field it reads checked."""
+    file = path / "summary.json"
+    try:
+        summary = rundir.read_json(file)
+    except rundir.InputError as exc:
+        raise PointsError(exc.lines) from None
+    if not isinstance(summary, dict) or summary.get("aggregate_only") is not True:
+        raise PointsError([f"{file}: aggregate_only: expected true (a published point, as "
+                           "speclens import writes it)"])  # fmt: skip
+    settings = summary.get("settings")
+    figures = summary.get("figures")
+    if not isinstance(settings, dict) or not isinstance(figures, dict):
+        raise PointsError([f"{file}: settings, figures: expected objects"])
+    problems = []
+    for key in ("concurrency", "gpus"):
+        value = settings.get(key)
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            problems.append(f"{file}: settings.{key}: expected an integer >= 1, got {value!r}")
+    for key in ("input_tokens", "output_tokens"):
+        value = settings.get(key)
+        top = value.get("max") if isinstance(value, dict) else None
+        if not (isinstance(top, int) and not isinstance(top, bool) and top >= 1):
+            problems.append(f"{file}: settings.{key}.max: expected an integer >= 1, got {top!r}")
+    read: dict[str, float] = {}
+    for name in ("latency_ms.tpot.p50", "latency_ms.ttft.p50",
+                 "throughput.total_tokens_per_s_per_gpu"):  # fmt: skip
+        value: Any = figures
+        for key in name.split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        if not _positive(value):
+            problems.append(f"{file}: figures.{name}: expected a number > 0, got {value!r}")
+        else:
+            read[name] = float(value)
+    if problems:
+        raise PointsError(problems)
+    return Point(path, settings, read["latency_ms.tpot.p50"] / 1e3,
+                 read["latency_ms.ttft.p50"] / 1e3,
+                 read["throughput.total_tokens_per_s_per_gpu"])  # fmt: skip
+
+
+def read_points(paths: Sequence[Path]) -> list[Point]:
+    return [read_point(p) for p in _runs(paths)]
+
+
+#: What a fit's points must share (one deployment), with how the refusal names it.
+DEPLOYMENT = ("hardware", "model", "engine", "precision", "tensor_parallel", "expert_parallel",
+              "dp_attention", "gpus")  # fmt: skip
+
+
+def check_points(points: Sequence[Point], *, speculating: bool = False) -> None:
+    """Refuse what a fit cannot take: too few points, a disaggregated one, points of two
+    deployments (two chips above all), speculating points (their AL is not published)."""
+    lines = []
+    for p in points:
+        if p.settings.get("disaggregated"):
+            lines.append(f"{p.path / 'summary.json'}: settings.disaggregated: is true: a "
+                         "disaggregated deployment (prefill and decode on separate nodes) is not "
+                         "modelled; calibrate takes single-node points")  # fmt: skip
+        if p.speculating and not speculating:
+            lines.append(f"{p.path / 'summary.json'}: settings.method: is "
+                         f"{p.settings.get('method')!r}: its AL was not published, so it cannot "
+                         "price steps; fit on points without speculation and pass it as "
+                         "--acceptance-from")  # fmt: skip
+    for key in DEPLOYMENT:
+        values = sorted({str(p.settings.get(key)) for p in points})
+        if len(values) > 1:
+            lines.append(f"calibrate: settings.{key}: the points differ ({', '.join(values)}): "
+                         "a fit prices one deployment; calibrate each apart")  # fmt: skip
+    if len(points) < MIN_POINTS:
+        lines.append(f"calibrate: {len(points)} published point(s), at least {MIN_POINTS} needed "
+                     "(the fit has 5 free parameters and each point gives 3 figures)")  # fmt: skip
+    if lines:
+        raise PointsError(lines)
+
+
+def _with(roof: Roofline, values: dict[str, float]) -> Roofline:
+    update = {k: v for k, v in values.items() if k != "front_latency_s"}
+    return replace(roof, efficiency=roof.efficiency.model_copy(update=update))
+
+
+def _start(roof: Roofline, front: float) -> dict[str, float]:
+    e = roof.efficiency
+    start = {"compute": e.compute, "memory": e.memory, "overhead": e.overhead,
+             "per_sequence": e.per_sequence, "front_latency_s": front}  # fmt: skip
+    return {k: min(max(v, PARAMETERS[k][0]), PARAMETERS[k][1]) for k, v in start.items()}
+
+
+def predict(schedules: Sequence[Schedule], points: Sequence[Point], roof: Roofline,
+            front: float) -> list[Figures]:  # fmt: skip
+    return [s.figures(roof, front, p.gpus) for s, p in zip(schedules, points, strict=True)]
+
+
+def residuals(points: Sequence[Point], figures: Sequence[Figures]) -> np.ndarray:
+    """Per point: log(predicted / measured) of median TPOT, median TTFT, throughput per GPU."""
+    out = []
+    for p, f in zip(points, figures, strict=True):
+        out += [math.log(max(f.median_tpot_s, 1e-12) / p.tpot_s),
+                math.log(max(f.median_ttft_s, 1e-12) / p.ttft_s),
+                math.log(max(f.throughput_per_gpu, 1e-12) / p.throughput_per_gpu)]  # fmt: skip
+    return np.array(out)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A roofline fitted on published points, with what the fit says of itself."""
+
+    roofline: Roofline
+    front_latency_s: float
+    points: list[Point]
+    figures: list[Figures]
+    not_pinned: list[str]
+
+    @property
+    def residuals(self) -> np.ndarray:
+        return residuals(self.points, self.figures).reshape(-1, 3)
+
+    def report(self) -> dict[str, Any]:
+        r = np.expm1(self.residuals)
+        return {
+            "method": "roofline fitted to published points: each point's closed loop simulated "
+                      "(speclens.sim.closed_loop), least squares on log(predicted / measured) "
+                      "of median TPOT, median TTFT and throughput per GPU",
+            "points": [
+                {"run": str(p.path), "concurrency": p.concurrency,
+                 "tpot_ms": {"measured": p.tpot_s * 1e3, "predicted": f.median_tpot_s * 1e3},
+                 "ttft_ms": {"measured": p.ttft_s * 1e3, "predicted": f.median_ttft_s * 1e3},
+                 "throughput_per_gpu": {"measured": p.throughput_per_gpu,
+                                        "predicted": f.throughput_per_gpu},
+                 "error": {"tpot": float(e[0]), "ttft": float(e[1]), "throughput_per_gpu": float(e[2])}}
+                for p, f, e in zip(self.points, self.figures, r, strict=True)
+            ],
+            "tpot_error_median": float(np.median(np.abs(r[:, 0]))),
+            "ttft_error_median": float(np.median(np.abs(r[:, 1]))),
+            "throughput_error_median": float(np.median(np.abs(r[:, 2]))),
+            "not_pinned_down": self.not_pinned,
+            "front_latency_s": self.front_latency_s,
+            "load_points": [{"concurrency": p.concurrency} for p in self.points],
+            "batch_widths": [min(p.concurrency for p in self.points),
+                             max(p.concurrency for p in self.points)],
+        }  # fmt: skip
+
+
+def fit_points(points: Sequence[Point], roof: Roofline, front: float = 0.05) -> Fit:
+    """The roofline's free parameters fitted to ``points`` (see the module)."""
+    from scipy.optimize import least_squares
+
+    check_points(points)
+    schedules = [schedule(p.load()) for p in points]
+    names = list(PARAMETERS)
+    start = _start(roof, front)
+    x0 = np.log([start[n] for n in names])
+    low = np.log([PARAMETERS[n][0] for n in names])
+    high = np.log([PARAMETERS[n][1] for n in names])
+
+    def model(x: np.ndarray) -> list[Figures]:
+        values = dict(zip(names, np.exp(x).tolist(), strict=True))
+        return predict(schedules, points, _with(roof, values), values["front_latency_s"])
+
+    def objective(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([residuals(points, model(x)), PRIOR * (x - x0)])
+
+    best = None
+    # From the start and from a few spread starts: the roofline's max makes the error piecewise.
+    for shift in (0.0, -1.5, 1.5):
+        x = np.clip(x0 + np.array([shift, shift, -shift, 0.0, 0.0]), low + 1e-9, high - 1e-9)
+        result = least_squares(objective, x, bounds=(low, high), method="trf", x_scale=1.0,
+                               diff_step=1e-3, max_nfev=400)  # fmt: skip
+        if best is None or result.cost < best.cost:
+            best = result
+    assert best is not None
+    values = dict(zip(names, np.exp(best.x).tolist(), strict=True))
+    fitted = _with(roof, values)
+    figures = model(best.x)
+    base = residuals(points, figures)
+    not_pinned = []
+    for j, name in enumerate(names):
+        moved = best.x.copy()
+        moved[j] = min(moved[j] + math.log(2.0), high[j]) if moved[j] + math.log(2) <= high[j] \
+            else moved[j] - math.log(2.0)  # fmt: skip
+        if float(np.max(np.abs(residuals(points, model(moved)) - base))) < math.log1p(PINNED):
+            not_pinned.append(name)
+    return Fit(fitted, values["front_latency_s"], list(points), figures, not_pinned)
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """The AL a speculating run's median TPOT implies, with the range the fit allows."""
+
+    acceptance_length: float
+    low: float
+    high: float
+    num_spec_tokens: int
+    run: Path
+    tpot_ms: float
+    predicted_tpot_ms: float
+
+
+def _tpot(point: Point, roof: Roofline, front: float, k: int) -> Callable[[float], float]:
+    def at(al: float) -> float:
+        return schedule(point.load(k, al)).figures(roof, front, point.gpus).median_tpot_s
+
+    return at
+
+
+def _solve(at: Callable[[float], float], target: float, k: int) -> float | str:
+    """The AL in [1, K + 1] at which ``at`` (decreasing in AL) gives ``target``; "below" when
+    even AL K + 1 is slower, "above" when even AL 1 is faster."""
+    lo, hi = 1.0, float(k + 1)
+    if at(hi) > target:
+        return "fast"
+    if at(lo) < target:
+        return "slow"
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        if at(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-4:
+            break
+    return (lo + hi) / 2
+
+
+def infer_acceptance(fit: Fit, point: Point, method: str, k: int) -> Acceptance:
+    """The AL at which ``fit``'s model reproduces ``point``'s median TPOT at K ``k``."""
+    if not point.speculating and point.settings.get("method") is None:
+        pass  # a run that states no method is taken at its word: the caller names the method
+    roof = replace(fit.roofline, method=method)
+    at = _tpot(point, roof, fit.front_latency_s, k)
+    found = _solve(at, point.tpot_s, k)
+    if isinstance(found, str):
+        edge = k + 1 if found == "fast" else 1
+        predicted = at(float(edge)) * 1e3
+        side = (
+            (
+                f"faster than the model allows even at AL {edge} (K + 1: every draft accepted), "
+                f"which predicts {predicted:.2f} ms"
+            )
+            if found == "fast"
+            else (f"slower than the model predicts at AL 1 (no draft accepted: {predicted:.2f} ms)")
+        )
+        raise PointsError([f"{point.path / 'summary.json'}: figures.latency_ms.tpot.p50: "
+                           f"{point.tpot_s * 1e3:.2f} ms is {side}: no AL in [1, {k + 1}] "
+                           "reproduces this run"])  # fmt: skip
+    spread = float(np.max(np.abs(fit.residuals[:, 0])))
+    bounds = []
+    for target in (point.tpot_s * math.exp(spread), point.tpot_s * math.exp(-spread)):
+        solved = _solve(at, target, k)
+        bounds.append(solved if isinstance(solved, float) else 1.0 if solved == "slow" else k + 1.0)
+    return Acceptance(float(found), min(bounds), max(bounds), k, point.path,
+                      point.tpot_s * 1e3, at(float(found)) * 1e3)  # fmt: skip

@@ -84,21 +84,26 @@ class Load:
 
 @dataclass(frozen=True)
 class Schedule:
-    """The steps a point's load runs, and where each request's life falls in them.
+    """The steps a point's load runs, in stretches, and where each request's life falls in them.
 
-    Per step: the decoding requests and their verify tokens and context, the prompt tokens
-    prefilled (and their causal context: each chunk's tokens times the prompt already prefilled
-    plus half the chunk), and the prefilling requests. Per request: the step count at its
-    arrival (it arrived when that many steps had ended), the step that emitted its first token,
-    the step that emitted its last, and its lengths."""
+    A stretch is ``n`` steps of one composition: the decoding requests, their verify tokens and
+    context (at its first step, growing by ``growth`` a step), the prompt tokens prefilled (and
+    their causal pairs: each chunk's tokens times the prompt before it plus half the chunk), and
+    the prefilling requests. A step's price is affine in its context for a fixed composition
+    (a roofline's attention is a max of two terms proportional to it; a linear cost is linear),
+    so a stretch is priced at its first and last step. Per request: the stretches ended at its
+    arrival, the stretch that emitted its first token, and the one that emitted its last: every
+    request's arrival, first and last token fall on a stretch's end."""
 
     load: Load
+    n: np.ndarray
     decoding: np.ndarray
     verify_tokens: np.ndarray
     context: np.ndarray
+    growth: np.ndarray
     prefill_tokens: np.ndarray
     prefill_requests: np.ndarray
-    prefill_context: np.ndarray
+    prefill_pairs: np.ndarray
     arrival: np.ndarray
     first: np.ndarray
     last: np.ndarray
@@ -107,19 +112,19 @@ class Schedule:
 
     @property
     def steps(self) -> int:
-        return len(self.decoding)
+        return int(self.n.sum())
 
-    def price(self, cost: Pricing) -> np.ndarray:
-        """Each step's seconds under ``cost`` (a decode step with its K drafter forwards)."""
+    def _step(self, cost: Pricing, context: np.ndarray) -> np.ndarray:
+        """One step's seconds of each stretch at the given context (a decode step with its K
+        drafter forwards; a prefill step; a mixed step)."""
         k = self.load.num_spec_tokens
         d, p = self.decoding, self.prefill_tokens
-        seconds = np.zeros(self.steps)
+        seconds = np.zeros(len(d))
+        drafting = d * (k > 0)
         decode_only, prefill_only, both = (d > 0) & (p == 0), (d == 0) & (p > 0), (d > 0) & (p > 0)
         if decode_only.any():
             m = decode_only
-            seconds[m] = cost.decode(
-                self.verify_tokens[m], d[m], self.context[m], d[m] * (k > 0), k
-            )
+            seconds[m] = cost.decode(self.verify_tokens[m], d[m], context[m], drafting[m], k)
         if prefill_only.any():
             m = prefill_only
             seconds[m] = cost.prefill(p[m], self.prefill_requests[m], self._prompt_context(m))
@@ -127,21 +132,32 @@ class Schedule:
             m = both
             mixed = getattr(cost, "mixed", None)
             if mixed is not None:
-                seconds[m] = mixed(self.verify_tokens[m], d[m], self.context[m], p[m],
-                                   self.prefill_requests[m], self.prefill_context[m],
-                                   d[m] * (k > 0), k)  # fmt: skip
+                seconds[m] = mixed(self.verify_tokens[m], d[m], context[m], p[m],
+                                   self.prefill_requests[m], self._prompt_context(m),
+                                   drafting[m], k)  # fmt: skip
             else:
                 seconds[m] = cost.decode(
                     self.verify_tokens[m] + p[m], d[m] + self.prefill_requests[m],
-                    self.context[m] + self._prompt_context(m), d[m] * (k > 0), k)  # fmt: skip
+                    context[m] + self._prompt_context(m), drafting[m], k)  # fmt: skip
         return seconds
 
     def _prompt_context(self, m: np.ndarray) -> np.ndarray:
         """The prefilled prompts' context as a step cost takes it (their requests times the mean
         context a prompt token attends over, causal: the prompt before it)."""
         p = np.maximum(self.prefill_tokens[m], 1.0)
-        context: np.ndarray = self.prefill_requests[m] * self.prefill_context[m] / p
+        context: np.ndarray = self.prefill_requests[m] * self.prefill_pairs[m] / p
         return context
+
+    def price(self, cost: Pricing) -> np.ndarray:
+        """Each stretch's seconds under ``cost``: its steps at their mean price (the mean of its
+        first and last step's, the price being affine in context within a stretch)."""
+        head = self._step(cost, self.context)
+        many = self.n > 1
+        tail = head.copy()
+        if many.any():
+            tail[many] = self._step(cost, self.context + self.growth * (self.n - 1))[many]
+        out: np.ndarray = self.n * (head + tail) / 2
+        return out
 
     def figures(self, cost: Pricing, front: float = 0.0, gpus: int = 1) -> Figures:
         """The point's published figures under ``cost``."""
@@ -157,10 +173,11 @@ class Schedule:
         e2e = last - starts + front
         cycles = math.ceil(len(self.outputs) / self.load.concurrency)
         duration = float(ends[-1]) + front * cycles
-        steps = self.decoding > 0
-        itl = seconds[steps] if steps.any() else seconds
+        decode = self.decoding > 0
+        itl = (seconds[decode] / self.n[decode], self.n[decode]) if decode.any() else (
+            seconds / self.n, self.n)  # fmt: skip
         return Figures(
-            ttft_s=ttft, tpot_s=tpot[self.outputs > 1], e2e_s=e2e, itl_s=itl,
+            ttft_s=ttft, tpot_s=tpot[self.outputs > 1], e2e_s=e2e, itl_s=itl[0], itl_weights=itl[1],
             duration_s=duration, input_tokens=int(self.inputs.sum()),
             output_tokens=int(self.outputs.sum()), gpus=gpus,
         )  # fmt: skip
@@ -173,7 +190,8 @@ class Figures:
     ttft_s: np.ndarray
     tpot_s: np.ndarray
     e2e_s: np.ndarray
-    itl_s: np.ndarray
+    itl_s: np.ndarray  # a decode step's mean seconds, per stretch
+    itl_weights: np.ndarray  # the stretch's steps
     duration_s: float
     input_tokens: int
     output_tokens: int
@@ -195,12 +213,19 @@ class Figures:
     def summary_figures(self) -> dict[str, Any]:
         """The figures block of an aggregate-only run's summary.json (milliseconds)."""
 
-        def stats(values: np.ndarray) -> dict[str, float]:
+        def stats(values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
             ms = 1e3 * np.asarray(values, dtype=float)
             if not len(ms):
                 return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
-            return {"mean": float(ms.mean()), "p50": float(np.median(ms)),
-                    "p90": float(np.quantile(ms, 0.9)), "p99": float(np.quantile(ms, 0.99))}  # fmt: skip
+            w = np.ones(len(ms)) if weights is None else np.asarray(weights, dtype=float)
+            order = np.argsort(ms)
+            share = np.cumsum(w[order]) / w.sum()
+
+            def q(level: float) -> float:
+                return float(ms[order][min(int(np.searchsorted(share, level)), len(ms) - 1)])
+
+            return {"mean": float(np.average(ms, weights=w)), "p50": q(0.5), "p90": q(0.9),
+                    "p99": q(0.99)}  # fmt: skip
 
         total = (self.input_tokens + self.output_tokens) / self.duration_s
         output = self.output_tokens / self.duration_s
@@ -209,7 +234,7 @@ class Figures:
         return {
             "aggregate_only": True,
             "latency_ms": {"ttft": stats(self.ttft_s), "tpot": stats(self.tpot_s),
-                           "itl": stats(self.itl_s), "e2e": stats(self.e2e_s)},
+                           "itl": stats(self.itl_s, self.itl_weights), "e2e": stats(self.e2e_s)},
             "throughput": {
                 "output_tokens_per_s": output, "total_tokens_per_s": total,
                 "output_tokens_per_s_per_gpu": output / self.gpus,
@@ -231,27 +256,27 @@ def _lengths(load: Load) -> tuple[np.ndarray, np.ndarray]:
     return draw(load.input_tokens), draw(load.output_tokens)
 
 
-class _Steps:
-    """The growing per-step columns, a stretch at a time."""
+class _Stretches:
+    """The growing per-stretch columns: a stretch is ``n`` steps of one composition, its context
+    growing by ``growth`` a step."""
 
     def __init__(self) -> None:
-        self.columns: list[list[np.ndarray]] = [[] for _ in range(6)]
-        self.count = 0
+        self.rows: list[tuple[float, ...]] = []
+        self.steps = 0
 
     def add(self, n: int, decoding: int, verify: int, context: float, growth: float,
             prefill: tuple[int, int, float] = (0, 0, 0.0)) -> None:  # fmt: skip
-        if self.count + n > MAX_STEPS:
+        if self.steps + n > MAX_STEPS:
             raise ValueError(f"steps: more than {MAX_STEPS:,} (a point this long is refused)")
-        values = (decoding, verify, None, *prefill)
-        for j, value in enumerate(values):
-            if j == 2:
-                self.columns[j].append(context + growth * np.arange(n, dtype=float))
-            else:
-                self.columns[j].append(np.full(n, value, dtype=float))
-        self.count += n
+        self.rows.append((n, decoding, verify, context, growth, *prefill))
+        self.steps += n
 
-    def arrays(self) -> list[np.ndarray]:
-        return [np.concatenate(c) if c else np.zeros(0) for c in self.columns]
+    @property
+    def count(self) -> int:
+        return len(self.rows)
+
+    def arrays(self) -> np.ndarray:
+        return np.array(self.rows, dtype=float).reshape(-1, 8)
 
 
 def schedule(load: Load) -> Schedule:
@@ -270,7 +295,7 @@ def schedule(load: Load) -> Schedule:
     left_steps = np.zeros(c, dtype=np.int64)
     context = np.zeros(c, dtype=float)
     waiting: deque[int] = deque()
-    steps = _Steps()
+    steps = _Stretches()
     sent = 0
 
     def send(slot: int) -> None:
@@ -334,6 +359,5 @@ def schedule(load: Load) -> Schedule:
         ended_mask = decoding & (left_steps <= 0)
         decoding &= ~ended_mask
         finish(np.flatnonzero(ended_mask))
-    cols = steps.arrays()
-    return Schedule(load, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], arrival, first,
-                    last, inputs, outputs)  # fmt: skip
+    n_, d_, v_, c_, g_, pt, pr, pp = steps.arrays().T
+    return Schedule(load, n_, d_, v_, c_, g_, pt, pr, pp, arrival, first, last, inputs, outputs)

@@ -137,13 +137,13 @@ def read_point(path: Path) -> Point:
     read: dict[str, float] = {}
     for name in ("latency_ms.tpot.p50", "latency_ms.ttft.p50",
                  "throughput.total_tokens_per_s_per_gpu"):  # fmt: skip
-        value: Any = figures
+        found: Any = figures
         for key in name.split("."):
-            value = value.get(key) if isinstance(value, dict) else None
-        if not _positive(value):
-            problems.append(f"{file}: figures.{name}: expected a number > 0, got {value!r}")
+            found = found.get(key) if isinstance(found, dict) else None
+        if not _positive(found):
+            problems.append(f"{file}: figures.{name}: expected a number > 0, got {found!r}")
         else:
-            read[name] = float(value)
+            read[name] = float(found)
     if problems:
         raise PointsError(problems)
     return Point(path, settings, read["latency_ms.tpot.p50"] / 1e3,

@@ -1,8 +1,10 @@
 """``speclens compare RUN_OR_SWEEP...``: comparability checks first, then deltas with intervals.
 
-Exit codes: 0 every pair comparable; 1 a pair is not comparable (its deltas are labelled so),
-or an input file is invalid or tampered (one line per problem); 2 usage: bad options, a
-directory that is not a run or a sweep, runs of different models.
+Exit codes: 0 every pair comparable (or comparable as a speculation A/B, or as a prediction
+against a measurement); 1 a pair is not comparable (its deltas are labelled so), or has published
+figures only (checks that need per-request data did not run), or an input file is invalid or
+tampered (one line per problem); 2 usage: bad options, a directory that is not a run or a
+sweep, runs of different models.
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from speclens.cli._common import err_console, fail, out_console
 MAX_GPUS = 4096
 
 
-def _gpus(values: list[int], count: int) -> list[int]:
+def _gpus(values: list[int], count: int) -> list[int | None]:
+    """One per input; None where not given (an aggregate-only input's own GPUs, else 1)."""
     bad = [v for v in values if not 1 <= v <= MAX_GPUS]
     if bad:
         fail(f"command line: --gpus: expected an integer in [1, {MAX_GPUS}], got {bad[0]}", 2)
     if len(values) not in (0, 1, count):
         fail(f"command line: --gpus: expected one value for every input or one per input "
              f"({count}), got {len(values)}", 2)  # fmt: skip
-    return values * count if len(values) == 1 else values or [1] * count
+    given: list[int | None] = list(values * count if len(values) == 1 else values)
+    return given or [None] * count
 
 
 def compare(
@@ -103,39 +107,77 @@ def _ratio(row: dict[str, Any]) -> str:
     if r is None:
         return "no ratio (a figure has no data)"
     if low is None or high is None or not math.isfinite(low):
-        return f"{r:.2f}x (no interval)"
+        return f"{r:.2f}x ({row.get('interval') or 'no interval'})"
     return f"{r:.2f}x (95% CI {low:.2f}x to {high:.2f}x)"
 
 
 def _print(result: dict[str, Any]) -> None:
     for item in result["inputs"]:
         gpus = f"{item['gpus']} GPU" + ("s" if item["gpus"] > 1 else "")
+        published = ", aggregate-only" if item.get("aggregate_only") else ""
         out_console.print(
             f"{escape(item['label'])} = {escape(item['path'])} ({item['kind']}, model "
-            f"{escape(item['model'])}, engine {escape(str(item['engine'] or 'unknown'))}, {gpus})"
+            f"{escape(item['model'])}, engine {escape(str(item['engine'] or 'unknown'))}, {gpus}"
+            f"{published})"
         )
+        for note in item.get("notes") or []:
+            out_console.print(f"  note: {escape(note)}")
     for pair in result["pairs"]:
         a, b, ok = pair["a"], pair["b"], pair["comparable"]
         style = "bold green" if ok else "bold red"
         out_console.print(f"\n[{style}]{escape(a)} vs {escape(b)}: {escape(pair['label'])}[/]")
         for check in pair["checks"]:
-            word = "[green]ok  [/]" if check["ok"] else "[red]FAIL[/]"
+            word = {True: "[green]ok  [/]", False: "[red]FAIL[/]"}.get(
+                check["ok"], "[yellow]n/a [/]"
+            )
             out_console.print(f"  {word} {check['name']}: {escape(check['detail'])}")
-        tag = "" if ok else "NOT COMPARABLE: "
+        tag = pair_tag(pair)
         for row in pair["deltas"]["matched_concurrency"]:
             load = (f"concurrency {row['concurrency']}" if row["concurrency"] is not None
                     else f"request rate {row['request_rate']:g}/s")  # fmt: skip
             out_console.print(
-                f"  {tag}{load}: {row['figure']} {escape(b)}/{escape(a)} {_ratio(row)}"
+                f"  {tag}{load}: {row['figure']} {escape(b)}/{escape(a)} {escape(_ratio(row))}"
             )
-        for row in pair["deltas"]["matched_interactivity"]:
-            out_console.print(f"  {escape(row['sentence'])}")
+        for row in [] if pair.get("speculation") else pair["deltas"]["matched_interactivity"]:
+            out_console.print(f"  {escape(row['sentence'])}")  # an A/B reads its own below
         note = pair["deltas"].get("interactivity_note")
         if note:
             out_console.print(f"  interactivity: {escape(note)}")
+        for i, line in enumerate(speculation_lines(pair)):
+            out_console.print(f"{'  ' if i == 0 else '    '}{escape(line)}")
         for i, line in enumerate(fidelity_lines(pair)):
             indent = "  " if i == 0 else "    "  # the header, then one line a figure
             out_console.print(f"{indent}{tag}{escape(line)}")
+
+
+def pair_tag(pair: dict[str, Any]) -> str:
+    """What starts each delta line of a pair: nothing when it is comparable (as such, as a
+    speculation A/B or as a prediction), else why its deltas are no speed-up."""
+    if pair["comparable"]:
+        return ""
+    return "UNCHECKED: " if pair.get("verdict") == "published figures only" else "NOT COMPARABLE: "
+
+
+def speculation_lines(pair: dict[str, Any]) -> list[str]:
+    """A speculation A/B's reading: InferenceX's sentence, the table it rests on, and the TPOT
+    speedup at each concurrency; none for any other pair."""
+    ab = pair.get("speculation")
+    if not ab:
+        return []
+    head = ab["headline"]
+    lines = [head["sentence"] + f" ({NO_INTERVAL})" if head else
+             f"speculation A/B: {ab.get('note') or 'no reading'}"]  # fmt: skip
+    lines.append(f"basis: {ab['basis']}" + (f"; {ab['note']}" if ab.get("note") and head else ""))
+    if len(ab["table"]) > 1 or (ab["table"] and not head):
+        lines.append(f"tok/s/user | {ab['off']} tok/s/GPU | {ab['on']} tok/s/GPU | delta")
+        lines += [f"{r['tokens_per_s_per_user']:.1f} | {r['off_tok_s_gpu']:,.1f} | "
+                  f"{r['on_tok_s_gpu']:,.1f} | {r['delta_pct']:+.1f}%" for r in ab["table"]]  # fmt: skip
+    lines += [r["sentence"] + f" (median TPOT {r['off_tpot_ms']:.2f} ms off, "
+              f"{r['on_tpot_ms']:.2f} ms on)" for r in ab["speedup"]]  # fmt: skip
+    return lines
+
+
+NO_INTERVAL = "no interval: aggregate-only"
 
 
 def fidelity_lines(pair: dict[str, Any]) -> list[str]:
@@ -144,6 +186,8 @@ def fidelity_lines(pair: dict[str, Any]) -> list[str]:
     fid = pair.get("fidelity")
     if not fid:
         return []
+    if fid.get("kind") == "aggregate":
+        return prediction_lines(fid)
     lines = [f"fidelity of {pair['b']} against {pair['a']}, request by request: "
              f"{fid['matched']} matched by index, {fid['unmatched']} left out"]  # fmt: skip
     for name, e in fid["figures"].items():
@@ -159,6 +203,32 @@ def fidelity_lines(pair: dict[str, Any]) -> list[str]:
     error = fid["throughput_error"]
     missing = f"unknown (no output tokens/s for {pair['a']})"
     lines.append("throughput: " + (missing if error is None else _pct(error, "+")))
+    return lines
+
+
+#: The figures of a prediction's error table, as the console names them.
+_PREDICTED = {"tpot_p50_ms": "median TPOT ms", "ttft_p50_ms": "median TTFT ms",
+              "total_tokens_per_s_per_gpu": "total tok/s/GPU"}  # fmt: skip
+
+
+def prediction_lines(fid: dict[str, Any]) -> list[str]:
+    """A prediction against the measurement: per point predicted, measured and the signed
+    error (predicted / measured - 1) of each figure, then each figure's median |error|."""
+    lines = [f"prediction {fid['predicted']} against measurement {fid['measured']}, point by "
+             "point: predicted / measured (error = predicted / measured - 1)"]  # fmt: skip
+    for point in fid["points"]:
+        load = (f"concurrency {point['concurrency']}" if point["concurrency"] is not None
+                else f"request rate {point['request_rate']:g}/s")  # fmt: skip
+        parts = []
+        for name, title in _PREDICTED.items():
+            e = point["figures"][name]
+            shown = "/".join(
+                "-" if v is None else f"{v:,.2f}" for v in (e["predicted"], e["measured"])
+            )
+            parts.append(f"{title} {shown} ({_pct(e['error'], '+')})")
+        lines.append(f"{load}: " + "; ".join(parts))
+    lines.append("median |error| over the points: " + "; ".join(
+        f"{title} {_pct(fid['median_abs_error'][name])}" for name, title in _PREDICTED.items()))  # fmt: skip
     return lines
 
 

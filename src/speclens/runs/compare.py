@@ -78,9 +78,12 @@ ROW_FIELDS = ("index", "category", "success", "row_error", "prompt_tokens", "com
 #: Of a row's acceptance record: K, verify steps, accepted drafts and the histogram.
 SPEC_FIELDS = ("num_spec_tokens", "num_spec_steps", "num_accepted_draft_tokens",
                "acceptance_histogram")  # fmt: skip
-#: Of a summary: the settings, the server's engine and acceptance, the duration, the verdict.
+#: Of a summary: the settings, the server's engine and acceptance, the duration, the verdict;
+#: the published figures and provenance (an aggregate-only run's figures are all it has).
 SUMMARY_FIELDS = {"settings": None, "server": ("engine", "acceptance"),
-                  "figures": ("duration_s",), "verdict": ("passed",)}  # fmt: skip
+                  "figures": ("duration_s", "latency_ms", "throughput", "interactivity"),
+                  "verdict": ("passed",), "aggregate_only": None,
+                  "provenance": ("source", "run_url")}  # fmt: skip
 
 _LOAD_KEYS = ("concurrency", "request_rate")
 _POINT_KEYS = ("concurrency", "request_rate", "num_speculative_tokens", "acceptance_length")
@@ -172,14 +175,35 @@ class Input:
         engines = {p.engine or r.engine for p in self.points for r in p.runs} - {None}
         return ", ".join(sorted(e for e in engines if e)) or None
 
+    @property
+    def aggregate_only(self) -> bool:
+        """Any of its runs is aggregate-only: published figures, nothing per request."""
+        return any(run.aggregate_only for run in self.runs)
+
+    @property
+    def prediction(self) -> bool:
+        """Its runs are a simulator's prediction (``settings.executor`` "sim", or provenance
+        source "speclens-sim"), not a measurement."""
+        return bool(self.runs) and all(_predicted(run) for run in self.runs)
+
     def to_json(self) -> dict[str, Any]:
         return {"label": self.label, "path": str(self.path), "kind": self.kind,
                 "model": self.model, "engine": self.engine, "gpus": self.gpus,
-                "points": len(self.points), "skipped": self.skipped}  # fmt: skip
+                "points": len(self.points), "skipped": self.skipped,
+                "aggregate_only": self.aggregate_only,
+                "notes": [n for run in self.runs for n in run.notes]}  # fmt: skip
+
+
+def _predicted(run: Run) -> bool:
+    provenance = run.summary.get("provenance")
+    source = provenance.get("source") if isinstance(provenance, dict) else None
+    return run.settings.get("executor") == "sim" or source == "speclens-sim"
 
 
 def kind_of(path: Path) -> str:
-    """ "run" or "sweep"; an InputError (exit 2) naming what is missing otherwise."""
+    """ "run" or "sweep"; an InputError (exit 2) naming what is missing otherwise. A run
+    directory holds summary.json and records.jsonl, or summary.json alone when that says it is
+    aggregate-only (published figures, nothing per request)."""
     if not path.is_dir():
         raise InputError([f"{path}: not a directory (expected a run or a sweep directory)"], 2)
     if (path / "sweep.json").is_file():
@@ -187,24 +211,45 @@ def kind_of(path: Path) -> str:
     missing = [name for name in ("summary.json", "records.jsonl") if not (path / name).is_file()]
     if not missing:
         return "run"
+    if missing == ["records.jsonl"] and _says_aggregate_only(path / "summary.json"):
+        return "run"
     raise InputError([f"{path}: not a run or sweep directory: no sweep.json, and "
                       f"{' and '.join(missing)} missing"], 2)  # fmt: skip
 
 
-def read_inputs(paths: Sequence[Path], labels: Sequence[str], gpus: Sequence[int]) -> list[Input]:
+def _says_aggregate_only(path: Path) -> bool:
+    try:
+        return rundir.is_aggregate_only(read_json(path))
+    except InputError:
+        return False
+
+
+def read_inputs(
+    paths: Sequence[Path], labels: Sequence[str], gpus: Sequence[int | None]
+) -> list[Input]:
     """Every input, read and checked, one per path (a sweep of several engines: one per engine,
-    labelled ``A/engine``)."""
+    labelled ``A/engine``). GPUs None: an aggregate-only input's own ``settings.gpus``, else 1."""
     out: list[Input] = []
     budget = Budget()
     for path, label, n in zip(paths, labels, gpus, strict=True):
         if kind_of(path) == "run":
             run = read_run(path, budget)
             settings = {k: run.settings.get(k) for k in _LOAD_KEYS}
-            out.append(Input(label, path, "run", [Point(settings, run.engine, [run])], n))
+            out.append(Input(label, path, "run", [Point(settings, run.engine, [run])], 1))
         else:
-            out += _read_sweep(path, label, n, budget)
+            out += _read_sweep(path, label, 1, budget)
+        for item in out:
+            if item.path == path:
+                item.gpus = n if n is not None else _own_gpus(item)
     _same_model(out)
     return out
+
+
+def _own_gpus(item: Input) -> int:
+    """The GPUs an aggregate-only input's settings state (one value for all its runs), else 1."""
+    stated = {r.settings.get("gpus") for r in item.runs if r.aggregate_only}
+    one = _one(stated)
+    return int(one) if rundir.is_int(one) and one > 0 else 1
 
 
 def _read_sweep(path: Path, label: str, gpus: int, budget: Budget) -> list[Input]:
@@ -276,8 +321,11 @@ def _same_model(inputs: Sequence[Input]) -> None:
 
 @dataclass(frozen=True)
 class Check:
+    """One comparability check: ``ok`` True (passed), False (failed) or None (not run: it
+    needs per-request data an aggregate-only input does not have)."""
+
     name: str
-    ok: bool
+    ok: bool | None
     detail: str
 
     def to_json(self) -> dict[str, Any]:
@@ -765,6 +813,8 @@ def _figures(point: Point, seed: int) -> dict[str, Interval]:
 
 
 def compare_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
+    if a.aggregate_only or b.aggregate_only:
+        return aggregate_pair(a, b, named)
     found = checks(a, b, named)
     failed = [c for c in found if not c.ok]
     comparable = not failed
@@ -777,10 +827,397 @@ def compare_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
     interactivity, note = matched_interactivity(a, b, prefix)
     return {
         "a": a.label, "b": b.label, "comparable": comparable,
+        "verdict": "comparable" if comparable else "not comparable",
         "checks": [c.to_json() for c in found],
         "deltas": {"matched_concurrency": matched_concurrency(a, b),
                    "matched_interactivity": interactivity, "interactivity_note": note},
         "fidelity": fidelity(a, b), "label": label,
+    }  # fmt: skip
+
+
+# --- aggregate-only inputs: published figures, nothing per request ------------------------------
+
+#: The published figures an aggregate-only pair is compared on, each (name, path in figures):
+#: median TPOT and TTFT, total tokens/s per GPU, median interactivity (tokens/s per user).
+PUBLISHED = (("tpot_p50_ms", ("latency_ms", "tpot", "p50")),
+             ("ttft_p50_ms", ("latency_ms", "ttft", "p50")),
+             ("total_tokens_per_s_per_gpu", ("throughput", "total_tokens_per_s_per_gpu")),
+             ("tokens_per_s_per_user", ("interactivity", "p50")))  # fmt: skip
+#: The figures a prediction is scored on against the measurement it predicts.
+PREDICTED = ("tpot_p50_ms", "ttft_p50_ms", "total_tokens_per_s_per_gpu")
+#: The settings that make a deployment (an aggregate-only run states them).
+DEPLOYMENT = ("hardware", "engine", "precision", "tensor_parallel", "expert_parallel",
+              "dp_attention", "gpus", "disaggregated")  # fmt: skip
+NO_INTERVAL = "no interval: aggregate-only"
+#: Verdicts a pair can have; compare exits 0 only when every pair's is one of the first three.
+VERDICTS = ("comparable", "speculation A/B", "prediction", "published figures only",
+            "not comparable")  # fmt: skip
+
+
+def _published_value(run: Run, path: Sequence[str]) -> float | None:
+    node: Any = run.summary.get("figures")
+    for part in path:
+        node = node.get(part) if isinstance(node, dict) else None
+    return float(node) if is_number(node) and node >= 0 else None
+
+
+def published_figures(run: Run, gpus: int) -> dict[str, float | None]:
+    """A run's published figures (``PUBLISHED``): total tokens/s per GPU from the deployment's
+    total over ``gpus`` where no per-GPU figure is published, interactivity 1000 / median TPOT
+    where none is."""
+    out = {name: _published_value(run, path) for name, path in PUBLISHED}
+    total = _published_value(run, ("throughput", "total_tokens_per_s"))
+    if out["total_tokens_per_s_per_gpu"] is None and total is not None:
+        out["total_tokens_per_s_per_gpu"] = total / gpus
+    tpot = out["tpot_p50_ms"]
+    if out["tokens_per_s_per_user"] is None and tpot:
+        out["tokens_per_s_per_user"] = 1000.0 / tpot
+    return out
+
+
+def _point_published(point: Point, gpus: int) -> dict[str, float | None]:
+    """A point's published figures: its one run's, or the median over its rounds."""
+    values = [published_figures(run, gpus) for run in point.runs]
+    out: dict[str, float | None] = {}
+    for name, _ in PUBLISHED:
+        found = [x for v in values if (x := v[name]) is not None]
+        out[name] = float(np.median(found)) if found else None
+    return out
+
+
+def _loads(item: Input) -> dict[tuple[str, float], Point]:
+    """An input's points by load (the first point of each load)."""
+    out: dict[tuple[str, float], Point] = {}
+    for point in item.points:
+        if point.load is not None:
+            out.setdefault(point.load, point)
+    return out
+
+
+def _who(a: Input, b: Input) -> str:
+    names = [x.label for x in (a, b) if x.aggregate_only]
+    return " and ".join(names) + (" are" if len(names) > 1 else " is") + " aggregate-only"
+
+
+def _not_run(name: str, a: Input, b: Input) -> Check:
+    return Check(name, None, f"needs per-request data: {_who(a, b)}")
+
+
+def _speculation(run: Run) -> tuple[str, int | None] | None:
+    """(method, K) of a run that speculates; None when speculation is off (method null/none)."""
+    method = run.settings.get("method")
+    if not isinstance(method, str) or method.strip().lower() in ("", "none"):
+        return None
+    k = run.settings.get("num_spec_tokens")
+    return method, k if rundir.is_int(k) else None
+
+
+def _show_spec(spec: tuple[str, int | None] | None) -> str:
+    if spec is None:
+        return "speculation off"
+    return spec[0].upper() + (f" K {spec[1]}" if spec[1] is not None else "")
+
+
+def _settings_of(item: Input, names: Sequence[str]) -> set[tuple[Any, ...]]:
+    return {tuple(orjson.dumps(run.settings.get(n)).decode() for n in names) for run in item.runs}
+
+
+def check_deployment(a: Input, b: Input, lenient: bool) -> Check:
+    """The same chip, engine, precision, parallelism and GPUs (an aggregate-only run states
+    them; a field a prediction leaves null is not compared when ``lenient``)."""
+    for item in (a, b):
+        if not all(run.aggregate_only for run in item.runs):
+            return Check("deployment", None, f"unknown: {item.label} is not aggregate-only and "
+                         "records no chip, parallelism or GPUs")  # fmt: skip
+        found = _settings_of(item, DEPLOYMENT)
+        if len(found) > 1:
+            return Check("deployment", False, f"{item.label}'s runs differ in their deployment")
+    da = dict(zip(DEPLOYMENT, next(iter(_settings_of(a, DEPLOYMENT))), strict=True))
+    db = dict(zip(DEPLOYMENT, next(iter(_settings_of(b, DEPLOYMENT))), strict=True))
+    differ = [f"{n} {da[n]} vs {db[n]}" for n in DEPLOYMENT
+              if da[n] != db[n] and not (lenient and "null" in (da[n], db[n]))]  # fmt: skip
+    if differ:
+        return Check("deployment", False, "; ".join(differ).replace('"', ""))
+    shown = ", ".join(f"{n} {da[n]}" for n in DEPLOYMENT if da[n] != "null").replace('"', "")
+    return Check("deployment", True, f"{shown or 'nothing stated'} in both")
+
+
+def check_published_lengths(a: Input, b: Input) -> Check:
+    """The published input and output lengths (settings), since no request's are known."""
+    names = ("input_tokens", "output_tokens")
+    for item in (a, b):
+        if not all(run.aggregate_only for run in item.runs):
+            return _not_run("lengths", a, b)
+    la, lb = _settings_of(a, names), _settings_of(b, names)
+    for item, found in ((a, la), (b, lb)):
+        if len(found) > 1:
+            return Check("lengths", False, f"{item.label}'s runs differ in their lengths")
+
+    def show(found: set[tuple[Any, ...]]) -> str:
+        lengths = [orjson.loads(v) for v in _one(found)]
+        return " / ".join("unknown" if x is None else f"{x['min']}" if x["min"] == x["max"]
+                          else f"{x['min']}-{x['max']}" for x in lengths)  # fmt: skip
+
+    if la != lb:
+        return Check("lengths", False, f"published input / output tokens {show(la)} vs {show(lb)}")
+    return Check("lengths", True, f"published input / output tokens {show(la)} in both (no "
+                 f"per-request lengths: {_who(a, b)})")  # fmt: skip
+
+
+def check_load(a: Input, b: Input) -> Check:
+    """Single runs: the same concurrency (or request rate); sweeps: load axes that overlap."""
+    la, lb = _loads(a), _loads(b)
+
+    def show(loads: Iterable[tuple[str, float]]) -> str:
+        return ", ".join(f"{v:g}" for _, v in sorted(loads)) or "none"
+
+    common = sorted(la.keys() & lb.keys())
+    if a.kind == b.kind == "run":
+        if not common:
+            return Check("load", False, f"concurrency {show(la)} vs {show(lb)}")
+        return Check("load", True, f"{common[0][0].replace('_', ' ')} {show(common)} in both")
+    if not common:
+        return Check("load", False, f"no load in common: {a.label} {show(la)}, "
+                     f"{b.label} {show(lb)}")  # fmt: skip
+    return Check("load", True, f"{common[0][0].replace('_', ' ')} {show(common)} in both "
+                 f"({a.label} {show(la)}, {b.label} {show(lb)})")  # fmt: skip
+
+
+def check_speculation(
+    a: Input, b: Input, named: Sequence[str]
+) -> tuple[Check, tuple[Input, Input, tuple[str, int | None]] | None]:
+    """The K check of aggregate-only inputs, from their settings (method, K); and, when
+    speculation is off in one and on in the other, (off, on, (method, K)): a speculation A/B."""
+    sa = {_speculation(run) for run in a.runs}
+    sb = {_speculation(run) for run in b.runs}
+    for item, found in ((a, sa), (b, sb)):
+        if len(found) > 1:
+            return Check("k", False, f"{item.label}'s runs differ: "
+                         + ", ".join(sorted(map(_show_spec, found)))), None  # fmt: skip
+    xa, xb = _one(sa), _one(sb)
+    if xa == xb:
+        return Check("k", True, f"{_show_spec(xa)} in both"), None
+    if (xa is None) != (xb is None):
+        off, on = (a, b) if xa is None else (b, a)
+        spec = xb if xa is None else xa
+        assert spec is not None
+        return Check("k", True, f"{off.label} {_show_spec(None)}, {on.label} {_show_spec(spec)}: "
+                     "a speculation A/B"), (off, on, spec)  # fmt: skip
+    if "k" in named:
+        return Check("k", True, f"{_show_spec(xa)} vs {_show_spec(xb)} (a named difference: "
+                     "--differ k)"), None  # fmt: skip
+    return Check("k", False, f"{_show_spec(xa)} vs {_show_spec(xb)} (name it with --differ k "
+                 "to compare across K)"), None  # fmt: skip
+
+
+def log_interpolate(curve: Sequence[tuple[float, float]], x: float) -> float | None:
+    """y at ``x`` on a curve of (x, y) points sorted by x: linear in log y between the two
+    neighbouring points (throughput is compared as a ratio); None outside the curve (no
+    extrapolation)."""
+    for (x0, y0), (x1, y1) in itertools.pairwise(curve):
+        if x0 <= x <= x1:
+            w = (x - x0) / (x1 - x0) if x1 > x0 else 0.0
+            return math.exp((1 - w) * math.log(y0) + w * math.log(y1))
+    if len(curve) == 1 and math.isclose(curve[0][0], x):
+        return curve[0][1]
+    return None
+
+
+def throughput_curve(item: Input) -> list[tuple[float, float]]:
+    """(median interactivity, total tokens/s per GPU) of each point that publishes both,
+    sorted by interactivity (one point per interactivity)."""
+    out: dict[float, float] = {}
+    for point in item.points:
+        fig = _point_published(point, item.gpus)
+        x, y = fig["tokens_per_s_per_user"], fig["total_tokens_per_s_per_gpu"]
+        if x is not None and y is not None and x > 0 and y > 0:
+            out.setdefault(x, y)
+    return sorted(out.items())
+
+
+def _x_text(x: float) -> str:
+    return f"{x:.0f}" if x >= 10 else f"{x:.1f}"
+
+
+def _pct_change(ratio_: float) -> str:
+    return f"{(ratio_ - 1) * 100:+.0f}%"
+
+
+def speculation_ab(off: Input, on: Input, spec: tuple[str, int | None]) -> dict[str, Any]:
+    """InferenceX's reading of a speculation A/B: at X tok/s/user, METHOD delivers +Y% tok/s/GPU
+    (total tokens/s per GPU, on over off). Single runs: at the one concurrency both ran, X the
+    speculating run's interactivity. Sweeps: each side's throughput interpolated against
+    interactivity (``log_interpolate``), a row at each of the speculating side's points inside
+    both curves, the headline at the highest interactivity both reach. And the TPOT speedup
+    (off over on, median TPOT) at each concurrency both ran."""
+    method = spec[0].upper()
+    out: dict[str, Any] = {"off": off.label, "on": on.label, "method": method,
+                           "num_spec_tokens": spec[1], "table": [], "headline": None}  # fmt: skip
+
+    def row(x: float, y_off: float, y_on: float) -> dict[str, Any]:
+        r = y_on / y_off
+        return {"tokens_per_s_per_user": x, "off_tok_s_gpu": y_off, "on_tok_s_gpu": y_on,
+                "delta_pct": (r - 1) * 100,
+                "sentence": f"at {_x_text(x)} tok/s/user, {method} delivers {_pct_change(r)} "
+                            "tok/s/GPU"}  # fmt: skip
+
+    c_off, c_on = throughput_curve(off), throughput_curve(on)
+    if off.kind == on.kind == "run":
+        out["basis"] = "same concurrency: X is the speculating run's interactivity"
+        if c_off and c_on:
+            out["headline"] = row(c_on[0][0], c_off[0][1], c_on[0][1])
+            out["table"] = [out["headline"]]
+        else:
+            out["note"] = "no interactivity or throughput per GPU published on one side"
+    else:
+        out["basis"] = (
+            "matched interactivity: throughput per GPU interpolated in log between points"
+        )
+        if not c_off or not c_on:
+            out["note"] = "no interactivity or throughput per GPU published on one side"
+        else:
+            low, high = max(c_off[0][0], c_on[0][0]), min(c_off[-1][0], c_on[-1][0])
+            span = (f"{off.label} spans {c_off[0][0]:.1f} to {c_off[-1][0]:.1f} tok/s/user, "
+                    f"{on.label} {c_on[0][0]:.1f} to {c_on[-1][0]:.1f}")  # fmt: skip
+            if low > high:
+                out["note"] = f"{span}: no overlap, so no reading at matched interactivity"
+            else:
+                out["note"] = f"{span}: read inside {low:.1f} to {high:.1f} only"
+                for x, y in c_on:
+                    at = log_interpolate(c_off, x)
+                    if low <= x <= high and at is not None:
+                        out["table"].append(row(x, at, y))
+                top_off, top_on = log_interpolate(c_off, high), log_interpolate(c_on, high)
+                if top_off is not None and top_on is not None:
+                    out["headline"] = row(high, top_off, top_on)
+    speedup = []
+    points_off, points_on = _loads(off), _loads(on)
+    for load in sorted(points_off.keys() & points_on.keys()):
+        t_off = _point_published(points_off[load], off.gpus)["tpot_p50_ms"]
+        t_on = _point_published(points_on[load], on.gpus)["tpot_p50_ms"]
+        if not t_off or not t_on:
+            continue
+        r = t_off / t_on
+        where = f"concurrency {load[1]:g}" if load[0] == "concurrency" else f"{load[1]:g} req/s"
+        speedup.append({"concurrency": int(load[1]) if load[0] == "concurrency" else None,
+                        "request_rate": load[1] if load[0] == "request_rate" else None,
+                        "off_tpot_ms": t_off, "on_tpot_ms": t_on, "speedup": r,
+                        "sentence": f"{method} speedup {r:.2f}x at {where}"})  # fmt: skip
+    out["speedup"] = speedup
+    return out
+
+
+def prediction_fidelity(measured: Input, predicted: Input) -> dict[str, Any]:
+    """A prediction against the measurement it predicts, both aggregate-only, points matched
+    by load: per point the predicted and measured median TPOT, median TTFT and total tokens/s
+    per GPU with the signed error predicted / measured - 1; and the median absolute error of
+    each over the points."""
+    points_m, points_p = _loads(measured), _loads(predicted)
+    errors: dict[str, list[float]] = {name: [] for name in PREDICTED}
+    rows = []
+    for load in sorted(points_m.keys() & points_p.keys()):
+        fm = _point_published(points_m[load], measured.gpus)
+        fp = _point_published(points_p[load], predicted.gpus)
+        figures = {}
+        for name in PREDICTED:
+            m, pr = fm[name], fp[name]
+            error = pr / m - 1 if m and pr is not None else None
+            if error is not None:
+                errors[name].append(error)
+            figures[name] = {"predicted": pr, "measured": m, "error": error}
+        rows.append({"concurrency": int(load[1]) if load[0] == "concurrency" else None,
+                     "request_rate": load[1] if load[0] == "request_rate" else None,
+                     "figures": figures})  # fmt: skip
+    return {"kind": "aggregate", "measured": measured.label, "predicted": predicted.label,
+            "points": rows, "median_abs_error": {
+                name: float(np.median(np.abs(e))) if e else None for name, e in errors.items()}}  # fmt: skip
+
+
+def published_deltas(a: Input, b: Input) -> list[dict[str, Any]]:
+    """B / A of each published figure at every load both ran, with no interval."""
+    out = []
+    pa, pb = _loads(a), _loads(b)
+    for load in sorted(pa.keys() & pb.keys()):
+        fa, fb = _point_published(pa[load], a.gpus), _point_published(pb[load], b.gpus)
+        for name, _ in PUBLISHED:
+            va, vb = fa[name], fb[name]
+            row: dict[str, Any] = {"concurrency": None, "request_rate": None}
+            row[load[0]] = int(load[1]) if load[0] == "concurrency" else load[1]
+            row.update(figure=name, a=Interval(math.nan if va is None else va, math.nan,
+                                                 math.nan, 0, "none").to_json(),
+                       b=Interval(math.nan if vb is None else vb, math.nan, math.nan, 0,
+                                  "none").to_json(),
+                       ratio=vb / va if va and vb is not None else None, ratio_low=None,
+                       ratio_high=None, interval=NO_INTERVAL)  # fmt: skip
+            out.append(row)
+    return out
+
+
+def published_interactivity(a: Input, b: Input, prefix: str) -> tuple[list[dict[str, Any]], str]:
+    """B's total tokens/s per GPU against A's at every curve point inside both curves
+    (``log_interpolate``), with no interval."""
+    ca, cb = throughput_curve(a), throughput_curve(b)
+    if not ca or not cb:
+        return [], "no interactivity curve: an input publishes no interactivity or throughput"
+    low, high = max(ca[0][0], cb[0][0]), min(ca[-1][0], cb[-1][0])
+    span = (f"{a.label} spans {ca[0][0]:.1f} to {ca[-1][0]:.1f} tok/s/user, {b.label} "
+            f"{cb[0][0]:.1f} to {cb[-1][0]:.1f}")  # fmt: skip
+    if low > high:
+        return [], f"{span}: no overlap, so no delta at matched interactivity"
+    out = []
+    for x in sorted({x for x, _ in (*ca, *cb) if low <= x <= high}):
+        ya, yb = log_interpolate(ca, x), log_interpolate(cb, x)
+        if ya is None or yb is None:
+            continue
+        out.append({"tokens_per_s_per_user": x, "a_tok_s_gpu": ya, "b_tok_s_gpu": yb,
+                    "delta_pct": (yb / ya - 1) * 100, "low_pct": None, "high_pct": None,
+                    "sentence": f"{prefix}at {_x_text(x)} tok/s/user, {b.label} delivers "
+                                f"{_pct_change(yb / ya)} tok/s/GPU ({NO_INTERVAL})"})  # fmt: skip
+    return out, f"{span}: compared inside {low:.1f} to {high:.1f} only (total tokens/s per GPU)"
+
+
+def aggregate_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
+    """A pair with an aggregate-only input: the checks that need per-request data say so and
+    neither pass nor fail; the deployment, published lengths, load and speculation are checked
+    from the settings. Its verdict: not comparable (a check failed), a speculation A/B, a
+    prediction against a measurement, or published figures only (checks did not run)."""
+    both = a.aggregate_only and b.aggregate_only
+    predicted = [x for x in (a, b) if x.prediction]
+    one_prediction = both and len(predicted) == 1
+    spec_check, ab = check_speculation(a, b, named)
+    found = [check_model(a, b), _not_run("prompts", a, b), _not_run("sampling", a, b),
+             check_published_lengths(a, b), check_deployment(a, b, one_prediction),
+             check_load(a, b), spec_check, _not_run("acceptance", a, b),
+             _not_run("histogram", a, b)]  # fmt: skip
+    failed = [c for c in found if c.ok is False]
+    not_run = [c.name for c in found if c.ok is None]
+    speculation = fid = None
+    if failed:
+        verdict = "not comparable"
+        label = "not comparable: " + "; ".join(f"{c.name} ({c.detail})" for c in failed)
+    elif one_prediction and ab is None:
+        verdict = "prediction"
+        measured = b if predicted[0] is a else a
+        fid = prediction_fidelity(measured, predicted[0])
+        label = (f"comparable as a prediction against a measurement: {predicted[0].label} "
+                 f"predicts {measured.label} ({len(not_run)} checks need per-request data)")  # fmt: skip
+    elif ab is not None and both:
+        verdict = "speculation A/B"
+        speculation = speculation_ab(*ab)
+        label = "comparable as a speculation A/B"
+    else:
+        verdict = "published figures only"
+        label = (f"published figures only: {len(not_run)} checks need per-request data "
+                 f"({', '.join(not_run)}; {_who(a, b)}): deltas without intervals")  # fmt: skip
+    comparable = verdict in VERDICTS[:3]
+    prefix = "" if comparable else ("NOT COMPARABLE: " if failed else "UNCHECKED: ")
+    interactivity, note = published_interactivity(a, b, prefix)
+    return {
+        "a": a.label, "b": b.label, "comparable": comparable, "verdict": verdict,
+        "checks": [c.to_json() for c in found],
+        "deltas": {"matched_concurrency": published_deltas(a, b),
+                   "matched_interactivity": interactivity, "interactivity_note": note},
+        "fidelity": fid, "speculation": speculation, "label": label,
     }  # fmt: skip
 
 

@@ -398,6 +398,8 @@ def write_run_report(run_dir: Path, records: Sequence[RequestRecord] | None = No
     path = run_dir / "summary.json"
     summary = read_json(path)
     _expect(summary, path, "figures", dict)
+    if summary.get("aggregate_only") is True:
+        return write_page(run_dir, aggregate_page(summary))
     samples = (
         samples_from_records(records)
         if records is not None
@@ -420,6 +422,74 @@ def run_page(summary: dict[str, Any], samples: Samples) -> Page:
     for i, _ in f.rows("warnings"):
         page.banner("warn", "warning: " + f.text("warnings", i))
     _run_plots(page, f, samples)
+    return page
+
+
+#: The line an aggregate-only page shows where per-request plots would be.
+AGGREGATE_LINE = "aggregate-only: published figures, no per-request data"
+_SAFE_URL = re.compile(r"https?://[^\s\"'<>]{1,2000}\Z")
+
+
+def aggregate_page(summary: dict[str, Any]) -> Page:
+    """An aggregate-only run (a published result, or a prediction of one): its settings, its
+    provenance (the run's URL as a plain link: the page fetches nothing), the published
+    figures, and no plot that needs per-request rows."""
+    f = Fields(summary)
+    s = ("settings",)
+    model = f.get(*s, "model") or "?"
+    page = Page(f"speclens run: {model} (aggregate-only)", "summary.json")
+    page.banner("warn", esc(AGGREGATE_LINE))
+
+    def lengths(name: str) -> str:
+        low, high = f.num(*s, name, "min"), f.num(*s, name, "max")
+        return low if f.get(*s, name, "min") == f.get(*s, name, "max") else f"{low} to {high}"
+
+    spec = f.get(*s, "method")
+    method = "off" if spec in (None, "none") else f.text(*s, "method")
+    page.table("Settings", None, [
+        ("model", f.text(*s, "model")),
+        ("hardware", f.text(*s, "hardware")),
+        ("engine", f.text(*s, "engine")),
+        ("image", f.text(*s, "image")),
+        ("precision", f.text(*s, "precision")),
+        ("parallelism", f"TP {f.num(*s, 'tensor_parallel')}, EP {f.num(*s, 'expert_parallel')}, "
+                        f"DP attention {f.text(*s, 'dp_attention')}"),
+        ("GPUs", f.num(*s, "gpus")),
+        ("input tokens", lengths("input_tokens")),
+        ("output tokens", lengths("output_tokens")),
+        ("concurrency", f.num(*s, "concurrency")),
+        ("speculation", method),
+        ("K", f.num(*s, "num_spec_tokens")),
+        ("date", f.text(*s, "date")),
+        ("executor", f.text(*s, "executor")),
+    ])  # fmt: skip
+    url = f.get("provenance", "run_url")
+    link = (f'<a href="{esc(url)}" rel="noreferrer">{esc(url)}</a>'
+            if isinstance(url, str) and _SAFE_URL.match(url) else f.text("provenance", "run_url"))  # fmt: skip
+    page.table("Provenance", None, [
+        ("source", f.text("provenance", "source")),
+        ("run", link),
+        ("file", f.text("provenance", "file")),
+        ("index", f.num("provenance", "index")),
+    ])  # fmt: skip
+    keys = ("mean", "p50", "p90", "p99")
+    lat = ("figures", "latency_ms")
+    page.table("Latency (ms)", ["metric", "mean", "median", "p90", "p99"], [
+        (esc(name.upper()), *(f.num(*lat, name, k, digits=2) for k in keys))
+        for name in ("ttft", "tpot", "itl", "e2e")
+    ])  # fmt: skip
+    t, i = ("figures", "throughput"), ("figures", "interactivity")
+    page.table("Throughput and interactivity", None, [
+        ("total throughput (tok/s)", f.num(*t, "total_tokens_per_s", digits=1)),
+        ("total throughput per GPU (tok/s/GPU)", f.num(*t, "total_tokens_per_s_per_gpu", digits=1)),
+        ("output throughput (tok/s)", f.num(*t, "output_tokens_per_s", digits=1)),
+        ("output throughput per GPU (tok/s/GPU)", f.num(*t, "output_tokens_per_s_per_gpu", digits=1)),
+        ("interactivity, median (tok/s/user)", f.num(*i, "p50", digits=2)),
+        ("interactivity, mean (tok/s/user)", f.num(*i, "mean", digits=2)),
+        ("acceptance length", f.num("figures", "acceptance", "acceptance_length", digits=4)),
+    ])  # fmt: skip
+    page.heading("Plots")
+    page.note(esc(AGGREGATE_LINE) + ": no latency CDF, histogram or per-request plot")
     return page
 
 
@@ -778,11 +848,29 @@ def sweep_page(sweep: dict[str, Any], sweep_dir: Path) -> Page:
     axes = "; ".join(f"{esc(k)}: {f.text('axes', k)}" for k, _ in f.items("axes"))
     page.table("Sweep", None, [("kind", f.text("kind")), ("rounds", f.num("rounds")),
                                ("axes", axes or "-")])  # fmt: skip
+    published = _aggregate_points(points, sweep_dir)
+    if published:
+        page.banner("warn", f"{published} of {len(points)} points are {esc(AGGREGATE_LINE)}: "
+                    "their figures have no interval (n/a: aggregate-only)")  # fmt: skip
     _stats_table(page, f)
     _points_table(page, f, sweep_dir)
     page.heading("Plots")
     page.plots(_sweep_plots(f))
     return page
+
+
+def _aggregate_points(points: Sequence[Mapping[str, Any]], sweep_dir: Path) -> int:
+    """How many of the points are aggregate-only runs (their summary.json says so)."""
+    count = 0
+    for point in points[:MAX_TABLE_ROWS]:
+        where = point.get("dir")
+        if not (isinstance(where, str) and _SAFE_DIR.match(where) and ".." not in where.split("/")):
+            continue
+        try:
+            count += read_json(sweep_dir / where / "summary.json").get("aggregate_only") is True
+        except ReportError:
+            continue
+    return count
 
 
 def _stats_table(page: Page, f: Fields) -> None:
@@ -801,7 +889,8 @@ def _stats_table(page: Page, f: Fields) -> None:
     page.note(
         "interval methods: " + esc(", ".join(methods) or "-") + " (t: Student t across "
         "rounds; bootstrap: one round, resampled over its requests; the realized AL uses "
-        "the ratio estimator's standard error; none: too few values)"
+        "the ratio estimator's standard error; none: too few values, or an aggregate-only "
+        "point's published figure)"
     )
 
 
@@ -894,7 +983,7 @@ def compare_page(data: dict[str, Any], out_dir: Path) -> Page:
     not_comparable = [i for i, _ in f.rows("pairs") if f.get("pairs", i, "comparable") is not True]
     if not_comparable:
         page.banner("fail", f"{len(not_comparable)} of {len(f.get('pairs'))} pairs are not "
-                    "comparable: their deltas are not speed-ups")  # fmt: skip
+                    "comparable (or not checked): their deltas are not speed-ups")  # fmt: skip
     page.table("Inputs", ["label", "kind", "model", "engine", "GPUs", "path"], [
         (f.text("inputs", i, "label"), f.text("inputs", i, "kind"), f.text("inputs", i, "model"),
          f.text("inputs", i, "engine"), f.num("inputs", i, "gpus"), f.text("inputs", i, "path"))
@@ -913,19 +1002,23 @@ def _pair_section(page: Page, f: Fields, i: int) -> None:
     ok = f.get(*p, "comparable") is True
     label = f.get(*p, "label") or ("comparable" if ok else "not comparable")
     page.banner("pass" if ok else "fail", esc(label))
+    results = {True: '<span class="ok">pass</span>', False: '<span class="bad">fail</span>'}
     page.table("Comparability checks", ["check", "result", "evidence"], [
         (f.text(*p, "checks", j, "name"),
-         '<span class="ok">pass</span>' if f.get(*p, "checks", j, "ok") else '<span class="bad">fail</span>',
+         results.get(f.get(*p, "checks", j, "ok"), "n/a: not run"),
          f.text(*p, "checks", j, "detail"))
         for j, _ in f.rows(*p, "checks")
     ])  # fmt: skip
     tag = "" if ok else f" ({label}: not a speed-up)"
+    _speculation_table(page, f, i)
     mc = (*p, "deltas", "matched_concurrency")
     page.table("At matched concurrency" + tag, ["concurrency", "figure", "A", "B", "B / A"], [
         (f.num(*mc, j, "concurrency"), f.text(*mc, j, "figure"), f.interval(*mc, j, "a"),
          f.interval(*mc, j, "b"),
          f"{f.num(*mc, j, 'ratio', digits=3)} <span class=\"note\">"
-         f"({f.num(*mc, j, 'ratio_low', digits=3)} to {f.num(*mc, j, 'ratio_high', digits=3)})</span>")
+         + (f"({f.text(*mc, j, 'interval')})" if f.get(*mc, j, "interval") else
+            f"({f.num(*mc, j, 'ratio_low', digits=3)} to {f.num(*mc, j, 'ratio_high', digits=3)})")
+         + "</span>")
         for j, _ in f.rows(*mc)
     ])  # fmt: skip
     mi = (*p, "deltas", "matched_interactivity")
@@ -947,6 +1040,9 @@ def _fidelity_table(page: Page, f: Fields, i: int) -> None:
     fid = ("pairs", i, "fidelity")
     if not isinstance(f.get(*fid), dict):
         return
+    if f.get(*fid, "kind") == "aggregate":
+        _prediction_table(page, f, i)
+        return
     a, b = f.get("pairs", i, "a"), f.get("pairs", i, "b")
     tag = "" if f.get("pairs", i, "comparable") is True else " (NOT COMPARABLE)"
     page.table(f"Fidelity of {b} against {a}, request by request" + tag,
@@ -960,6 +1056,65 @@ def _fidelity_table(page: Page, f: Fields, i: int) -> None:
               "left out; errors are fractions of A's value (0.05 is 5%), bias the median signed "
               "error. Throughput (output tokens/s) error (B-A)/A: "
               f"{f.num(*fid, 'throughput_error', digits=4)}.")  # fmt: skip
+
+
+#: A prediction's figures against the measurement: (name, title, digits).
+_PREDICTED = (("tpot_p50_ms", "median TPOT ms", 2), ("ttft_p50_ms", "median TTFT ms", 1),
+              ("total_tokens_per_s_per_gpu", "total tok/s/GPU", 1))  # fmt: skip
+
+
+def _prediction_table(page: Page, f: Fields, i: int) -> None:
+    """A prediction against the measurement, point by point: predicted, measured and the
+    signed error predicted / measured - 1 of each figure; each figure's median |error|."""
+    fid = ("pairs", i, "fidelity")
+    header = ["load"] + [f"{t} {w}" for _, t, _ in _PREDICTED
+                         for w in ("predicted", "measured", "error")]  # fmt: skip
+    rows = []
+    for j, _ in f.rows(*fid, "points"):
+        pt = (*fid, "points", j)
+        load = (f"concurrency {f.num(*pt, 'concurrency')}" if f.get(*pt, "concurrency") is not None
+                else f"{f.num(*pt, 'request_rate')} req/s")  # fmt: skip
+        rows.append((load, *(f.num(*pt, "figures", name, w, digits=d if w != "error" else 4)
+                             for name, _, d in _PREDICTED
+                             for w in ("predicted", "measured", "error"))))  # fmt: skip
+    page.table(f"Prediction {f.get(*fid, 'predicted')} against measurement "
+               f"{f.get(*fid, 'measured')}", header, rows)  # fmt: skip
+    page.note("error: predicted / measured - 1, as a fraction (0.05 is 5%); median |error| "
+              "over the points: " + ", ".join(
+                  f"{esc(t)} {f.num(*fid, 'median_abs_error', name, digits=4)}"
+                  for name, t, _ in _PREDICTED) + "; " + esc(AGGREGATE_LINE))  # fmt: skip
+
+
+def _speculation_table(page: Page, f: Fields, i: int) -> None:
+    """A speculation A/B: InferenceX's sentence, its table and the TPOT speedup per load."""
+    ab = ("pairs", i, "speculation")
+    if not isinstance(f.get(*ab), dict):
+        return
+    head = (*ab, "headline")
+    if isinstance(f.get(*head), dict):
+        page.banner("pass", f"{f.text(*head, 'sentence')} <span class=\"note\">"
+                    f"(at {f.num(*head, 'tokens_per_s_per_user', digits=1)} tok/s/user: "
+                    f"{f.num(*head, 'off_tok_s_gpu', digits=1)} off, "
+                    f"{f.num(*head, 'on_tok_s_gpu', digits=1)} on, "
+                    f"{f.num(*head, 'delta_pct', digits=1)}%; no interval: aggregate-only)</span>")  # fmt: skip
+    page.table(f"Speculation A/B: {f.get(*ab, 'off')} off, {f.get(*ab, 'on')} "
+               f"{f.get(*ab, 'method')} ({f.get(*ab, 'basis')})",
+               ["tok/s/user", "off tok/s/GPU", "on tok/s/GPU", "delta %", "reading"], [
+        (f.num(*ab, "table", j, "tokens_per_s_per_user", digits=1),
+         f.num(*ab, "table", j, "off_tok_s_gpu", digits=1),
+         f.num(*ab, "table", j, "on_tok_s_gpu", digits=1),
+         f.num(*ab, "table", j, "delta_pct", digits=1), f.text(*ab, "table", j, "sentence"))
+        for j, _ in f.rows(*ab, "table")
+    ])  # fmt: skip
+    page.table("TPOT speedup (median TPOT off / on)",
+               ["concurrency", "off TPOT ms", "on TPOT ms", "speedup", "reading"], [
+        (f.num(*ab, "speedup", j, "concurrency"), f.num(*ab, "speedup", j, "off_tpot_ms", digits=2),
+         f.num(*ab, "speedup", j, "on_tpot_ms", digits=2),
+         f.num(*ab, "speedup", j, "speedup", digits=3), f.text(*ab, "speedup", j, "sentence"))
+        for j, _ in f.rows(*ab, "speedup")
+    ])  # fmt: skip
+    if f.get(*ab, "note"):
+        page.note(f.text(*ab, "note"))
 
 
 def _input_dir(raw: Any, out_dir: Path) -> Path | None:

@@ -10,6 +10,10 @@ of sums over requests, and requests are its sampling unit.
 One round's throughput has no spread of its own (the request count over the run's duration), so
 a resample's duration scales with its summed latency: in a closed loop throughput is
 concurrency / mean latency, and a resample of slower requests would have taken longer.
+
+An aggregate-only run (published figures, no records.jsonl) is a point of its published figures
+(``aggregate_figures``): each with no interval (method "none"), since nothing per request exists
+to resample.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from speclens.runs import rundir
 from speclens.runs.stats import (
     BOOTSTRAP_RESAMPLES,
     Interval,
@@ -246,9 +251,59 @@ class RoundSummary:
     figures: dict[str, Interval] | None = None
 
 
+def _published(summary: dict[str, Any], *parts: str) -> float:
+    node: Any = summary.get("figures")
+    for part in parts:
+        node = node.get(part) if isinstance(node, dict) else None
+    return float(node) if rundir.is_number(node) else math.nan
+
+
+def aggregate_figures(summary: dict[str, Any]) -> dict[str, float]:
+    """A point's figures from an aggregate-only summary's published ones (``aggregate_problems``
+    checked): the latency means, the deployment's output tokens/s, and tokens/s per user as
+    the published mean interactivity (else 1000 / mean TPOT); NaN where nothing was published."""
+    tpot = _published(summary, "latency_ms", "tpot", "mean")
+    per_user = _published(summary, "interactivity", "mean")
+    if not math.isfinite(per_user) and math.isfinite(tpot) and tpot > 0:
+        per_user = 1000.0 / tpot
+    return {
+        "output_tokens_per_s": _published(summary, "throughput", "output_tokens_per_s"),
+        "requests_per_s": _published(summary, "throughput", "requests_per_s"),
+        "ttft_ms": _published(summary, "latency_ms", "ttft", "mean"),
+        "tpot_ms": tpot,
+        "itl_ms": _published(summary, "latency_ms", "itl", "mean"),
+        "e2e_ms": _published(summary, "latency_ms", "e2e", "mean"),
+        "tokens_per_s_per_user": per_user,
+        "realized_al": _published(summary, "acceptance", "acceptance_length"),
+    }
+
+
+def _aggregate_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The run's summary when it is aggregate-only (checked), else None; PointError names
+    what is wrong."""
+    path = run_dir / "summary.json"
+    try:
+        summary = rundir.read_json(path)
+    except rundir.InputError:
+        return None  # the run's own reader says what is wrong, as for any run
+    if not rundir.is_aggregate_only(summary):
+        return None
+    problems = rundir.aggregate_problems(summary, str(path))
+    if problems:
+        raise PointError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))  # fmt: skip
+    return dict(summary)
+
+
 def summarize(run_dir: Path, seed: int = 0, bootstrap: bool = True) -> RoundSummary:
     """One round's summary, its figures bootstrapped when ``bootstrap`` (a point of one round
-    shows those; two or more use only the estimates). Raises PointError."""
+    shows those; two or more use only the estimates); an aggregate-only run's published figures,
+    with no interval. Raises PointError."""
+    summary = _aggregate_summary(Path(run_dir))
+    if summary is not None:
+        estimates = aggregate_figures(summary)
+        published = {name: Interval(value, math.nan, math.nan, 0, "none")
+                     for name, value in estimates.items()}  # fmt: skip
+        return RoundSummary(estimates, [], [], published)
     sample = read_run(Path(run_dir))
     figures = run_figures(sample, seed) if bootstrap else None
     return RoundSummary(run_estimates(sample), sample.accepted, sample.steps, figures)

@@ -4,14 +4,20 @@ compare, ``sim --trace`` and calibrate read runs the same way: every field they 
 (``summary_problems``, ``record.row_problems``), every file and row count bounded, and each row
 kept only in the fields the reader uses (a row's raw wire payloads are dropped as its line is
 read), what is kept of all inputs together bounded too (``Budget``, ``MAX_KEPT_BYTES``).
+
+An aggregate-only run (a published result, or a prediction of one: ``"aggregate_only": true``
+in its summary.json) has no records.jsonl: it is read as its summary alone, no rows, its
+published figures checked (``aggregate_problems``). A records.jsonl beside such a summary is not
+read, and the run says so (``Run.notes``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -50,10 +56,16 @@ class Run:
     path: Path
     summary: dict[str, Any]
     rows: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
 
     @property
     def settings(self) -> dict[str, Any]:
         return dict(self.summary["settings"])
+
+    @property
+    def aggregate_only(self) -> bool:
+        """Published figures only, nothing per request (``is_aggregate_only``)."""
+        return is_aggregate_only(self.summary)
 
     @property
     def completed(self) -> list[dict[str, Any]]:
@@ -113,17 +125,33 @@ def is_number(value: object) -> TypeGuard[float]:
 
 def read_json(path: Path) -> Any:
     """A JSON file within ``MAX_FILE_BYTES``, read at its size (a read of the bound itself
-    would take that much memory first, whatever the file holds)."""
+    would take that much memory first, whatever the file holds). An aggregate-only summary
+    written with NaN or Infinity (Python's json writes them) is read, so that the field that
+    holds one is named (``aggregate_problems``); any other file with them is not JSON."""
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
             raise InputError([f"{path}: larger than {MAX_FILE_BYTES} bytes"], 1)
         with path.open("rb") as fh:
-            return orjson.loads(fh.read(size + 1))
+            data = fh.read(size + 1)
     except OSError as exc:
         raise InputError([f"{path}: cannot be read: {exc.strerror or exc}"], 1) from None
+    try:
+        return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise InputError([f"{path}: not JSON ({exc})"[:300]], 1) from None
+        error = InputError([f"{path}: not JSON ({exc})"[:300]], 1)
+    try:
+        lenient = json.loads(data)
+    except (ValueError, RecursionError):
+        raise error from None
+    if not is_aggregate_only(lenient):
+        raise error from None
+    return lenient
+
+
+def is_aggregate_only(summary: object) -> bool:
+    """A summary of published figures only (``"aggregate_only": true``): no records.jsonl."""
+    return isinstance(summary, dict) and summary.get("aggregate_only") is True
 
 
 #: (field, test, what it must be) for every settings field compare reads.
@@ -163,6 +191,130 @@ def summary_problems(summary: object, where: str) -> list[str]:
     duration = figures.get("duration_s")
     if not (is_number(duration) and duration >= 0):
         out.append(f"{where}: figures.duration_s: expected seconds >= 0, got {duration!r:.60}")
+    return out
+
+
+def _name(value: object) -> bool:
+    return value is None or (isinstance(value, str) and 0 < len(value) <= 256)
+
+
+def _count(value: object) -> bool:
+    return value is None or (is_int(value) and value > 0)
+
+
+def _lengths(value: object) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, dict):
+        return False
+    low, high = value.get("min"), value.get("max")
+    return is_int(low) and is_int(high) and low <= high
+
+
+#: (field, test, what it must be) for every settings field an aggregate-only run is read by.
+_AGGREGATE_SETTINGS = (
+    ("model", lambda v: isinstance(v, str) and 0 < len(v) <= 256, "a model name"),
+    ("hardware", _name, "null or a chip name"),
+    ("engine", _name, "null or an engine name"),
+    ("image", _name, "null or an image name"),
+    ("precision", _name, "null or a precision name"),
+    ("tensor_parallel", _count, "null or an integer > 0"),
+    ("expert_parallel", _count, "null or an integer > 0"),
+    ("dp_attention", lambda v: v is None or isinstance(v, bool), "null or true or false"),
+    ("disaggregated", lambda v: v is None or isinstance(v, bool), "null or true or false"),
+    ("gpus", _count, "null or an integer > 0"),
+    ("input_tokens", _lengths, "null or {min, max}: integers, min <= max"),
+    ("output_tokens", _lengths, "null or {min, max}: integers, min <= max"),
+    ("max_tokens", _count, "null or an integer > 0"),
+    ("concurrency", _count, "null or an integer > 0"),
+    ("request_rate", lambda v: v is None or (is_number(v) and v > 0), "null or a number > 0"),
+    ("method", _name, "null or a method name"),
+    ("num_spec_tokens", _count, "null or an integer > 0"),
+    ("date", _name, "null or a date"),
+    ("executor", _name, "null or an executor name"),
+)  # fmt: skip
+
+#: The published latency figures (milliseconds) and the statistics of each that are read.
+AGGREGATE_LATENCY = ("ttft", "tpot", "itl", "e2e")
+AGGREGATE_STATS = ("mean", "p50", "p90", "p99")
+#: The published throughput figures (tokens/s; whole deployment and per GPU).
+AGGREGATE_THROUGHPUT = ("output_tokens_per_s", "total_tokens_per_s",
+                        "output_tokens_per_s_per_gpu", "total_tokens_per_s_per_gpu",
+                        "requests_per_s")  # fmt: skip
+
+
+def _figure(value: object) -> bool:
+    return value is None or (is_number(value) and value >= 0)
+
+
+def aggregate_problems(summary: object, where: str) -> list[str]:
+    """What is wrong with an aggregate-only summary, for every field its readers use: the
+    settings that name the deployment and load, and the published figures (each null, or a
+    finite number >= 0). One line per problem, ``<file>: <field>: expected ...``."""
+    if not isinstance(summary, dict):
+        return [f"{where}: expected a JSON object, got {type(summary).__name__}"]
+    settings, figures = summary.get("settings"), summary.get("figures")
+    out = []
+    if not isinstance(settings, dict):
+        out.append(f"{where}: settings: expected an object, got {settings!r:.60}")
+    else:
+        for name, test, what in _AGGREGATE_SETTINGS:
+            value = settings.get(name)
+            if not test(value):
+                out.append(f"{where}: settings.{name}: expected {what}, got {value!r:.60}")
+    for key in ("server", "provenance"):
+        if summary.get(key) is not None and not isinstance(summary.get(key), dict):
+            out.append(f"{where}: {key}: expected null or an object, got {summary[key]!r:.60}")
+    provenance = summary.get("provenance")
+    if isinstance(provenance, dict):
+        url = provenance.get("run_url")
+        if not _name(provenance.get("source")):
+            out.append(f"{where}: provenance.source: expected null or a name, got "
+                       f"{provenance.get('source')!r:.60}")  # fmt: skip
+        if url is not None and not (isinstance(url, str) and len(url) <= 2048):
+            out.append(f"{where}: provenance.run_url: expected null or a URL, got {url!r:.60}")
+    if not isinstance(figures, dict):
+        got = "nothing" if "figures" not in summary else f"{figures!r:.60}"
+        return [*out, f"{where}: figures: expected the published figures (an object), got {got}"]
+    latency = figures.get("latency_ms")
+    if not isinstance(latency, dict):
+        out.append(f"{where}: figures.latency_ms: expected an object, got {latency!r:.60}")
+        latency = {}
+    for name in AGGREGATE_LATENCY:
+        dist = latency.get(name)
+        if dist is None:
+            continue
+        if not isinstance(dist, dict):
+            out.append(f"{where}: figures.latency_ms.{name}: expected null or an object, got "
+                       f"{dist!r:.60}")  # fmt: skip
+            continue
+        for stat in AGGREGATE_STATS:
+            if not _figure(dist.get(stat)):
+                out.append(f"{where}: figures.latency_ms.{name}.{stat}: expected null or "
+                           f"milliseconds >= 0, got {dist.get(stat)!r:.60}")  # fmt: skip
+    for part, names, what in (
+        ("throughput", AGGREGATE_THROUGHPUT, "tokens/s >= 0"),
+        ("interactivity", ("p50", "mean"), "tokens/s per user >= 0"),
+    ):
+        block = figures.get(part)
+        if block is None:
+            continue
+        if not isinstance(block, dict):
+            out.append(f"{where}: figures.{part}: expected null or an object, got {block!r:.60}")
+            continue
+        for name in names:
+            if not _figure(block.get(name)):
+                out.append(f"{where}: figures.{part}.{name}: expected null or {what}, got "
+                           f"{block.get(name)!r:.60}")  # fmt: skip
+    acceptance = figures.get("acceptance")
+    if isinstance(acceptance, dict):
+        al = acceptance.get("acceptance_length")
+        if al is not None and not (is_number(al) and al >= 1):
+            out.append(f"{where}: figures.acceptance.acceptance_length: expected null or a "
+                       f"number >= 1, got {al!r:.60}")  # fmt: skip
+    elif acceptance is not None:
+        out.append(f"{where}: figures.acceptance: expected null or an object, got "
+                   f"{acceptance!r:.60}")  # fmt: skip
     return out
 
 
@@ -219,11 +371,20 @@ def read_run(path: Path, keep_row: Keep, keep_summary: Keep, budget: Budget | No
     budget = budget if budget is not None else Budget()
     summary_path = path / "summary.json"
     summary = read_json(summary_path)
-    problems = summary_problems(summary, str(summary_path))
+    aggregate = is_aggregate_only(summary)
+    check = aggregate_problems if aggregate else summary_problems
+    problems = check(summary, str(summary_path))
     if problems:
         raise InputError(problems, 1)
     kept = keep_summary(summary)
+    if aggregate:  # the marker travels with what is kept, whatever the reader keeps
+        kept["aggregate_only"] = True
     budget.take(kept, str(summary_path))
+    if aggregate:
+        records = path / "records.jsonl"
+        notes = ([f"{records}: not read: summary.json says aggregate-only (published figures, "
+                  "no per-request data)"] if records.exists() else [])  # fmt: skip
+        return Run(path, kept, [], notes)
     return Run(path, kept, read_rows(path / "records.jsonl", budget, keep_row))
 
 

@@ -1,0 +1,305 @@
+"""speclens's predictions against InferenceX's published DeepSeek-R1 runs on GPUs.
+
+    python benchmarks/inferencex.py [--data ../shared/data/inferencex] [--jobs 2] [--json OUT]
+
+The data (``benchmarks.json`` and ``benchmarks-history.json``: see its README) is imported as
+``speclens import inferencex`` does. Every single-node deployment (chip, engine, precision,
+lengths, TP/EP/DP-attention) with at least 3 MTP-off concurrencies on one date is scored, on its
+date with the most concurrencies (the latest of ties):
+
+- uncalibrated: the roofline at its chip's defaults, fitted on every other chip's points
+  (leave one chip out: never scored on the points it was fitted on);
+- held out: the roofline calibrated on the other MTP-off concurrencies, predicting the one left
+  out (leave one concurrency out);
+- MTP on, where the deployment has an MTP run: the AL inferred from its lowest concurrency (K as
+  InferenceX's scripts set it), then its error at every other concurrency, and the predicted
+  speedup (MTP-off TPOT over MTP-on TPOT, both predicted) against the measured one at each
+  concurrency both runs have;
+- beside them, the data's own spread: the same deployment's TPOT at one concurrency on different
+  dates (max over min, less 1, the median over its concurrencies).
+
+Errors are |predicted / measured - 1| of median TPOT, median TTFT and total throughput per GPU;
+each figure is the median over deployments (each deployment's own median over its points).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from speclens.sim import catalog
+from speclens.sim.closed_loop import schedule
+from speclens.sim.fit_points import Fit, Point, PointsError, fit_pooled, infer_acceptance
+from speclens.sim.roofline import Roofline
+
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "inferencex"
+FILES = ("benchmarks.json", "benchmarks-history.json")
+DEPLOYMENT = ("hardware", "framework", "precision", "isl", "osl", "decode_tp", "decode_ep",
+              "decode_dp_attention")  # fmt: skip
+GOALS = {"held_out_tpot": 0.10, "held_out_throughput": 0.10, "held_out_ttft": 0.25,
+         "mtp_tpot": 0.15, "speedup": 0.15, "uncalibrated_tpot": 0.25}  # fmt: skip
+
+
+def num_spec_tokens(engine: str, chip: str, dp_attention: bool) -> int:
+    """K as InferenceX's MTP scripts set it (its data README's table)."""
+    if engine == "sglang":
+        return 2 if chip in ("h200", "b200", "b300") else 3
+    if engine == "trt":
+        return 1 if dp_attention else 3
+    return 3
+
+
+def _points(data: Path) -> list[dict[str, Any]]:
+    seen, out = set(), []
+    for name in FILES:
+        for p in json.loads((data / name).read_text()):
+            key = (p["run_url"], p["conc"], *(p[k] for k in DEPLOYMENT), p["spec_method"])
+            if key not in seen and not p["disagg"]:
+                seen.add(key)
+                out.append(p)
+    return out
+
+
+def _point(p: dict[str, Any]) -> Point:
+    m = p["metrics"]
+    settings = {
+        "model": "deepseek-r1", "hardware": p["hardware"], "engine": p["framework"],
+        "precision": p["precision"], "tensor_parallel": p["decode_tp"],
+        "expert_parallel": p["decode_ep"], "dp_attention": p["decode_dp_attention"],
+        "gpus": p["decode_tp"], "disaggregated": False,
+        "input_tokens": {"min": p["isl"], "max": p["isl"]},
+        "output_tokens": {"min": p["osl"], "max": p["osl"]}, "concurrency": p["conc"],
+        "method": None if p["spec_method"] == "none" else p["spec_method"], "date": p["date"],
+    }  # fmt: skip
+    return Point(Path(p["run_url"]), settings, m["median_tpot"], m["median_ttft"],
+                 m["tput_per_gpu"])  # fmt: skip
+
+
+def roofline(p: Point) -> Roofline:
+    s = p.settings
+    name = "deepseek-r1" if "deepseek-r1" in catalog.names("models") else "deepseek-v3"
+    model = catalog.model(name)
+    with_precision = getattr(catalog, "with_precision", None)
+    if with_precision is not None:
+        model = with_precision(model, s["precision"])
+    roof = Roofline(model, catalog.chip(s["hardware"]), s["tensor_parallel"])
+    extra = {"expert_parallel": s["expert_parallel"], "dp_attention": s["dp_attention"]}
+    known = {k: v for k, v in extra.items() if hasattr(roof, k)}
+    return replace(roof, **known) if known else roof
+
+
+def _by_concurrency(points: Sequence[Point]) -> list[Point]:
+    one: dict[int, Point] = {}
+    for p in points:
+        one.setdefault(p.concurrency, p)
+    return [one[c] for c in sorted(one)]
+
+
+def deployments(data: Path) -> list[dict[str, Any]]:
+    """Each scored deployment: its MTP-off points of one date, its MTP points of one date (or
+    none), and its MTP-off TPOTs on every date, by concurrency."""
+    groups: dict[tuple[Any, ...], dict[str, dict[str, list[Point]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
+    for raw in _points(data):
+        key = tuple(raw[k] for k in DEPLOYMENT)
+        groups[key][raw["spec_method"]][raw["date"]].append(_point(raw))
+    out = []
+    for key, by in sorted(groups.items()):
+        off = {d: _by_concurrency(ps) for d, ps in by.get("none", {}).items()}
+        off = {d: ps for d, ps in off.items() if len(ps) >= 3}
+        if not off:
+            continue
+        date = max(off, key=lambda d: (len(off[d]), d))
+        on = {d: _by_concurrency(ps) for d, ps in by.get("mtp", {}).items()}
+        mtp_date = max(on, key=lambda d: (len(on[d]), d)) if on else None
+        dates: dict[int, list[float]] = defaultdict(list)
+        for ps in by.get("none", {}).values():
+            for p in _by_concurrency(ps):
+                dates[p.concurrency].append(p.tpot_s)
+        out.append({"key": key, "date": date, "off": off[date],
+                    "mtp_date": mtp_date, "on": on.get(mtp_date, []) if mtp_date else [],
+                    "spread": [max(v) / min(v) - 1 for v in dates.values() if len(v) > 1]})  # fmt: skip
+    return out
+
+
+def _errors(points: Sequence[Point], fit: Fit, k: int = 0, al: float = 1.0) -> np.ndarray:
+    """Per point, |predicted / measured - 1| of TPOT, TTFT, throughput per GPU."""
+    rows = []
+    roof = replace(fit.roofline, method="mtp") if k else fit.roofline
+    for p in points:
+        f = schedule(p.load(k, al)).figures(roof, fit.front_latency_s, p.gpus)
+        rows.append([f.median_tpot_s / p.tpot_s - 1, f.median_ttft_s / p.ttft_s - 1,
+                     f.throughput_per_gpu / p.throughput_per_gpu - 1])  # fmt: skip
+    return np.abs(np.array(rows))
+
+
+def _with_roofs(fit: Fit, points: Sequence[Point]) -> list[Fit]:
+    """``fit``'s parameters on each point's own roofline."""
+    e = fit.roofline.efficiency
+    return [replace(fit, roofline=replace(roofline(p), efficiency=e)) for p in points]
+
+
+def score(dep: dict[str, Any]) -> dict[str, Any]:
+    """A deployment's held-out, MTP and speedup figures."""
+    off: list[Point] = dep["off"]
+    roof = roofline(off[0])
+    held = []
+    for i, p in enumerate(off):
+        rest = off[:i] + off[i + 1 :]
+        held.append(_errors([p], fit_pooled(rest, [roof] * len(rest)))[0])
+    full = fit_pooled(off, [roof] * len(off))
+    row: dict[str, Any] = {
+        "deployment": "-".join(str(v) for v in dep["key"]), "date": dep["date"],
+        "concurrencies": [p.concurrency for p in off],
+        "held_out": np.median(np.array(held), axis=0).tolist(),
+        "spread": float(np.median(dep["spread"])) if dep["spread"] else None,
+        "front_latency_s": full.front_latency_s,
+        "efficiency": full.roofline.efficiency.model_dump(),
+    }  # fmt: skip
+    on: list[Point] = dep["on"]
+    if len(on) >= 2:
+        chip, engine, dpa = dep["key"][0], dep["key"][1], dep["key"][7]
+        k = num_spec_tokens(engine, chip, dpa)
+        try:
+            acceptance = infer_acceptance(full, on[0], "mtp", k)
+        except PointsError as exc:
+            row["mtp"] = {"date": dep["mtp_date"], "k": k, "refused": exc.lines[0]}
+            return row
+        al = acceptance.acceptance_length
+        errors = _errors(on[1:], full, k, al)
+        speedups = []
+        measured_off = {p.concurrency: p for p in off}
+        for p in on:
+            if p.concurrency in measured_off:
+                q = measured_off[p.concurrency]
+                f_off = schedule(q.load()).figures(full.roofline, full.front_latency_s, q.gpus)
+                f_on = schedule(p.load(k, al)).figures(
+                    replace(full.roofline, method="mtp"), full.front_latency_s, p.gpus)  # fmt: skip
+                predicted = f_off.median_tpot_s / f_on.median_tpot_s
+                measured = q.tpot_s / p.tpot_s
+                speedups.append((p.concurrency, predicted, measured))
+        row["mtp"] = {
+            "date": dep["mtp_date"], "k": k, "al": al, "al_range": [acceptance.low, acceptance.high],
+            "from_concurrency": on[0].concurrency,
+            "error": np.median(errors, axis=0).tolist(),
+            "speedups": speedups,
+        }  # fmt: skip
+    return row
+
+
+def uncalibrated(deps: Sequence[dict[str, Any]], chip: str) -> dict[str, Any]:
+    """The chip's points at defaults fitted on every other chip's points (leave one chip out),
+    and the chip's own defaults (fitted on its points: what its catalog entry ships)."""
+    others = [p for d in deps if d["key"][0] != chip for p in d["off"]]
+    mine = [d for d in deps if d["key"][0] == chip]
+    pooled = fit_pooled(others, [roofline(p) for p in others], starts=1)
+    errors = []
+    for dep in mine:
+        fits = _with_roofs(replace(pooled, front_latency_s=pooled.front_latency_s), dep["off"])
+        errors.append(np.median(np.vstack([_errors([p], f) for p, f in zip(dep["off"], fits,
+                                                                              strict=True)]),
+                                axis=0).tolist())  # fmt: skip
+    own_points = [p for d in mine for p in d["off"]]
+    own = fit_pooled(own_points, [roofline(p) for p in own_points], starts=1)
+    return {"chip": chip, "deployments": len(mine), "errors": errors,
+            "defaults": {**own.roofline.efficiency.model_dump(),
+                         "front_latency_s": own.front_latency_s}}  # fmt: skip
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    start = time.perf_counter()
+    deps = deployments(args.data)
+    known = set(catalog.names("chips"))
+    skipped = sorted({d["key"][0] for d in deps} - known)
+    if skipped:
+        print(f"skipped (not in the catalog): {', '.join(skipped)}")
+    deps = [d for d in deps if d["key"][0] in known]
+    chips = sorted({d["key"][0] for d in deps})
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(score, deps))
+        chip_rows = list(pool.map(uncalibrated, [deps] * len(chips), chips))
+    took = time.perf_counter() - start
+    print(f"{len(deps)} deployments, {sum(len(d['off']) for d in deps)} MTP-off points, "
+          f"{sum(1 for r in rows if 'mtp' in r)} with an MTP run; {took:.0f} s on {args.jobs} "
+          f"process(es), {platform.processor() or platform.machine()}")  # fmt: skip
+    print()
+    print(
+        "| deployment | date | conc | held-out TPOT | TTFT | tput/GPU | MTP AL (range) | "
+        "MTP TPOT | speedup pred / meas | spread |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        h = r["held_out"]
+        mtp = r.get("mtp") or {}
+        al = (f"{mtp['al']:.2f} ({mtp['al_range'][0]:.2f}-{mtp['al_range'][1]:.2f}) at K "
+              f"{mtp['k']}" if "al" in mtp else mtp.get("refused", "-")[:40] if mtp else "-")  # fmt: skip
+        err = f"{mtp['error'][0]:.1%}" if "error" in mtp else "-"
+        sp = "; ".join(f"c{c} {a:.2f}/{b:.2f}" for c, a, b in mtp.get("speedups", [])) or "-"
+        spread = f"{r['spread']:.0%}" if r["spread"] is not None else "-"
+        print(f"| {r['deployment']} | {r['date']} | {','.join(map(str, r['concurrencies']))} | "
+              f"{h[0]:.1%} | {h[1]:.1%} | {h[2]:.1%} | {al} | {err} | {sp} | {spread} |")  # fmt: skip
+    print()
+    held = np.array([r["held_out"] for r in rows])
+    mtp_rows = [r["mtp"] for r in rows if "error" in r.get("mtp", {})]
+    speed = [abs(a - b) for r in mtp_rows for _, a, b in r["speedups"]]
+    unc = np.array([e for c in chip_rows for e in c["errors"]])
+    figures = {
+        "held_out_tpot": float(np.median(held[:, 0])),
+        "held_out_ttft": float(np.median(held[:, 1])),
+        "held_out_throughput": float(np.median(held[:, 2])),
+        "mtp_tpot": _median([r["error"][0] for r in mtp_rows]),
+        "mtp_ttft": _median([r["error"][1] for r in mtp_rows]),
+        "mtp_throughput": _median([r["error"][2] for r in mtp_rows]),
+        "speedup": _median(speed),
+        "uncalibrated_tpot": float(np.median(unc[:, 0])),
+        "uncalibrated_ttft": float(np.median(unc[:, 1])),
+        "uncalibrated_throughput": float(np.median(unc[:, 2])),
+        "spread_between_dates": _median([r["spread"] for r in rows if r["spread"] is not None]),
+    }  # fmt: skip
+    print("| figure (median over deployments) | value | goal | met |")
+    print("|---|---|---|---|")
+    for name, value in figures.items():
+        goal = GOALS.get(name)
+        met = "-" if goal is None else ("yes" if value <= goal else "no")
+        unit = " (abs. difference)" if name == "speedup" else ""
+        print(f"| {name}{unit} | {value:.1%} | {'-' if goal is None else f'<= {goal:.0%}'} | "
+              f"{met} |")  # fmt: skip
+    print()
+    print("| chip | deployments | uncalibrated TPOT / TTFT / tput (LOCO) | own defaults |")
+    print("|---|---|---|---|")
+    for c in chip_rows:
+        e = np.median(np.array(c["errors"]), axis=0)
+        d = c["defaults"]
+        print(f"| {c['chip']} | {c['deployments']} | {e[0]:.1%} / {e[1]:.1%} / {e[2]:.1%} | "
+              f"compute {d['compute']:.3g}, memory {d['memory']:.3g}, overhead "
+              f"{d['overhead'] * 1e3:.2f} ms, per token {d.get('per_token', d['per_sequence']) * 1e6:.1f} us, "
+              f"front {d['front_latency_s'] * 1e3:.0f} ms |")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps({"figures": figures, "deployments": rows,
+                                         "chips": chip_rows}, indent=1, default=float))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -35,10 +35,37 @@ def calibrate(
         help="Fit a roofline: the chip, a catalog name or an entry file "
         "(calibrate --host writes one).",
     ),
-    parallel: int = typer.Option(1, "--parallel", min=1, max=1024, help="Tensor-parallel size."),
-    method: str | None = typer.Option(
-        None, "--method", help="The runs' speculative method (prices the drafter), e.g. ngram."
+    parallel: int | None = typer.Option(
+        None,
+        "--parallel",
+        min=1,
+        max=1024,
+        help="Tensor-parallel size (default 1; published points: theirs).",
     ),
+    method: str | None = typer.Option(
+        None,
+        "--method",
+        help="The runs' speculative method (prices the drafter), e.g. ngram; "
+        "with --acceptance-from, the speculating run's (e.g. mtp).",
+    ),
+    precision: str | None = typer.Option(
+        None, "--precision", help="Weight precision, fp8 or fp4 (published points: theirs)."
+    ),
+    acceptance_from: Path | None = typer.Option(
+        None,
+        "--acceptance-from",
+        help="Published points: a speculating run (one concurrency) "
+        "whose AL was not published; infer it from its median TPOT.",
+    ),
+    num_spec_tokens: int | None = typer.Option(
+        None,
+        "--num-speculative-tokens",
+        "-k",
+        min=1,
+        max=64,
+        help="With --acceptance-from: its K (default: the run's settings).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the written document as JSON."),
     host: bool = typer.Option(
         False,
         "--host",
@@ -61,6 +88,16 @@ def calibrate(
         return
     if not runs:
         fail("command line: RUNS: expected run directories (or --host)", 2)
+    from speclens.cli.calibrate_points import is_published, published
+
+    if is_published(runs):
+        published(runs, output, model, hardware, parallel, precision, method, acceptance_from,
+                  num_spec_tokens, as_json)  # fmt: skip
+        return
+    if acceptance_from is not None:
+        fail("command line: --acceptance-from: goes with published points (speclens import "
+             "writes them); these runs have per-request records", 2)  # fmt: skip
+    parallel = parallel or 1
     if (model is None) != (hardware is None):
         fail("command line: --model and --hardware go together (a roofline needs both)", 2)
     for path in runs:

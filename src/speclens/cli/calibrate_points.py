@@ -1,0 +1,195 @@
+"""``speclens calibrate`` on published points (aggregate-only runs, ``speclens import`` writes
+them): the roofline fitted to their median TPOT, TTFT and throughput per GPU
+(``speclens.sim.fit_points``), and with ``--acceptance-from`` the AL a speculating run's median
+TPOT implies.
+
+Exit codes: 0 written; 1 points that cannot be read or fitted (fewer than 3, two chips, a
+disaggregated point, no AL in [1, K + 1] reproduces the run); 2 usage.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from speclens.cli._common import err_console, fail, out_console
+
+
+def is_published(runs: list[Path]) -> bool:
+    """Whether the inputs are published points: a run directory whose summary says
+    ``aggregate_only``, or a sweep directory of them (the first input decides; the reader
+    refuses a mix)."""
+    from speclens.runs import rundir
+
+    first = runs[0]
+    if not (first / "summary.json").is_file() and (first / "points").is_dir():
+        inside = sorted(p for p in (first / "points").iterdir() if (p / "summary.json").is_file())
+        if not inside:
+            return False
+        first = inside[0]
+    try:
+        summary = rundir.read_json(first / "summary.json")
+    except rundir.InputError:
+        return False
+    return isinstance(summary, dict) and summary.get("aggregate_only") is True
+
+
+def _entry(given: str | None, stated: Any, flag: str) -> str:
+    """A flag's value, else the points' setting; a chip other than the points' is refused (a
+    model may be another entry of the same architecture)."""
+    strict = flag == "--hardware" and Path(str(given)).suffix == ""
+    if strict and given is not None and stated is not None and given != stated:
+        fail(f"command line: {flag}: {given!r}, but the points ran {stated!r}: a fit prices "
+             "what ran; leave the flag out", 2)  # fmt: skip
+    value = given if given is not None else stated
+    if not isinstance(value, str) or not value:
+        fail(f"command line: {flag}: the points do not say; pass it", 2)
+    return str(value)
+
+
+def roofline_for(settings: dict[str, Any], model: str | None, hardware: str | None,
+                 parallel: int | None, precision: str | None) -> Any:  # fmt: skip
+    """The roofline the points ran on: each entry from its flag, else from their settings."""
+    from speclens.acceptance import ValidationError
+    from speclens.sim import catalog
+    from speclens.sim.roofline import Roofline
+
+    tp = parallel or settings.get("tensor_parallel") or 1
+    try:
+        spec = catalog.resolve_model(_entry(model, settings.get("model"), "--model"), "--model")
+        chip = catalog.resolve_chip(_entry(hardware, settings.get("hardware"), "--hardware"),
+                                    "--hardware")  # fmt: skip
+        chosen = precision or settings.get("precision")
+        with_precision = getattr(catalog, "with_precision", None)
+        if with_precision is not None and chosen:
+            spec = with_precision(spec, chosen)
+        roof = Roofline(spec, chip, int(tp))
+    except ValidationError as exc:
+        fail([str(p) for p in exc.problems], 2)
+    extra = {"expert_parallel": settings.get("expert_parallel") or 1,
+             "dp_attention": bool(settings.get("dp_attention"))}  # fmt: skip
+    known = {k: v for k, v in extra.items() if hasattr(roof, k)}
+    return replace(roof, **known) if known else roof
+
+
+def published(
+    runs: list[Path], output: Path, model: str | None, hardware: str | None,
+    parallel: int | None, precision: str | None, method: str | None,
+    acceptance_from: Path | None, k: int | None, as_json: bool,
+) -> None:  # fmt: skip
+    from speclens.cli.calibrate import _write
+    from speclens.sim import fit_points as fp
+    from speclens.sim.calibrate import KIND, _RooflineFile
+
+    try:
+        points = fp.read_points(runs)
+        fp.check_points(points)
+    except fp.PointsError as exc:
+        fail(exc.lines)
+    roof = roofline_for(points[0].settings, model, hardware, parallel, precision)
+    fit = fp.fit_points(points, roof)
+    report = fit.report()
+    acceptance = None
+    if acceptance_from is not None:
+        acceptance = _acceptance(fit, acceptance_from, method, k)
+    document: dict[str, Any] = {
+        "kind": KIND,
+        "roofline": _RooflineFile.of(fit.roofline).model_dump(exclude_none=True),
+        "fit": report,
+    }
+    if acceptance is not None:
+        document["acceptance"] = acceptance
+    document["provenance"] = {
+        "runs": [str(p.path) for p in points], "engine": points[0].settings.get("engine"),
+        "model": points[0].settings.get("model"), "hardware": points[0].settings.get("hardware"),
+        "date": sorted({str(p.settings.get("date")) for p in points}),
+        "fitted_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }  # fmt: skip
+    _write(output, document)
+    console = err_console if as_json else out_console
+    _print(console, fit, report, acceptance, output)
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+
+
+def _acceptance(fit: Any, path: Path, method: str | None, k: int | None) -> dict[str, Any]:
+    from speclens.sim import fit_points as fp
+
+    if not (path / "summary.json").is_file():
+        fail(f"command line: --acceptance-from: {path}: expected a run directory of one "
+             "concurrency (summary.json; a sweep's is under points/)", 2)  # fmt: skip
+    try:
+        point = fp.read_point(path)
+    except fp.PointsError as exc:
+        fail(exc.lines)
+    stated_method = point.settings.get("method")
+    chosen = method or (stated_method if stated_method not in (None, "none") else None)
+    if chosen is None:
+        fail("command line: --method: the speculating run's method (e.g. mtp): "
+             f"{path / 'summary.json'} states none", 2)  # fmt: skip
+    stated_k = point.settings.get("num_spec_tokens")
+    kk = k or (stated_k if isinstance(stated_k, int) and stated_k >= 1 else None)
+    if kk is None:
+        fail(f"command line: --num-speculative-tokens: the run's K: {path / 'summary.json'} "
+             "states none (settings.num_spec_tokens)", 2)  # fmt: skip
+    deployment = [key for key in fp.DEPLOYMENT if key != "engine" and
+                  str(point.settings.get(key)) != str(fit.points[0].settings.get(key))]  # fmt: skip
+    if deployment:
+        fail([f"{path / 'summary.json'}: settings.{key}: {point.settings.get(key)!r}, but the "
+              f"fit's points ran {fit.points[0].settings.get(key)!r}" for key in deployment])  # fmt: skip
+    try:
+        found = fp.infer_acceptance(fit, point, str(chosen), int(kk))
+    except fp.PointsError as exc:
+        fail(exc.lines)
+    return {
+        "acceptance_length": found.acceptance_length, "range": [found.low, found.high],
+        "method": chosen, "num_spec_tokens": found.num_spec_tokens, "run": str(found.run),
+        "concurrency": point.concurrency, "tpot_ms": found.tpot_ms,
+        "predicted_tpot_ms": found.predicted_tpot_ms,
+        "how": "the AL at which the calibrated roofline reproduces the run's median TPOT; the "
+               "range moves that TPOT by the fit's largest TPOT residual either way",
+    }  # fmt: skip
+
+
+def _print(console: Any, fit: Any, report: dict[str, Any], acceptance: dict[str, Any] | None,
+           output: Path) -> None:  # fmt: skip
+    roof = fit.roofline
+    e = roof.efficiency
+    console.print(
+        f"roofline of {roof.model.name} on {roof.parallel} x {roof.chip.name}, fitted to "
+        f"{len(fit.points)} published points: compute efficiency {e.compute:.3g}, memory "
+        f"efficiency {e.memory:.3g}, overhead {e.overhead * 1e3:.3f} ms per step + "
+        f"{_per_token(e) * 1e6:.2f} us per decode token, front latency "
+        f"{fit.front_latency_s * 1e3:.1f} ms", markup=False,
+    )  # fmt: skip
+    console.print("  concurrency   TPOT ms (meas -> pred)    TTFT ms (meas -> pred)    "
+                  "tok/s/GPU (meas -> pred)", markup=False)  # fmt: skip
+    for row in sorted(report["points"], key=lambda r: r["concurrency"]):
+        cells = []
+        for key in ("tpot_ms", "ttft_ms", "throughput_per_gpu"):
+            name = "throughput_per_gpu" if key == "throughput_per_gpu" else key[:4]
+            cells.append(f"{row[key]['measured']:8.2f} -> {row[key]['predicted']:8.2f} "
+                         f"({row['error'][name]:+6.1%})")  # fmt: skip
+        console.print(f"  {row['concurrency']:>11}   " + "   ".join(cells), markup=False)
+    console.print(f"median error: TPOT {report['tpot_error_median']:.1%}, TTFT "
+                  f"{report['ttft_error_median']:.1%}, throughput per GPU "
+                  f"{report['throughput_error_median']:.1%}", markup=False)  # fmt: skip
+    if report["not_pinned_down"]:
+        console.print(f"note: not pinned down by these points (moving it 2x moves no prediction "
+                      f"by 2%): {', '.join(report['not_pinned_down'])}", markup=False)  # fmt: skip
+    if acceptance is not None:
+        low, high = acceptance["range"]
+        console.print(f"acceptance: AL {acceptance['acceptance_length']:.2f} (range {low:.2f} to "
+                      f"{high:.2f}) at K {acceptance['num_spec_tokens']} "
+                      f"({acceptance['method']}), from {acceptance['run']}'s median TPOT "
+                      f"{acceptance['tpot_ms']:.2f} ms", markup=False)  # fmt: skip
+    console.print(f"wrote {output}", markup=False)
+
+
+def _per_token(e: Any) -> float:
+    return float(getattr(e, "per_token", e.per_sequence))

@@ -1,0 +1,137 @@
+"""``speclens sim --trace RUN_OR_SWEEP --step-cost COST.yaml`` on published points (aggregate-only
+runs): each point's load (its closed loop at its concurrency and lengths) replayed in the
+simulator (``speclens.sim.closed_loop``), priced by the calibrated roofline, optionally with
+speculation (``--method mtp --num-speculative-tokens K --acceptance-length X``), and written in
+the same shape (a sweep of aggregate-only runs, or one run), so ``speclens compare MEASURED OUT``
+puts each prediction beside its measurement.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from speclens.cli._common import err_console, fail, out_console, reported
+
+
+def _points(trace: Path) -> tuple[list[Any], bool]:
+    """The published points and whether ``trace`` is a sweep directory."""
+    from speclens.sim import fit_points as fp
+
+    sweep = not (trace / "summary.json").is_file()
+    try:
+        points = fp.read_points([trace])
+    except fp.PointsError as exc:
+        fail(exc.lines)
+    if not points:
+        fail(f"{trace}: points/: no run directory (summary.json) in it")
+    return points, sweep
+
+
+def predict_command(
+    trace: Path, step_cost: Path, method: str | None, k: int | None,
+    acceptance_length: float | None, output_dir: Path | None, as_json: bool,
+) -> None:  # fmt: skip
+    from speclens.acceptance.quantity import length_problems
+    from speclens.sim.calibrate import read_cost_file
+    from speclens.sim.closed_loop import schedule
+    from speclens.sim.roofline import Roofline
+
+    with reported():
+        cost, meta = read_cost_file(step_cost)
+    if not isinstance(cost, Roofline):
+        fail(f"{step_cost}: roofline: published points are replayed on a roofline (calibrate "
+             "with --model and --hardware on them writes one); this file holds a linear step "
+             "cost", 2)  # fmt: skip
+    speculating = method is not None and method != "none"
+    if speculating and (k is None or acceptance_length is None):
+        fail("command line: --method: goes with --num-speculative-tokens K and "
+             "--acceptance-length X (calibrate --acceptance-from infers X)", 2)  # fmt: skip
+    if not speculating and (k is not None or acceptance_length is not None):
+        fail("command line: --num-speculative-tokens, --acceptance-length: go with --method", 2)
+    if speculating:
+        problems = length_problems(acceptance_length, int(k or 0))
+        if problems:
+            fail(f"command line: --acceptance-length: {problems[0]}", 2)
+    points, sweep = _points(trace)
+    fitted_on = (meta.get("provenance") or {}).get("hardware")
+    chip = points[0].settings.get("hardware")
+    if fitted_on and chip and fitted_on != chip:
+        fail(f"{step_cost}: provenance.hardware: fitted on {fitted_on!r}, but {trace} ran on "
+             f"{chip!r}: a calibrated roofline prices the chip it was fitted on", 1)  # fmt: skip
+    if output_dir is not None and output_dir.exists() and any(output_dir.iterdir()):
+        fail(f"command line: --output-dir: {output_dir}: exists and is not empty", 2)
+    roof = replace(cost, method=method) if speculating else cost
+    front = float(meta.get("front_latency_s") or 0.0)
+    rows, summaries = [], []
+    for p in points:
+        load = p.load(int(k or 0), float(acceptance_length or 1.0))
+        figures = schedule(load).figures(roof, front, p.gpus)
+        summary = _summary(p, figures, method if speculating else None, k, acceptance_length,
+                           step_cost, trace)  # fmt: skip
+        summaries.append(summary)
+        rows.append({
+            "concurrency": p.concurrency,
+            "tpot_ms": {"predicted": figures.median_tpot_s * 1e3, "trace": p.tpot_s * 1e3},
+            "ttft_ms": {"predicted": figures.median_ttft_s * 1e3, "trace": p.ttft_s * 1e3},
+            "throughput_per_gpu": {"predicted": figures.throughput_per_gpu,
+                                   "trace": p.throughput_per_gpu},
+        })  # fmt: skip
+    result = {"trace": str(trace), "step_cost": str(step_cost),
+              "method": method if speculating else None, "num_spec_tokens": k,
+              "acceptance_length": acceptance_length, "points": rows}  # fmt: skip
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        _print(result)
+    if output_dir is not None:
+        _write(output_dir, summaries, sweep, as_json)
+
+
+def _summary(point: Any, figures: Any, method: str | None, k: int | None, al: float | None,
+             step_cost: Path, trace: Path) -> dict[str, Any]:  # fmt: skip
+    from speclens import __version__
+
+    settings = {**point.settings, "executor": "sim", "method": method,
+                "num_spec_tokens": k if method else None}  # fmt: skip
+    block = figures.summary_figures()
+    block["acceptance"] = {"acceptance_length": al, "num_spec_tokens": k} if method else None
+    return {
+        "aggregate_only": True,
+        "settings": settings,
+        "server": {"engine": "speclens", "version": __version__, "executor": "sim",
+                   "model": settings.get("model"), "hardware": settings.get("hardware")},
+        "provenance": {"source": "speclens-sim", "trace": str(point.path),
+                       "step_cost": str(step_cost)},
+        "figures": block,
+    }  # fmt: skip
+
+
+def _write(output_dir: Path, summaries: list[dict[str, Any]], sweep: bool, quiet: bool) -> None:
+    from speclens.runs import published
+
+    try:
+        if sweep:
+            published.write_sweep(output_dir, summaries)
+        else:
+            published.write_point(output_dir, summaries[0])
+    except OSError as exc:
+        fail(f"{exc.filename or output_dir}: cannot write: {exc.strerror or exc}")
+    (err_console if quiet else out_console).print(f"wrote {output_dir}", markup=False)
+
+
+def _print(result: dict[str, Any]) -> None:
+    spec = (f"{result['method']} at K {result['num_spec_tokens']}, AL "
+            f"{result['acceptance_length']:g}" if result["method"] else "no speculation")  # fmt: skip
+    out_console.print(f"replayed {len(result['points'])} published point(s) of {result['trace']} "
+                      f"({spec}) on {result['step_cost']}", markup=False)  # fmt: skip
+    out_console.print("  concurrency   TPOT ms (trace, pred)   TTFT ms (trace, pred)   "
+                      "tok/s/GPU (trace, pred)", markup=False)  # fmt: skip
+    for row in result["points"]:
+        cells = [f"{row[key]['trace']:9.2f} {row[key]['predicted']:9.2f}"
+                 for key in ("tpot_ms", "ttft_ms", "throughput_per_gpu")]  # fmt: skip
+        out_console.print(f"  {row['concurrency']:>11}   " + "     ".join(cells), markup=False)

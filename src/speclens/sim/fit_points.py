@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from speclens.runs import rundir
-from speclens.sim.closed_loop import Figures, Load, Schedule, schedule
+from speclens.sim.closed_loop import Figures, Load, schedule
 from speclens.sim.roofline import Roofline
 
 #: Fewest points a fit takes.
@@ -152,7 +152,8 @@ def read_point(path: Path) -> Point:
 
 
 def read_points(paths: Sequence[Path]) -> list[Point]:
-    return [read_point(p) for p in _runs(paths)]
+    """The points of ``paths`` (run or sweep directories), by concurrency."""
+    return sorted((read_point(p) for p in _runs(paths)), key=lambda p: p.concurrency)
 
 
 #: What a fit's points must share (one deployment), with how the refusal names it.
@@ -196,11 +197,6 @@ def _start(roof: Roofline, front: float) -> dict[str, float]:
     start = {"compute": e.compute, "memory": e.memory, "overhead": e.overhead,
              "per_sequence": e.per_sequence, "front_latency_s": front}  # fmt: skip
     return {k: min(max(v, PARAMETERS[k][0]), PARAMETERS[k][1]) for k, v in start.items()}
-
-
-def predict(schedules: Sequence[Schedule], points: Sequence[Point], roof: Roofline,
-            front: float) -> list[Figures]:  # fmt: skip
-    return [s.figures(roof, front, p.gpus) for s, p in zip(schedules, points, strict=True)]
 
 
 def residuals(points: Sequence[Point], figures: Sequence[Figures]) -> np.ndarray:
@@ -254,27 +250,37 @@ class Fit:
 
 
 def fit_points(points: Sequence[Point], roof: Roofline, front: float = 0.05) -> Fit:
-    """The roofline's free parameters fitted to ``points`` (see the module)."""
+    """The roofline's free parameters fitted to ``points`` of one deployment (see the module)."""
+    check_points(points)
+    return fit_pooled(points, [roof] * len(points), front)
+
+
+def fit_pooled(
+    points: Sequence[Point], roofs: Sequence[Roofline], front: float = 0.05, starts: int = 3
+) -> Fit:
+    """One set of free parameters for ``points`` each priced by its own roofline (a chip's
+    defaults are fitted so, over its deployments); ``fit_points`` checks one deployment first."""
     from scipy.optimize import least_squares
 
-    check_points(points)
     schedules = [schedule(p.load()) for p in points]
     names = list(PARAMETERS)
-    start = _start(roof, front)
+    start = _start(roofs[0], front)
     x0 = np.log([start[n] for n in names])
     low = np.log([PARAMETERS[n][0] for n in names])
     high = np.log([PARAMETERS[n][1] for n in names])
 
     def model(x: np.ndarray) -> list[Figures]:
         values = dict(zip(names, np.exp(x).tolist(), strict=True))
-        return predict(schedules, points, _with(roof, values), values["front_latency_s"])
+        front = values["front_latency_s"]
+        return [s.figures(_with(r, values), front, p.gpus)
+                for s, r, p in zip(schedules, roofs, points, strict=True)]  # fmt: skip
 
     def objective(x: np.ndarray) -> np.ndarray:
         return np.concatenate([residuals(points, model(x)), PRIOR * (x - x0)])
 
     best = None
-    # From the start and from a few spread starts: the roofline's max makes the error piecewise.
-    for shift in (0.0, -1.5, 1.5):
+    # From the start and from spread starts: the roofline's max makes the error piecewise.
+    for shift in (0.0, -1.5, 1.5)[:starts]:
         x = np.clip(x0 + np.array([shift, shift, -shift, 0.0, 0.0]), low + 1e-9, high - 1e-9)
         result = least_squares(objective, x, bounds=(low, high), method="trf", x_scale=1.0,
                                diff_step=1e-3, max_nfev=400)  # fmt: skip
@@ -282,17 +288,17 @@ def fit_points(points: Sequence[Point], roof: Roofline, front: float = 0.05) -> 
             best = result
     assert best is not None
     values = dict(zip(names, np.exp(best.x).tolist(), strict=True))
-    fitted = _with(roof, values)
     figures = model(best.x)
     base = residuals(points, figures)
     not_pinned = []
     for j, name in enumerate(names):
         moved = best.x.copy()
-        moved[j] = min(moved[j] + math.log(2.0), high[j]) if moved[j] + math.log(2) <= high[j] \
-            else moved[j] - math.log(2.0)  # fmt: skip
+        up = moved[j] + math.log(2.0) <= high[j]
+        moved[j] += math.log(2.0) if up else -math.log(2.0)
         if float(np.max(np.abs(residuals(points, model(moved)) - base))) < math.log1p(PINNED):
             not_pinned.append(name)
-    return Fit(fitted, values["front_latency_s"], list(points), figures, not_pinned)
+    return Fit(_with(roofs[0], values), values["front_latency_s"], list(points), figures,
+               not_pinned)  # fmt: skip
 
 
 @dataclass(frozen=True)

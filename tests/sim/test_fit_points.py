@@ -1,0 +1,157 @@
+"""A roofline fitted to published points, and the AL a speculating run's TPOT implies.
+
+The points are made by the simulator itself from a roofline of known parameters (what a GPU
+engine would have published had it run that roofline), written as aggregate-only runs; the fit
+starts elsewhere and must find predictions that reproduce them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from speclens.sim import catalog
+from speclens.sim import fit_points as fp
+from speclens.sim.closed_loop import Load, schedule
+from speclens.sim.roofline import Efficiency, Roofline
+
+TRUTH = Efficiency(compute=0.3, memory=0.6, overhead=4e-3, per_sequence=3e-5)
+FRONT = 0.08
+
+
+def _roof(efficiency: Efficiency | None = None) -> Roofline:
+    roof = Roofline(catalog.model("deepseek-v3"), catalog.chip("h200"), 8)
+    return replace(roof, efficiency=efficiency) if efficiency is not None else roof
+
+
+def _settings(c: int, **changes: Any) -> dict[str, Any]:
+    base = {"model": "deepseek-v3", "hardware": "h200", "engine": "sglang", "precision": "fp8",
+            "tensor_parallel": 8, "expert_parallel": 1, "dp_attention": False, "gpus": 8,
+            "disaggregated": False, "input_tokens": {"min": 1024, "max": 1024},
+            "output_tokens": {"min": 256, "max": 256}, "concurrency": c, "method": None,
+            "num_spec_tokens": None, "date": "2026-05-27"}  # fmt: skip
+    return {**base, **changes}
+
+
+def write_point(path: Path, settings: dict[str, Any], k: int = 0, al: float = 1.0,
+                figures: dict[str, Any] | None = None) -> Path:  # fmt: skip
+    """An aggregate-only run directory whose figures the truth roofline predicts."""
+    roof = _roof(TRUTH)
+    if k:
+        roof = replace(roof, method="mtp")
+    load = Load(settings["concurrency"], settings["input_tokens"]["max"],
+                settings["output_tokens"]["max"], k, al)  # fmt: skip
+    block = schedule(load).figures(roof, FRONT, settings["gpus"]).summary_figures()
+    if figures is not None:
+        block = figures
+    path.mkdir(parents=True)
+    summary = {"aggregate_only": True, "settings": settings, "figures": block}
+    (path / "summary.json").write_text(json.dumps(summary))
+    return path
+
+
+def _sweep(root: Path, concurrencies: tuple[int, ...] = (4, 16, 64), **changes: Any) -> Path:
+    for c in concurrencies:
+        write_point(root / "points" / f"c{c}", _settings(c, **changes))
+    return root
+
+
+def test_the_fit_reproduces_points_a_known_roofline_made(tmp_path: Path) -> None:
+    points = fp.read_points([_sweep(tmp_path / "off", (2, 4, 16, 64))])
+    assert [p.concurrency for p in points] == [2, 4, 16, 64]
+    fit = fp.fit_points(points, _roof())  # from the catalog's defaults, not the truth
+    report = fit.report()
+    assert report["tpot_error_median"] < 0.02
+    assert report["ttft_error_median"] < 0.02
+    assert report["throughput_error_median"] < 0.02
+    assert fit.front_latency_s == pytest.approx(FRONT, rel=0.1)
+    # Held out: a concurrency the fit never saw.
+    unseen = fp.read_point(write_point(tmp_path / "c32", _settings(32)))
+    f = schedule(unseen.load()).figures(fit.roofline, fit.front_latency_s, 8)
+    assert f.median_tpot_s == pytest.approx(unseen.tpot_s, rel=0.03)
+
+
+def test_the_acceptance_a_speculating_run_implies(tmp_path: Path) -> None:
+    fit = fp.fit_points(fp.read_points([_sweep(tmp_path / "off", (2, 4, 16, 64))]), _roof())
+    spec = fp.read_point(write_point(tmp_path / "mtp", _settings(4, method="mtp"), k=3, al=2.6))
+    found = fp.infer_acceptance(fit, spec, "mtp", 3)
+    assert found.acceptance_length == pytest.approx(2.6, abs=0.08)
+    assert found.low <= found.acceptance_length <= found.high
+    assert found.low >= 1.0 and found.high <= 4.0
+    assert found.predicted_tpot_ms == pytest.approx(found.tpot_ms, rel=1e-3)
+
+
+@pytest.mark.parametrize("scale, side", [(0.2, "faster than the model allows even at AL 4"),
+                                         (5.0, "slower than the model predicts at AL 1")])  # fmt: skip
+def test_no_acceptance_reproduces_the_run(tmp_path: Path, scale: float, side: str) -> None:
+    fit = fp.fit_points(fp.read_points([_sweep(tmp_path / "off")]), _roof())
+    path = write_point(tmp_path / "mtp", _settings(4, method="mtp"), k=3, al=2.0)
+    summary = json.loads((path / "summary.json").read_text())
+    summary["figures"]["latency_ms"]["tpot"]["p50"] *= scale
+    (path / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(fp.PointsError, match=side) as caught:
+        fp.infer_acceptance(fit, fp.read_point(path), "mtp", 3)
+    assert "no AL in [1, 4] reproduces this run" in caught.value.lines[0]
+
+
+def test_fewer_than_three_points_are_refused(tmp_path: Path) -> None:
+    points = fp.read_points([_sweep(tmp_path / "off", (4, 16))])
+    with pytest.raises(fp.PointsError, match="2 published point"):
+        fp.fit_points(points, _roof())
+
+
+def test_points_of_two_chips_are_refused(tmp_path: Path) -> None:
+    a = _sweep(tmp_path / "a", (4, 16))
+    b = _sweep(tmp_path / "b", (64,), hardware="b200")
+    with pytest.raises(
+        fp.PointsError, match=r"settings.hardware: the points differ \(b200, h200\)"
+    ):
+        fp.check_points(fp.read_points([a, b]))
+
+
+def test_a_disaggregated_or_speculating_point_is_refused(tmp_path: Path) -> None:
+    root = _sweep(tmp_path / "off", (4, 16))
+    write_point(root / "points" / "c64", _settings(64, disaggregated=True))
+    write_point(root / "points" / "c8", _settings(8, method="mtp"))
+    with pytest.raises(fp.PointsError) as caught:
+        fp.check_points(fp.read_points([root]))
+    text = "\n".join(caught.value.lines)
+    assert "c64/summary.json: settings.disaggregated: is true" in text
+    assert "c8/summary.json: settings.method: is 'mtp'" in text
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [({"aggregate_only": False}, "aggregate_only: expected true"),
+     ({"figures.latency_ms.tpot.p50": -1.0}, "figures.latency_ms.tpot.p50: expected a number > 0"),
+     ({"figures.latency_ms.tpot.p50": float("nan")}, "figures.latency_ms.tpot.p50: expected"),
+     ({"settings.concurrency": 0}, "settings.concurrency: expected an integer >= 1, got 0"),
+     ({"settings.concurrency": "4"}, "settings.concurrency: expected an integer >= 1, got '4'")],
+)  # fmt: skip
+def test_a_bad_point_is_named_by_file_and_field(tmp_path: Path, change: dict[str, Any],
+                                                message: str) -> None:  # fmt: skip
+    path = write_point(tmp_path / "p", _settings(4))
+    summary = json.loads((path / "summary.json").read_text())
+    for dotted, value in change.items():
+        *parents, last = dotted.split(".")
+        target = summary
+        for key in parents:
+            target = target[key]
+        target[last] = value
+    (path / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(fp.PointsError) as caught:
+        fp.read_point(path)
+    assert caught.value.lines[0].startswith(str(path / "summary.json"))
+    assert message in caught.value.lines[0]
+
+
+def test_a_parameter_the_points_cannot_see_is_named(tmp_path: Path) -> None:
+    """At concurrency 1 to 4 and short prompts the steps never reach the compute roof: the
+    compute efficiency moves no prediction, and the report says so."""
+    points = fp.read_points(
+        [_sweep(tmp_path / "off", (1, 2, 4), input_tokens={"min": 64, "max": 64})]
+    )
+    assert "compute" in fp.fit_points(points, _roof()).not_pinned

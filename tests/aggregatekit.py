@@ -4,7 +4,6 @@ summary.json with ``"aggregate_only": true`` and the published figures, and no r
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -80,10 +79,10 @@ def write_point(path: Path, data: dict[str, Any], *, raw: bytes | None = None) -
 
 def write_sweep(path: Path, points: list[dict[str, Any]]) -> Path:
     """A sweep directory of aggregate-only points (one per concurrency, ids ``c<C>``): sweep.json
-    as runs/sweep.py writes it, its stats from each point's published figures."""
-    from speclens.runs.points import summarize
+    and sweep.csv written by runs/sweep.py's own ``Sweep``, each point recorded as finished."""
+    from speclens.runs import sweep as sw
 
-    entries, stats = [], []
+    planned = []
     for point in points:
         concurrency = point["settings"]["concurrency"]
         pid = f"c{concurrency}"
@@ -91,14 +90,9 @@ def write_sweep(path: Path, points: list[dict[str, Any]]) -> Path:
         settings = {"concurrency": concurrency, "request_rate": None,
                     "num_speculative_tokens": point["settings"]["num_spec_tokens"],
                     "acceptance_length": None}  # fmt: skip
-        entries.append({"id": pid, "engine": None, "round": 0, "dir": f"points/{pid}",
-                        "status": "ok", "exit_code": 0, "error": None,
-                        "settings": settings})  # fmt: skip
-        figures = summarize(path / "points" / pid).figures or {}
-        stats.append({"engine": None, "settings": copy.deepcopy(settings), "rounds_ok": 1,
-                      "figures": {k: v.to_json() for k, v in figures.items()}})  # fmt: skip
-    sweep = {"schema": "speclens.sweep/1", "kind": "load", "rounds": 1,
-             "axes": {"concurrency": [p["settings"]["concurrency"] for p in points]},
-             "points": entries, "stats": stats}  # fmt: skip
-    (path / "sweep.json").write_bytes(orjson.dumps(sweep))
+        planned.append(sw.Point(pid, None, settings, 0, f"points/{pid}"))
+    axes = {"concurrency": [p["settings"]["concurrency"] for p in points]}
+    state = sw.Sweep(path, "load", 1, axes, planned)
+    for point in planned:
+        state.record(point, 0)
     return path

@@ -4,6 +4,8 @@ checks that need per-request data say so and neither pass nor fail."""
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from pathlib import Path
 
@@ -147,3 +149,18 @@ def test_runs_of_different_chips_or_lengths_are_not_comparable(tmp_path: Path) -
     second = _compare(a, c)["pairs"][0]
     assert second["verdict"] == "not comparable"
     assert "published input / output tokens 1024 / 1024 vs 8192 / 1024" in second["label"]
+
+
+def test_the_sweep_files_hold_one_row_per_published_point(tmp_path: Path) -> None:
+    points = [summary(concurrency=c, tpot_p50=5.0 * c**0.5) for c in (4, 8, 16)]
+    sweep = write_sweep(tmp_path / "s", points)
+    data = orjson.loads((sweep / "sweep.json").read_bytes())
+    assert [p["status"] for p in data["points"]] == ["ok"] * 3
+    for stats, point in zip(data["stats"], points, strict=True):
+        tpot = stats["figures"]["tpot_ms"]
+        assert tpot["mean"] == point["figures"]["latency_ms"]["tpot"]["mean"]
+        assert (tpot["low"], tpot["high"], tpot["method"]) == (None, None, "none")
+    rows = list(csv.DictReader(io.StringIO((sweep / "sweep.csv").read_text())))
+    assert [r["id"] for r in rows] == ["c4", "c8", "c16"]
+    assert float(rows[1]["tpot_ms_mean"]) == points[1]["figures"]["latency_ms"]["tpot"]["mean"]
+    assert rows[1]["tpot_ms_low"] == rows[1]["tpot_ms_high"] == ""

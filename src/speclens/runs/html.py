@@ -1022,13 +1022,18 @@ def _pair_section(page: Page, f: Fields, i: int) -> None:
         for j, _ in f.rows(*mc)
     ])  # fmt: skip
     mi = (*p, "deltas", "matched_interactivity")
+    # an aggregate-only pair (some check did not run) has no interval to show
+    aggregate = any(f.get(*p, "checks", j, "ok") is None for j, _ in f.rows(*p, "checks"))
     page.table("At matched interactivity" + tag,
                ["tok/s/user", "A tok/s/GPU", "B tok/s/GPU", "delta %", "reading"], [
         (f.num(*mi, j, "tokens_per_s_per_user", digits=1), f.num(*mi, j, "a_tok_s_gpu", digits=1),
          f.num(*mi, j, "b_tok_s_gpu", digits=1),
          f"{f.num(*mi, j, 'delta_pct', digits=1)} <span class=\"note\">"
-         f"({f.num(*mi, j, 'low_pct', digits=1)} to {f.num(*mi, j, 'high_pct', digits=1)})</span>",
-         f.text(*mi, j, "sentence") if ok else f"not comparable: {f.text(*mi, j, 'sentence')}")
+         + (f"({f.num(*mi, j, 'low_pct', digits=1)} to {f.num(*mi, j, 'high_pct', digits=1)})"
+            if _number(f.get(*mi, j, "low_pct")) or not aggregate else "(no interval)")
+         + "</span>",
+         f.text(*mi, j, "sentence") if ok or aggregate  # its sentence says it already
+         else f"not comparable: {f.text(*mi, j, 'sentence')}")
         for j, _ in f.rows(*mi)
     ])  # fmt: skip
     _fidelity_table(page, f, i)

@@ -17,6 +17,7 @@ try:
     from speclens import __version__
     from speclens.cli import bench, calibrate, demo, export, lossless, measure, profiles, serve, sim
     from speclens.cli import compare as compare_cli
+    from speclens.cli import importing as import_cli
     from speclens.cli import sweep as sweep_cli
 except KeyboardInterrupt:  # the console script imports this module before main() runs
     raise SystemExit(INTERRUPTED) from None
@@ -39,6 +40,7 @@ app.command("lossless")(lossless.lossless)
 app.command("sweep")(sweep_cli.sweep)
 app.command("compare")(compare_cli.compare)
 app.command("calibrate")(calibrate.calibrate)
+app.add_typer(import_cli.app, name="import")
 
 
 def _version(value: bool) -> None:

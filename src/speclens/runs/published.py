@@ -1,0 +1,177 @@
+"""Published results as runs: the writer of aggregate-only run directories and their sweeps.
+
+A published result (an InferenceX point, a ``vllm bench serve --save-result`` file) or a
+prediction of one is a run directory holding ``summary.json`` (bench's shape, marked
+``"aggregate_only": true``) and ``report.html``, and no ``records.jsonl``: nothing per request
+exists. A configuration measured at several concurrencies is a sweep directory of such runs:
+``sweep.json`` (schema ``speclens.sweep/1``, written by ``runs.sweep.Sweep`` as a sweep of
+concurrencies writes it), ``sweep.csv``, ``report.html`` and ``points/c<concurrency>/``.
+
+Every directory is built whole in a hidden sibling and renamed into place, so a refused or
+failed write leaves nothing behind; a target that exists and is not empty is refused. The
+readers of published files are ``runs.published_read``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from speclens.runs.files import open_new
+from speclens.runs.rundir import InputError
+from speclens.runs.sweep import Point, Sweep
+
+#: ``provenance.source`` of each kind of published result.
+SOURCES = ("inferencex", "vllm", "speclens-sim")
+
+
+def is_aggregate_only(summary: object) -> bool:
+    """A summary of published (or predicted) figures only: no records.jsonl beside it."""
+    return isinstance(summary, dict) and summary.get("aggregate_only") is True
+
+
+def point_id(summary: Mapping[str, Any]) -> str:
+    """A sweep point's id, ``c<concurrency>``; ValueError when the summary has no concurrency."""
+    concurrency = (summary.get("settings") or {}).get("concurrency")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"settings.concurrency: expected an integer >= 1, got {concurrency!r:.60}")
+    return f"c{concurrency}"
+
+
+def _refuse_existing(target: Path) -> None:
+    """InputError (usage, 2) when ``target`` exists as anything but an empty directory."""
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise InputError([f"{target}: exists and is not a directory: expected a new directory"], 2)
+    if target.is_dir() and any(target.iterdir()):
+        raise InputError([f"{target}: exists and is not empty: expected a new directory"], 2)
+
+
+@contextlib.contextmanager
+def _staged(target: Path) -> Iterator[Path]:
+    """A hidden sibling of ``target`` to build in, renamed onto ``target`` when the block ends
+    without an error and removed when it raises."""
+    _refuse_existing(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stage = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    if stage.exists() or stage.is_symlink():
+        _remove(stage)
+    stage.mkdir()
+    try:
+        yield stage
+        if target.is_dir() and not target.is_symlink():
+            target.rmdir()  # empty (checked): the rename needs the name free
+        os.rename(stage, target)
+    except BaseException:
+        _remove(stage)
+        raise
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def _fill_point(run_dir: Path, summary: Mapping[str, Any]) -> None:
+    """summary.json and report.html into the (new, empty) ``run_dir``."""
+    from speclens.runs.html import write_run_report
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open_new(run_dir / "summary.json") as fh:
+        fh.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    write_run_report(run_dir, records=[])
+
+
+def _checked(summary: Mapping[str, Any]) -> None:
+    if not is_aggregate_only(summary):
+        raise ValueError('expected an aggregate-only summary ("aggregate_only": true)')
+
+
+def write_point(run_dir: Path, summary: dict[str, Any]) -> None:
+    """One aggregate-only run directory (summary.json and report.html), built in a hidden
+    sibling and renamed into place. InputError (2) when ``run_dir`` exists and is not empty;
+    ValueError for a summary that is not aggregate-only."""
+    _checked(summary)
+    with _staged(Path(run_dir)) as stage:
+        _fill_point(stage, summary)
+
+
+def _engine(summaries: Sequence[Mapping[str, Any]]) -> str | None:
+    engines = {(s.get("settings") or {}).get("engine") for s in summaries}
+    one = engines.pop() if len(engines) == 1 else None
+    return one if isinstance(one, str) else None
+
+
+def _fill_sweep(root: Path, points: Sequence[Mapping[str, Any]]) -> None:
+    """The points' run directories, then sweep.json and sweep.csv as ``Sweep`` writes them
+    (each point read back through ``points.summarize``), then the sweep's report.html."""
+    from speclens.runs.html import write_sweep_report
+
+    ids = [point_id(p) for p in points]
+    seen = {i for i in ids if ids.count(i) > 1}
+    if seen:
+        raise ValueError(f"concurrency given twice in one sweep: {', '.join(sorted(seen))}")
+    order = sorted(range(len(points)), key=lambda i: int(ids[i][1:]))
+    engine = _engine(points)
+    concurrencies = [int(ids[i][1:]) for i in order]
+    sweep = Sweep(root, "load", 1, {"concurrency": concurrencies})
+    for i in order:
+        settings = points[i].get("settings") or {}
+        _fill_point(root / "points" / ids[i], points[i])
+        sweep.points.append(
+            Point(ids[i], engine, {
+                "concurrency": int(ids[i][1:]), "request_rate": None,
+                "num_speculative_tokens": settings.get("num_spec_tokens"),
+                "acceptance_length": None,
+            }, 0, f"points/{ids[i]}")
+        )  # fmt: skip
+    for point in sweep.points:
+        sweep.record(point, 0)
+    write_sweep_report(root)
+
+
+def write_sweep(sweep_dir: Path, points: list[dict[str, Any]]) -> None:
+    """A sweep directory of aggregate-only runs, one per concurrency (ids ``c<concurrency>``):
+    ``points/<id>/``, sweep.json, sweep.csv and report.html, built in a hidden sibling and
+    renamed into place. InputError (2) when ``sweep_dir`` exists and is not empty; ValueError
+    for no points, a summary that is not aggregate-only, or a concurrency given twice."""
+    if not points:
+        raise ValueError("expected at least one point")
+    for summary in points:
+        _checked(summary)
+        point_id(summary)
+    with _staged(Path(sweep_dir)) as stage:
+        _fill_sweep(stage, points)
+
+
+def write_sweeps(root: Path, sweeps: Mapping[str, list[dict[str, Any]]]) -> list[Path]:
+    """Every sweep ``root/<name>``, all or none: every target is checked before the first is
+    written (InputError 2 names the first that exists), and a failure part way removes the
+    sweeps this call already wrote (and ``root`` when this call made it)."""
+    targets = [Path(root) / name for name in sweeps]
+    existing = [t for t in targets if t.exists() or t.is_symlink()]
+    if existing:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise InputError([f"{existing[0]}: the configuration directory exists{more}: expected "
+                          "a new directory (choose another --output-dir)"], 2)  # fmt: skip
+    made_root = not Path(root).exists()
+    done: list[Path] = []
+    try:
+        for target, points in zip(targets, sweeps.values(), strict=True):
+            write_sweep(target, points)
+            done.append(target)
+    except BaseException:
+        for target in done:
+            _remove(target)
+        if made_root:
+            with contextlib.suppress(OSError):
+                Path(root).rmdir()
+        raise
+    return done

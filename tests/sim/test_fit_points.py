@@ -155,3 +155,19 @@ def test_a_parameter_the_points_cannot_see_is_named(tmp_path: Path) -> None:
         [_sweep(tmp_path / "off", (1, 2, 4), input_tokens={"min": 64, "max": 64})]
     )
     assert "compute" in fp.fit_points(points, _roof()).not_pinned
+
+
+def test_a_fit_that_does_not_describe_its_points_says_so(tmp_path: Path) -> None:
+    """Throughputs no closed loop at these TPOTs can give: the fit's own median error stays
+    large, and the report says not to predict from it."""
+    root = _sweep(tmp_path / "off", (4, 16, 64))
+    for c in (4, 16, 64):
+        path = root / "points" / f"c{c}" / "summary.json"
+        data = json.loads(path.read_text())
+        data["figures"]["throughput"]["total_tokens_per_s_per_gpu"] *= 5
+        path.write_text(json.dumps(data))
+    report = fp.fit_points(fp.read_points([root]), _roof()).report()
+    assert report["misfit"] is not None
+    assert "does not describe these points" in report["misfit"]
+    clean = fp.fit_points(fp.read_points([_sweep(tmp_path / "ok", (4, 16, 64))]), _roof())
+    assert clean.report()["misfit"] is None

@@ -182,6 +182,8 @@ def _print(console: Any, fit: Any, report: dict[str, Any], acceptance: dict[str,
     if report["not_pinned_down"]:
         console.print(f"note: not pinned down by these points (moving it 2x moves no prediction "
                       f"by 2%): {', '.join(report['not_pinned_down'])}", markup=False)  # fmt: skip
+    if report["misfit"]:
+        console.print(f"warning: {report['misfit']}", markup=False)
     if acceptance is not None:
         low, high = acceptance["range"]
         console.print(f"acceptance: AL {acceptance['acceptance_length']:.2f} (range {low:.2f} to "

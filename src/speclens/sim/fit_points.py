@@ -42,6 +42,8 @@ PARAMETERS: dict[str, tuple[float, float]] = {
 PRIOR = 0.02
 #: A parameter whose 2x move changes no prediction by more than this is not pinned down.
 PINNED = 0.02
+#: A fit whose median error on its own points exceeds this on any figure does not describe them.
+MISFIT = 0.25
 #: Engines whose scheduler mixes prompt chunks into decode steps (the rest prefill apart).
 MIXED_ENGINES = ("trt", "trtllm", "tensorrt-llm", "vllm")
 
@@ -242,11 +244,25 @@ class Fit:
             "ttft_error_median": float(np.median(np.abs(r[:, 1]))),
             "throughput_error_median": float(np.median(np.abs(r[:, 2]))),
             "not_pinned_down": self.not_pinned,
+            "misfit": _misfit(np.median(np.abs(r), axis=0)),
             "front_latency_s": self.front_latency_s,
             "load_points": [{"concurrency": p.concurrency} for p in self.points],
             "batch_widths": [min(p.concurrency for p in self.points),
                              max(p.concurrency for p in self.points)],
         }  # fmt: skip
+
+
+def _misfit(medians: np.ndarray) -> str | None:
+    """Why the fitted roofline does not describe its own points (a median error over
+    ``MISFIT``), or None."""
+    over = [f"{name} {value:.1%}" for name, value in zip(("TPOT", "TTFT", "throughput per GPU"),
+                                                        medians.tolist(), strict=True)
+            if value > MISFIT]  # fmt: skip
+    if not over:
+        return None
+    return (f"the fitted roofline does not describe these points (median error {', '.join(over)}"
+            f", over {MISFIT:.0%}): the engine does not run what the model and chip entries say, "
+            "or the points are not one deployment's; do not predict from it")  # fmt: skip
 
 
 def fit_points(points: Sequence[Point], roof: Roofline, front: float = 0.05) -> Fit:

@@ -19,6 +19,10 @@ from speclens.acceptance.registry import shipped_registry
 from speclens.acceptance.schema import NonEmptyStr, _Model
 
 Dtype = Literal["fp32", "bf16", "fp16", "fp8", "fp4"]
+#: The weight precisions a scenario, ``sim --precision`` and a published run choose: ``fp8``
+#: (every weight in FP8) or ``fp4`` (the routed experts in FP4, MXFP4 on AMD and NVFP4 on NVIDIA,
+#: as InferenceX runs them; the rest in the model's dtype).
+PRECISIONS = ("fp8", "fp4")
 #: Bytes per element of each dtype.
 BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5}
 Positive = Annotated[float, Field(gt=0)]
@@ -39,6 +43,9 @@ class Experts(_Model):
     hidden_size: Count | None = None
     #: The routed experts' weights, when stored apart from the rest (None: the model's dtype).
     dtype: Dtype | None = None
+    #: The dtype the routed experts' matmuls run in, when not the model's (an FP4 checkpoint's
+    #: experts run at the chip's FP4 peak; weights stored narrow but computed wide leave it None).
+    matmul_dtype: Dtype | None = None
 
 
 class Mla(_Model):
@@ -80,6 +87,25 @@ class ModelSpec(_Entry):
     mtp_layers: Zero = 0
 
 
+Fraction = Annotated[float, Field(gt=0, le=1)]
+Seconds = Annotated[float, Field(ge=0, le=10)]
+
+
+class Efficiency(_Model):
+    """The share of each peak a step reaches, and what it pays regardless: the roofline's free
+    parameters (what ``calibrate`` fits)."""
+
+    compute: Fraction = 0.5
+    memory: Fraction = 0.8
+    interconnect: Fraction = 0.7
+    overhead: Seconds = 1e-3
+    #: Per sequence in a step: the engine's own work per request (scheduling, sampling).
+    per_sequence: Seconds = 2e-5
+    all_reduce_latency: Seconds = 1e-5
+    #: The share of memory the engine may fill (weights and KV cache).
+    memory_utilization: Fraction = 0.9
+
+
 class ChipSpec(_Entry):
     kind: Literal["Chip"] = "Chip"
     #: Dense (no sparsity) peak TFLOP/s by the dtype a matmul runs in.
@@ -90,6 +116,10 @@ class ChipSpec(_Entry):
     interconnect_gbps: Positive
     #: What ``calibrate --host`` measured, and how (free-form).
     measured: dict[str, Any] | None = None
+    #: The roofline's defaults on this chip (fitted on published runs; the fields not given, and
+    #: a chip without it, take the global defaults): what a roofline uses where its caller gives
+    #: no efficiency.
+    efficiency: Efficiency | None = None
 
     @classmethod
     def _cross_checks(cls, data: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
@@ -205,3 +235,28 @@ def from_hf_config(path: Path) -> ModelSpec:
     if first("kv_lora_rank"):
         data["mla"] = {key: config[key] for key in Mla.model_fields if config.get(key) is not None}
     return validate(ModelSpec, data, str(path))
+
+
+def with_precision(
+    model: ModelSpec, precision: str | None, file: str = "", field: str = "precision"
+) -> ModelSpec:
+    """``model`` with its weights at ``precision``: ``fp8``, every weight in FP8; ``fp4``, the
+    routed experts stored in FP4 and their matmuls at FP4 (the chip's FP4 peak where it has one,
+    else its FP8 peak), the rest in the model's dtype (a dense model, all of it in FP4). None:
+    ``model`` unchanged. Anything else: a ``ValidationError`` at ``field`` naming the choices."""
+    if precision is None:
+        return model
+    if precision not in PRECISIONS:
+        choices = ", ".join(PRECISIONS)
+        message = f"{precision!r} is not a weight precision (expected one of {choices})"
+        raise ValidationError([Problem(file, field, message)])
+    experts = model.experts
+    if precision == "fp8":
+        update: dict[str, Any] = {"dtype": "fp8"}
+        if experts is not None:
+            update["experts"] = experts.model_copy(update={"dtype": None, "matmul_dtype": None})
+        return model.model_copy(update=update)
+    if experts is None:
+        return model.model_copy(update={"dtype": "fp4"})
+    fp4 = experts.model_copy(update={"dtype": "fp4", "matmul_dtype": "fp4"})
+    return model.model_copy(update={"experts": fp4})

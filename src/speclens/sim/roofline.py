@@ -32,13 +32,11 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-from pydantic import Field
 
-from speclens.acceptance.schema import _Model
-from speclens.sim.catalog import BYTES, ChipSpec, ModelSpec
+from speclens.sim.catalog import BYTES, ChipSpec, Efficiency, ModelSpec
 
 #: Methods whose drafter is a few extra layers of the target's width (``draft_layers``).
 LAYER_DRAFTERS = frozenset({"eagle", "eagle3", "mtp", "dspark"})
@@ -50,23 +48,7 @@ ACTIVATION_BYTES = 2.0
 #: KV capacity of a model whose attention keeps no per-token KV.
 MAX_KV_TOKENS = 1 << 40
 
-Fraction = Annotated[float, Field(gt=0, le=1)]
-Seconds = Annotated[float, Field(ge=0, le=10)]
-
-
-class Efficiency(_Model):
-    """The share of each peak a step reaches, and what it pays regardless: the roofline's free
-    parameters (what ``calibrate`` fits)."""
-
-    compute: Fraction = 0.5
-    memory: Fraction = 0.8
-    interconnect: Fraction = 0.7
-    overhead: Seconds = 1e-3
-    #: Per sequence in a step: the engine's own work per request (scheduling, sampling).
-    per_sequence: Seconds = 2e-5
-    all_reduce_latency: Seconds = 1e-5
-    #: The share of memory the engine may fill (weights and KV cache).
-    memory_utilization: Fraction = 0.9
+__all__ = ["Efficiency", "Roofline", "Shape"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +77,7 @@ class Shape:
     kv_shards: int
     attention_flops_per_pair: float  # per query token per context token, all layers
     mtp_layers: int
+    full_layers: int  # the layers that keep per-token KV
 
     @classmethod
     def of(cls, m: ModelSpec) -> Shape:
@@ -139,6 +122,7 @@ class Shape:
             kv_shards=1 if m.mla is not None else m.num_key_value_heads,
             attention_flops_per_pair=pair,
             mtp_layers=m.mtp_layers,
+            full_layers=full,
         )
 
     def dense_part(self) -> float:
@@ -151,11 +135,37 @@ class Shape:
         """Every parameter but the MTP layers' (as model cards count them)."""
         return self.dense_part() + self.embeddings + self.moe_layers * self.routed * self.expert
 
+    def mtp_dense(self) -> float:
+        """Parameters of one MTP layer that every token it drafts runs through: a decoder
+        layer's attention and MLP (a MoE layer's shared experts and router, its routed experts
+        aside; the last layer's kind) and its projection of the embedding and the hidden state
+        (``eh_proj``, 2 h x h). Its norms are a few vectors; the embedding and the LM head are
+        the target's."""
+        mlp = self.shared * self.expert + self.moe_fixed if self.moe_layers else self.dense_mlp
+        return self.attention + mlp + 2 * self.hidden * self.hidden
+
+    def mtp_bytes(self) -> float:
+        """One MTP layer's weights held in memory: every routed expert of it."""
+        routed = self.routed * self.expert * self.expert_bytes if self.moe_layers else 0.0
+        return self.mtp_dense() * self.weight_bytes + routed
+
     def weights_bytes(self) -> float:
-        """Every weight held in memory (MTP layers included)."""
+        """Every weight held in memory (MTP layers included, each a whole decoder layer)."""
         routed = self.moe_layers * self.routed * self.expert * self.expert_bytes
         dense = (self.dense_part() + self.embeddings) * self.weight_bytes
-        return float(dense + routed + self.mtp_layers * self.layer_bytes(1))
+        return float(dense + routed + self.mtp_layers * self.mtp_bytes())
+
+    def attention_bytes(self) -> float:
+        """Every layer's attention weights (what DP attention replicates on each rank)."""
+        return self.layers * self.attention * self.weight_bytes
+
+    def kv_bytes_per_layer(self) -> float:
+        """One full-attention layer's KV a token (an MTP layer keeps as much while it drafts)."""
+        return self.kv_bytes_per_token / self.full_layers if self.full_layers else 0.0
+
+    def pair_per_layer(self) -> float:
+        """One full-attention layer's attention FLOPs per query and context token."""
+        return self.attention_flops_per_pair / self.full_layers if self.full_layers else 0.0
 
     def flops_per_token(self) -> float:
         """Matmul FLOPs of one token through the linear layers (2 per multiply-add)."""
@@ -183,6 +193,27 @@ class Shape:
         return (self.read_bytes(tokens) - self.lm_head * self.weight_bytes) / self.layers
 
 
+def _matmul_dtype(chip: ChipSpec, dtype: str) -> str:
+    """The dtype matmuls over ``dtype`` weights run at on ``chip``: their own where the chip has a
+    peak for it, FP4 at FP8 where it has no FP4 peak, else bf16 (every chip has it)."""
+    if dtype in chip.tflops:
+        return dtype
+    if dtype == "fp4" and "fp8" in chip.tflops:
+        return "fp8"
+    return "bf16"
+
+
+def _peak_of(chip: ChipSpec, dtype: str) -> tuple[float, tuple[np.ndarray, np.ndarray] | None]:
+    """The chip's peak FLOP/s at ``dtype``, and, for a chip ``calibrate --host`` measured, the
+    curve of its matmul TFLOP/s by log tokens."""
+    raw = ((chip.measured or {}).get("matmul_tflops_by_tokens") or {}).get(dtype)
+    curve = None
+    if raw:
+        widths = sorted(int(w) for w in raw)
+        curve = (np.log(widths), np.array([float(raw[str(w)]) for w in widths]))
+    return 1e12 * float(chip.tflops[dtype]), curve  # type: ignore[index]
+
+
 @dataclass(frozen=True)
 class _Constants:
     """A roofline's numbers, worked out once: the fast path prices a stretch of steps per call,
@@ -190,50 +221,115 @@ class _Constants:
 
     peak: float  # FLOP/s (the datasheet's, or the measured curve's best)
     curve: tuple[np.ndarray, np.ndarray] | None  # log tokens, TFLOP/s: a measured chip's curve
+    #: The routed experts' matmuls' peak and curve where they run at another dtype (None: ``peak``).
+    expert_peak: float | None
+    expert_curve: tuple[np.ndarray, np.ndarray] | None
     compute: float  # e_c x chips
     memory: float  # bandwidth x e_m x chips
     kv_memory: float  # bandwidth x e_m x the shards the chips split the KV cache in
     flops: float  # per token through the linear layers
+    expert_flops: float  # the routed experts' share of ``flops``
     dense_read: float  # bytes read once a step but the routed experts
     expert_read: float  # bytes of one routed expert, over every MoE layer
     pair: float  # attention FLOPs per query and context token
     kv_bytes: float  # per context token
-    wire: float  # all-reduce seconds per token, every layer
-    latency: float  # all-reduce latency, every layer
+    wire: float  # collective seconds per token, every layer
+    latency: float  # collective latency, every layer
     draft_flops: float  # a layer drafter's forward, per token
+    draft_expert_flops: float
     draft_dense_read: float
+    draft_expert_read: float  # bytes of one routed expert over the drafter's layers
+    draft_scale: float  # the drafter's collectives: draft_scale x (draft_wire x r + draft_latency)
+    draft_wire: float
+    draft_latency: float
+    draft_pair: float  # an MTP drafter's attention FLOPs per query and context token
+    draft_kv: float  # an MTP drafter's KV bytes per context token
 
     @classmethod
     def of(cls, roof: Roofline) -> _Constants:
         s, e, tp, chip = roof.shape, roof.efficiency, roof.parallel, roof.chip
-        dtype = roof.dtype
-        raw = ((chip.measured or {}).get("matmul_tflops_by_tokens") or {}).get(dtype)
-        curve = None
-        if raw:
-            widths = sorted(int(w) for w in raw)
-            curve = (np.log(widths), np.array([float(raw[str(w)]) for w in widths]))
+        ep, dpa = roof.expert_parallel, roof.dp_attention
+        peak, curve = _peak_of(chip, roof.dtype)
+        expert_peak, expert_curve = None, None
+        if roof.expert_dtype != roof.dtype:
+            expert_peak, expert_curve = _peak_of(chip, roof.expert_dtype)
         bandwidth = 1e12 * chip.memory_bandwidth_tbps
         link = 1e9 * chip.interconnect_gbps * e.interconnect
         many = tp > 1
+        # Collectives: attention's all-reduce (none under DP attention) and each MLP's, but a
+        # MoE layer's under expert parallelism: its all-to-all dispatch and combine instead.
+        a2a_layers = s.moe_layers if ep > 1 else 0
+        ar_layers = (0 if dpa else s.layers) + s.layers - a2a_layers
+        ring = ar_layers * 2 * (tp - 1) / tp * s.hidden * ACTIVATION_BYTES / link
+        a2a = _a2a(s, ep, tp) / link
         layer_flops = (s.flops_per_token() - 2 * s.lm_head) / s.layers
         layer_dense = (s.dense_part() * s.weight_bytes) / s.layers
         lm_read = s.lm_head * s.weight_bytes
+        expert_flops = 2 * s.moe_layers * s.per_token * s.expert
+        expert_read = s.moe_layers * s.expert * s.expert_bytes
+        dense_read = (s.dense_part() + s.lm_head) * s.weight_bytes
+        replicated = (tp - 1) * s.attention * s.weight_bytes  # a layer's, DP attention
+        if dpa:  # every rank reads every attention weight
+            dense_read += s.layers * replicated
+        n = roof.draft_layers
+        if roof.mtp_drafter:  # the model's own MTP layer: a whole decoder layer, and the LM head
+            moe = s.moe_layers > 0
+            expert = 2 * s.per_token * s.expert if moe else 0.0
+            mtp_a2a = 1 if ep > 1 and moe else 0
+            mtp_ar = (0 if dpa else 1) + 1 - mtp_a2a
+            draft = dict(
+                draft_flops=n * (2 * s.mtp_dense() + expert) + 2 * s.lm_head,
+                draft_expert_flops=n * expert,
+                draft_dense_read=n * (s.mtp_dense() * s.weight_bytes + dpa * replicated) + lm_read,
+                draft_expert_read=n * s.expert * s.expert_bytes if moe else 0.0,
+                draft_scale=float(n),
+                draft_wire=(mtp_ar * 2 * (tp - 1) / tp * s.hidden * ACTIVATION_BYTES / link
+                            + mtp_a2a * _a2a(s, ep, tp) / max(s.moe_layers, 1) / link),
+                draft_latency=(mtp_ar + 2 * mtp_a2a) * e.all_reduce_latency if many else 0.0,
+                draft_pair=n * s.pair_per_layer(),
+                draft_kv=n * s.kv_bytes_per_layer(),
+            )  # fmt: skip
+        else:  # draft_layers average layers of the target's width
+            layers = n / s.layers
+            draft = dict(
+                draft_flops=n * layer_flops + 2 * s.lm_head,
+                draft_expert_flops=layers * expert_flops,
+                draft_dense_read=n * layer_dense + lm_read + (n * replicated if dpa else 0.0),
+                draft_expert_read=layers * expert_read,
+                draft_scale=layers,
+                draft_wire=ring + a2a,
+                draft_latency=(ar_layers + 2 * a2a_layers) * e.all_reduce_latency if many else 0.0,
+                draft_pair=0.0,
+                draft_kv=0.0,
+            )
         return cls(
-            peak=1e12 * float(chip.tflops[dtype]),  # type: ignore[index]
+            peak=peak,
             curve=curve,
+            expert_peak=expert_peak,
+            expert_curve=expert_curve,
             compute=e.compute * tp,
             memory=bandwidth * e.memory * tp,
             kv_memory=bandwidth * e.memory * roof.kv_shards,
             flops=s.flops_per_token(),
-            dense_read=(s.dense_part() + s.lm_head) * s.weight_bytes,
-            expert_read=s.moe_layers * s.expert * s.expert_bytes,
+            expert_flops=expert_flops,
+            dense_read=dense_read,
+            expert_read=expert_read,
             pair=s.attention_flops_per_pair,
             kv_bytes=s.kv_bytes_per_token,
-            wire=2 * s.layers * 2 * (tp - 1) / tp * s.hidden * ACTIVATION_BYTES / link,
-            latency=2 * s.layers * e.all_reduce_latency if many else 0.0,
-            draft_flops=roof.draft_layers * layer_flops + 2 * s.lm_head,
-            draft_dense_read=roof.draft_layers * layer_dense + lm_read,
+            wire=ring + a2a,
+            latency=(ar_layers + 2 * a2a_layers) * e.all_reduce_latency if many else 0.0,
+            **draft,
         )
+
+
+def _a2a(s: Shape, ep: int, tp: int) -> float:
+    """Bytes through each chip's link a token, every MoE layer, under expert parallelism: the
+    step's tokens' activations dispatched to their experts' ranks and combined back (2 x), each
+    token to its ``per_token`` experts, (EP - 1) / EP of them on another rank, the sending spread
+    over the ``tp`` chips."""
+    if ep <= 1:
+        return 0.0
+    return s.moe_layers * 2 * s.per_token * s.hidden * ACTIVATION_BYTES * (ep - 1) / ep / tp
 
 
 def _plain(value: Any) -> Any:
@@ -241,9 +337,76 @@ def _plain(value: Any) -> Any:
     return float(value) if np.ndim(value) == 0 else value
 
 
-@dataclass(frozen=True)
+#: The largest query-token count the fast path keeps a price table for (past it: the formula).
+MAX_TABLE = 1 << 17
+_SCALARS = (int, float, np.integer, np.floating)
+
+
+class _Tables:
+    """Each distinct step shape's terms priced once: by query-token count (the forward's linear
+    layers, its collectives and the step overhead; attention's compute per mean-context token)
+    and by drafting-request count (K drafter forwards). Grown lazily to the largest count seen."""
+
+    def __init__(self, roof: Roofline, size: int) -> None:
+        k, e = roof._k, roof.efficiency
+        n = np.arange(size)
+        q = n.astype(float)
+        peak = roof._peak(q)
+        self.size = size
+        self.base = e.overhead + (
+            roof._linear(q, k.flops, k.expert_flops, k.dense_read, k.expert_read, peak)
+            + (k.wire * q + k.latency)
+        )
+        self.attention = k.pair * q / (peak * k.compute)
+        self.kv = k.kv_bytes / k.kv_memory
+        self.draft = (n > 0) * roof.draft(q)
+        self.mtp = None
+        if k.draft_pair or k.draft_kv:
+            self.mtp = (n > 0) * roof._draft_attention(q, 1.0)
+        self.by_k: dict[int, tuple[np.ndarray, np.ndarray | None, list[float], list[float]]] = {}
+        self.base_list: list[float] = self.base.tolist()
+        self.attention_list: list[float] = self.attention.tolist()
+
+    def for_k(self, k: int) -> tuple[np.ndarray, np.ndarray | None, list[float], list[float]]:
+        found = self.by_k.get(k)
+        if found is None:
+            draft = k * self.draft
+            mtp = k * self.mtp if self.mtp is not None else None
+            mtp_list = mtp.tolist() if mtp is not None else []
+            found = self.by_k[k] = (draft, mtp, draft.tolist(), mtp_list)
+        return found
+
+
+def _count(value: Any) -> int | None:
+    """``value`` as a table index where it is a whole number of tokens (else None)."""
+    if isinstance(value, int | np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating) and float(value).is_integer():
+        return int(value)
+    return None
+
+
+def _counts(value: np.ndarray) -> np.ndarray | None:
+    """``value`` as an array of table indexes where every element is a whole number >= 0."""
+    if value.dtype.kind in "iu":
+        return value
+    if value.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            whole = value.astype(np.int64)
+        if (whole == value).all():
+            return whole
+    return None
+
+
+@dataclass(frozen=True, init=False)
 class Roofline:
-    """A step cost (the interface ``StepCost`` has) priced from a model on a chip."""
+    """A step cost (the interface ``StepCost`` has) priced from a model on a chip.
+
+    ``parallel`` chips split each step (tensor parallel; with ``dp_attention``, attention runs
+    data parallel: each rank its own share of the batch over its own KV, the attention weights
+    replicated); ``expert_parallel`` > 1 spreads the routed experts over that many ranks, whose
+    MoE layers trade the all-reduce for an all-to-all. ``efficiency`` None takes the chip's
+    defaults (``ChipSpec.efficiency``), else the global ones."""
 
     model: ModelSpec
     chip: ChipSpec
@@ -252,6 +415,28 @@ class Roofline:
     draft_layers: int = 1
     drafter: Roofline | None = None  # a draft_model's own roofline
     efficiency: Efficiency = field(default_factory=Efficiency)
+    expert_parallel: int = 1
+    dp_attention: bool = False
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        chip: ChipSpec,
+        parallel: int = 1,
+        method: str | None = None,
+        draft_layers: int = 1,
+        drafter: Roofline | None = None,
+        efficiency: Efficiency | None = None,
+        expert_parallel: int = 1,
+        dp_attention: bool = False,
+    ) -> None:
+        if efficiency is None:  # the chip's defaults, else the global ones
+            efficiency = chip.efficiency or Efficiency()
+        values = dict(model=model, chip=chip, parallel=parallel, method=method,
+                      draft_layers=draft_layers, drafter=drafter, efficiency=efficiency,
+                      expert_parallel=expert_parallel, dp_attention=dp_attention)  # fmt: skip
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
     @functools.cached_property
     def shape(self) -> Shape:
@@ -260,10 +445,31 @@ class Roofline:
     @property
     def dtype(self) -> str:
         """The dtype the matmuls run in: the model's, where the chip has a peak for it."""
-        return self.model.dtype if self.model.dtype in self.chip.tflops else "bf16"
+        return _matmul_dtype(self.chip, self.model.dtype)
+
+    @property
+    def expert_dtype(self) -> str:
+        """The dtype the routed experts' matmuls run in: an FP4 checkpoint's at the chip's FP4
+        peak (its FP8 peak where it has none), else as the rest of the model."""
+        e = self.model.experts
+        if e is None or e.matmul_dtype is None:
+            return self.dtype
+        return _matmul_dtype(self.chip, e.matmul_dtype)
+
+    @property
+    def mtp_drafter(self) -> bool:
+        """Whether the drafter is the model's own MTP layer (method ``mtp`` on a model that has
+        one): one whole decoder layer and the target's LM head, its weights the model's."""
+        return self.method == "mtp" and self.shape.mtp_layers > 0
 
     def problems(self) -> list[str]:
-        return []
+        found = []
+        if not 1 <= self.expert_parallel <= self.parallel:
+            found.append(f"expert_parallel: expected 1..{self.parallel} (parallel), got "
+                         f"{self.expert_parallel}")  # fmt: skip
+        elif self.expert_parallel > 1 and not self.shape.moe_layers:
+            found.append(f"expert_parallel: {self.model.name} has no routed experts to spread")
+        return found
 
     def describe(self) -> dict[str, Any]:
         """How steps are priced, for a run's output: the entries, with their sources."""
@@ -274,10 +480,15 @@ class Roofline:
             "chip": self.chip.name,
             "chip_source": self.chip.source,
             "parallel": self.parallel,
+            "expert_parallel": self.expert_parallel,
+            "dp_attention": self.dp_attention,
+            "dtype": self.dtype,
+            "expert_dtype": self.expert_dtype if self.shape.moe_layers else None,
             "method": self.method,
             "draft_model": self.drafter.model.name if self.drafter is not None else None,
             "draft_layers": self.draft_layers if self.method in LAYER_DRAFTERS else None,
             "efficiency": self.efficiency.model_dump(),
+            "efficiency_source": "chip" if self.efficiency == self.chip.efficiency else None,
             "weights_gb": self.weights_bytes() / 1e9,
             "kv_cache_tokens": self.kv_tokens(),
         }
@@ -293,17 +504,38 @@ class Roofline:
         t = np.log(np.maximum(tokens, 1.0))
         return 1e12 * np.interp(t, k.curve[0], k.curve[1])
 
+    def _expert_peak(self, tokens: Any) -> Any:
+        k = self._k
+        if k.expert_curve is None:
+            return k.expert_peak
+        t = np.log(np.maximum(tokens, 1.0))
+        return 1e12 * np.interp(t, k.expert_curve[0], k.expert_curve[1])
+
     def _linear(
-        self, tokens: Any, flops: float, dense_read: float, expert_read: float, peak: Any
+        self,
+        tokens: Any,
+        flops: float,
+        expert_flops: float,
+        dense_read: float,
+        expert_read: float,
+        peak: Any,
     ) -> Any:
-        """The matmuls of one forward over ``tokens`` tokens: max of compute and reading each
-        weight once (the routed experts the tokens touch)."""
+        """The matmuls of one forward over ``tokens`` tokens: max of compute (the routed
+        experts' share at their own peak where it differs) and reading each weight once (the
+        routed experts the tokens touch)."""
         k = self._k
         read = dense_read + expert_read * self.shape.touched(tokens)
-        return np.maximum(flops * tokens / (peak * k.compute), read / k.memory)
+        if k.expert_peak is None:
+            compute = flops * tokens / (peak * k.compute)
+        else:
+            per_token = (flops - expert_flops) / peak + expert_flops / self._expert_peak(tokens)
+            compute = per_token * tokens / k.compute
+        return np.maximum(compute, read / k.memory)
 
-    def _all_reduce(self, tokens: Any) -> Any:
-        """Two ring all-reduces a layer of ``tokens`` activations (none on one chip)."""
+    def _collectives(self, tokens: Any) -> Any:
+        """Every layer's collectives over ``tokens`` activations (none on one chip): two ring
+        all-reduces a layer (attention's, none under DP attention, and the MLP's), a MoE
+        layer's all-to-all dispatch and combine instead under expert parallelism."""
         k = self._k
         return k.wire * tokens + k.latency
 
@@ -314,13 +546,14 @@ class Roofline:
         c = np.asarray(context_tokens, dtype=float)
         mean_context = c / np.maximum(requests, 1.0)
         peak = self._peak(q)
-        linear = self._linear(q, k.flops, k.dense_read, k.expert_read, peak)
+        linear = self._linear(q, k.flops, k.expert_flops, k.dense_read, k.expert_read, peak)
         attention = np.maximum(
             k.pair * q * mean_context / (peak * k.compute), k.kv_bytes * c / k.kv_memory
         )
-        return linear + attention + self._all_reduce(q)
+        return linear + attention + self._collectives(q)
 
-    def verify(self, query_tokens: Any, requests: Any, context_tokens: Any) -> Any:
+    # ------------------------------------------------------------ the formulas, plainly
+    def _verify_formula(self, query_tokens: Any, requests: Any, context_tokens: Any) -> Any:
         e = self.efficiency
         return _plain(
             e.overhead
@@ -328,52 +561,229 @@ class Roofline:
             + self.forward(query_tokens, requests, context_tokens)
         )
 
+    def _draft_attention(self, drafting: Any, mean_context: Any) -> Any:
+        """An MTP drafter forward's attention: ``drafting`` query tokens over their own
+        contexts (``mean_context`` each), one layer's FLOPs and one layer's KV read (0 for
+        other drafters)."""
+        k = self._k
+        d = np.asarray(drafting, dtype=float)
+        return np.maximum(
+            k.draft_pair * d * mean_context / (self._peak(d) * k.compute),
+            k.draft_kv * d * mean_context / k.kv_memory,
+        )
+
+    def _drafter_formula(self, requests: Any, context_tokens: Any, drafting: Any, k: int) -> Any:
+        """K drafter forwards over the step's ``drafting`` requests (none when none drafts)."""
+        d = np.asarray(drafting)
+        price = self.draft(drafting)
+        if self._k.draft_pair or self._k.draft_kv:
+            mean_context = np.asarray(context_tokens, dtype=float) / np.maximum(requests, 1.0)
+            price = price + self._draft_attention(d, mean_context)
+        return k * (d > 0) * price
+
+    def _decode_formula(
+        self, query_tokens: Any, requests: Any, context_tokens: Any, drafting: Any, k: int
+    ) -> Any:
+        drafter = self._drafter_formula(requests, context_tokens, drafting, k)
+        return _plain(self._verify_formula(query_tokens, requests, context_tokens) + drafter)
+
+    # ------------------------------------------------------------ priced by table
+    @functools.cached_property
+    def _cache(self) -> list[_Tables]:
+        return []
+
+    def _tables(self, largest: int) -> _Tables | None:
+        """The tables, grown to hold ``largest`` (None past ``MAX_TABLE``: the formula)."""
+        cache = self._cache
+        if cache and largest < cache[0].size:
+            return cache[0]
+        if largest >= MAX_TABLE or largest < 0:
+            return None
+        size = 1 << max(8, int(largest).bit_length())
+        cache[:] = [_Tables(self, size)]
+        return cache[0]
+
+    def _fast(self, q: Any, r: Any, c: Any, d: Any, k: int) -> Any:
+        """The price from the tables: a float, an array, or None where they cannot price it
+        (counts that are not whole numbers, past ``MAX_TABLE``, or not all arrays or all
+        scalars); ``d`` None prices no drafter. Counts are >= 0, as everywhere."""
+        if type(q) is np.ndarray:
+            if type(r) is not np.ndarray or type(c) is not np.ndarray or not q.size:
+                return None
+            if q.dtype.kind not in "iu" and (q := _counts(q)) is None:
+                return None
+            largest = q.max()
+            drafts = d is not None and k != 0
+            if drafts:
+                if type(d) is not np.ndarray:
+                    return None
+                if d.dtype.kind not in "iu" and (d := _counts(d)) is None:
+                    return None
+                largest = max(largest, d.max())
+            cache = self._cache
+            t = cache[0] if cache and largest < cache[0].size else self._tables(int(largest))
+            if t is None:
+                return None
+            requests = np.maximum(r, 1)
+            if not drafts:
+                return (
+                    t.base[q]
+                    + self.efficiency.per_sequence * r
+                    + c * np.maximum(t.attention[q] / requests, t.kv)
+                )
+            draft, mtp, _, _ = t.for_k(k)
+            if mtp is None:
+                return (
+                    t.base[q]
+                    + self.efficiency.per_sequence * r
+                    + c * np.maximum(t.attention[q] / requests, t.kv)
+                    + draft[d]
+                )
+            mean_context = c / requests
+            return (
+                t.base[q]
+                + self.efficiency.per_sequence * r
+                + np.maximum(t.attention[q] * mean_context, t.kv * c)
+                + (draft[d] + mtp[d] * mean_context)
+            )
+        if not isinstance(q, _SCALARS) or not isinstance(r, _SCALARS):
+            return None
+        if not isinstance(c, _SCALARS):
+            return None
+        drafts = d is not None and k != 0
+        qi, di = _count(q), (_count(d) if drafts and isinstance(d, _SCALARS) else 0)
+        if qi is None or di is None or qi < 0 or di < 0:
+            return None
+        t = self._tables(max(qi, di))
+        if t is None:
+            return None
+        mean_context = float(c) / max(float(r), 1.0)
+        price: float = (
+            t.base_list[qi]
+            + self.efficiency.per_sequence * float(r)
+            + max(t.attention_list[qi] * mean_context, t.kv * float(c))
+        )
+        if drafts:
+            _, mtp, draft_list, mtp_list = t.for_k(k)
+            price += draft_list[di]
+            if mtp is not None:
+                price += mtp_list[di] * mean_context
+        return price
+
+    # ------------------------------------------------------------ the Pricing interface
+    def verify(self, query_tokens: Any, requests: Any, context_tokens: Any) -> Any:
+        fast = self._fast(query_tokens, requests, context_tokens, None, 0)
+        if fast is not None:
+            return fast
+        return self._verify_formula(query_tokens, requests, context_tokens)
+
     def prefill(self, query_tokens: Any, requests: Any, context_tokens: Any) -> Any:
         return self.verify(query_tokens, requests, context_tokens)
 
     def draft(self, requests: Any) -> Any:
-        """One drafter forward over ``requests`` drafting requests (one query token each)."""
+        """One drafter forward over ``requests`` drafting requests (one query token each), its
+        attention over their contexts aside (``decode`` adds an MTP layer's)."""
         r = np.asarray(requests, dtype=float)
         if self.method in FREE_DRAFTERS or self.method is None:
             return _plain(0.0 * r)
         if self.drafter is not None:
             return _plain(self.drafter.forward(r, r, 0.0))
         k = self._k
-        layers = self.draft_layers / self.shape.layers
         linear = self._linear(
-            r, k.draft_flops, k.draft_dense_read, layers * k.expert_read, self._peak(r)
-        )
-        return _plain(linear + layers * self._all_reduce(r))
+            r, k.draft_flops, k.draft_expert_flops, k.draft_dense_read, k.draft_expert_read,
+            self._peak(r),
+        )  # fmt: skip
+        return _plain(linear + k.draft_scale * (k.draft_wire * r + k.draft_latency))
 
     def decode(
         self, query_tokens: Any, requests: Any, context_tokens: Any, drafting: Any, k: int
     ) -> Any:
         """A decode step: the verify forward, and K drafter forwards over its ``drafting``
-        requests, none when no request drafts."""
-        drafter = k * (np.asarray(drafting) > 0) * self.draft(drafting)
-        return _plain(self.verify(query_tokens, requests, context_tokens) + drafter)
+        requests, none when no request drafts (an MTP layer's with its attention over their
+        contexts)."""
+        fast = self._fast(query_tokens, requests, context_tokens, drafting, k)
+        if fast is not None:
+            return fast
+        return self._decode_formula(query_tokens, requests, context_tokens, drafting, k)
 
-    def weights_bytes(self) -> float:
-        draft = self.drafter.shape.weights_bytes() if self.drafter is not None else 0.0
-        layers = (
-            self.draft_layers * self.shape.layer_bytes(1) if self.method in LAYER_DRAFTERS else 0
+    def mixed(
+        self,
+        decode_tokens: Any,
+        decode_requests: Any,
+        decode_context: Any,
+        prefill_tokens: Any,
+        prefill_requests: Any,
+        prefill_context: Any,
+        drafting: Any,
+        k: int,
+    ) -> Any:
+        """A step of chunked prefill mixed with decodes: the verify tokens of
+        ``decode_requests`` decoding sequences over ``decode_context`` context tokens in all,
+        and a prompt chunk of ``prefill_tokens`` tokens of ``prefill_requests`` sequences, each
+        with ``prefill_context`` prompt tokens already in its KV (their mean). The weights are
+        read once for all the step's tokens; attention sums the decodes' pairs (their tokens x
+        their mean context) and the chunk's (causal: p x (prefill_context + p / 2) a prompt);
+        its KV read is the decodes' context and the chunks' prompts. Then the overheads, per
+        sequence for all of them, and the K drafter forwards ``decode`` prices. With no prefill
+        it is ``decode``."""
+        kk, e = self._k, self.efficiency
+        qd = np.asarray(decode_tokens, dtype=float)
+        rd = np.asarray(decode_requests, dtype=float)
+        cd = np.asarray(decode_context, dtype=float)
+        qp = np.asarray(prefill_tokens, dtype=float)
+        rp = np.asarray(prefill_requests, dtype=float)
+        cp = np.asarray(prefill_context, dtype=float)
+        q = qd + qp
+        peak = self._peak(q)
+        linear = self._linear(q, kk.flops, kk.expert_flops, kk.dense_read, kk.expert_read, peak)
+        pairs = qd * (cd / np.maximum(rd, 1.0)) + qp * (cp + qp / (2 * np.maximum(rp, 1.0)))
+        kv_read = cd + (rp * cp + qp)
+        attention = np.maximum(
+            kk.pair * pairs / (peak * kk.compute), kk.kv_bytes * kv_read / kk.kv_memory
         )
-        return self.shape.weights_bytes() + draft + layers
+        forward = linear + attention + self._collectives(q)
+        verify = e.overhead + e.per_sequence * (rd + rp) + forward
+        drafter = self._drafter_formula(rd, cd, drafting, k)
+        return _plain(verify + drafter)
+
+    # ------------------------------------------------------------ capacity
+    def weights_bytes(self) -> float:
+        """The weights the chips hold: the model's (its MTP layers included), a draft model's,
+        and the layers a layer drafter adds (none for the model's own MTP layers)."""
+        s = self.shape
+        draft = self.drafter.shape.weights_bytes() if self.drafter is not None else 0.0
+        layers = 0.0
+        if self.mtp_drafter:
+            layers = max(0, self.draft_layers - s.mtp_layers) * s.mtp_bytes()
+        elif self.method in LAYER_DRAFTERS:
+            layers = self.draft_layers * s.layer_bytes(1)
+        return s.weights_bytes() + draft + layers
 
     @property
     def kv_shards(self) -> int:
         """The pieces the chips split a token's KV into: each chip holds and reads one. GQA
         splits by KV head, up to its KV heads (past them a rank keeps a copy of one head); MLA's
-        latent is one piece every rank holds whole."""
+        latent is one piece every rank holds whole; under DP attention each rank keeps only its
+        own sequences' KV."""
+        if self.dp_attention:
+            return self.parallel
         return min(self.parallel, self.shape.kv_shards)
+
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes a token, all shards: the model's, and while an MTP layer drafts, its one
+        layer of latent (the engine keeps the draft layer's KV beside the target's)."""
+        return self.shape.kv_bytes_per_token + self._k.draft_kv
 
     def kv_tokens(self) -> int:
         """Tokens of KV cache the chips hold beyond the weights (0 when the weights do not
-        fit): each chip holds an equal share of the weights and one shard of every token's KV."""
-        tp = self.parallel
+        fit): each chip holds an equal share of the weights (the attention weights whole under
+        DP attention) and one shard of every token's KV."""
+        tp, s = self.parallel, self.shape
         free = self.chip.memory_gb * 1e9 * self.efficiency.memory_utilization * tp
         free -= self.weights_bytes()
-        per_token = self.shape.kv_bytes_per_token * tp / self.kv_shards
+        if self.dp_attention:  # every rank holds every attention weight
+            free -= (tp - 1) * (s.layers + s.mtp_layers) * s.attention * s.weight_bytes
+        per_token = self.kv_bytes_per_token() * tp / self.kv_shards
         if free <= 0:
             return 0
         return math.floor(free / per_token) if per_token > 0 else MAX_KV_TOKENS

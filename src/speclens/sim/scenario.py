@@ -263,7 +263,7 @@ def roofline(
     else:
         chip = catalog.chip(scenario.hardware or "", file, "hardware")
     spec = pool.engine.speculative
-    efficiency = pool.efficiency or Efficiency()
+    efficiency = pool.efficiency
     drafter = None
     if spec is not None and spec.draft_model is not None:
         where = f"deployment.pools[{index}].engine.speculative.draft_model"

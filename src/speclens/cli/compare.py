@@ -168,7 +168,7 @@ def speculation_lines(pair: dict[str, Any]) -> list[str]:
     lines = [head["sentence"] + f" ({NO_INTERVAL})" if head else
              f"speculation A/B: {ab.get('note') or 'no reading'}"]  # fmt: skip
     lines.append(f"basis: {ab['basis']}" + (f"; {ab['note']}" if ab.get("note") and head else ""))
-    if len(ab["table"]) > 1 or (ab["table"] and not head):
+    if ab["table"] and not ab["basis"].startswith("same concurrency"):
         lines.append(f"tok/s/user | {ab['off']} tok/s/GPU | {ab['on']} tok/s/GPU | delta")
         lines += [f"{r['tokens_per_s_per_user']:.1f} | {r['off_tok_s_gpu']:,.1f} | "
                   f"{r['on_tok_s_gpu']:,.1f} | {r['delta_pct']:+.1f}%" for r in ab["table"]]  # fmt: skip

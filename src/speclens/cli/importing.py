@@ -30,6 +30,10 @@ app = typer.Typer(
 )
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 @app.command("inferencex")
 def inferencex(
     files: list[Path] = typer.Argument(
@@ -68,12 +72,13 @@ def inferencex(
         fail(f"{exc.filename or output_dir}: cannot be written: {exc.strerror or exc}", 1)
     for name, runs in sweeps.items():
         concurrencies = ", ".join(str(r["settings"]["concurrency"]) for r in runs)
-        out_console.print(f"{name}: {len(runs)} points (concurrency {concurrencies})",
+        out_console.print(f"{name}: {_count(len(runs), 'point')} (concurrency {concurrencies})",
                           markup=False, highlight=False)  # fmt: skip
     total = sum(len(r) for r in sweeps.values())
-    duplicates = f", {merged:,} duplicates merged" if merged else ""
+    duplicates = f", {_count(merged, 'duplicate')} merged" if merged else ""
     out_console.print(
-        f"imported {len(sweeps):,} configurations, {total:,} points (of {len(points):,} read"
+        f"imported {_count(len(sweeps), 'configuration')}, {_count(total, 'point')} (of "
+        f"{len(points):,} read"
         f"{duplicates}) into {output_dir}", markup=False, highlight=False,
     )  # fmt: skip
 

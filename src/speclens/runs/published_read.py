@@ -93,9 +93,11 @@ def _not_json(path: Path, exc: json.JSONDecodeError) -> InputError:
     return InputError([f"{path}: not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"], 1)
 
 
-def iter_list(path: Path, text: str, limit: int = MAX_POINTS) -> Iterable[tuple[int, Any]]:
-    """The elements of the JSON list ``text``, decoded one at a time: more than ``limit`` is
-    refused when the next element starts, before it (or anything after it) is decoded."""
+def iter_list(path: Path, text: str, limit: int | None = None) -> Iterable[tuple[int, Any]]:
+    """The elements of the JSON list ``text``, decoded one at a time: more than ``limit``
+    (default ``MAX_POINTS``) is refused when the next element starts, before it (or anything
+    after it) is decoded."""
+    limit = MAX_POINTS if limit is None else limit
     decoder = json.JSONDecoder()
     ws = re.compile(r"[ \t\n\r]*")
     pos = ws.match(text, 0).end()  # type: ignore[union-attr]

@@ -36,7 +36,9 @@ def _gpus(values: list[int], count: int) -> list[int | None]:
 
 def compare(
     inputs: list[Path] = typer.Argument(
-        ..., help="Run directories (bench --output-dir) or sweep directories, two or more."
+        ...,
+        help="Run directories (bench --output-dir, or aggregate-only ones from speclens import) "
+        "or sweep directories, two or more.",
     ),
     label: list[str] = typer.Option(
         [], "--label", help="A name for each input, in order (default A, B, C, ...)."
@@ -54,7 +56,8 @@ def compare(
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap over one round's requests."),
 ) -> None:
     """Compare runs and sweeps of any engine: same prompts, sampling, lengths, K and acceptance
-    first, then throughput at matched concurrency and at matched interactivity, with 95% CIs."""
+    first, then throughput at matched concurrency and at matched interactivity, with 95% CIs.
+    Aggregate-only inputs (published figures): a speculation A/B, or a prediction's error."""
     from speclens.acceptance import ValidationError
     from speclens.runs import compare as cmp
     from speclens.runs.rundir import InputError

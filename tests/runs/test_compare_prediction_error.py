@@ -67,10 +67,10 @@ def test_the_prediction_is_found_whichever_side_it_is(sweeps: tuple[Path, Path])
     assert backward["median_abs_error"] == forward["median_abs_error"]
 
 
-def test_single_runs_and_the_executor_alone_mark_a_prediction(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mark", [{"executor": "sim"}, {"source": "speclens-sim"}])
+def test_single_runs_and_either_mark_of_a_prediction(tmp_path: Path, mark: dict) -> None:
     measured = write_point(tmp_path / "m", summary(tpot_p50=10.0, ttft_p50=90.0))
-    predicted = write_point(tmp_path / "p", summary(tpot_p50=11.0, ttft_p50=99.0,
-                                                    executor="sim"))  # fmt: skip
+    predicted = write_point(tmp_path / "p", summary(tpot_p50=11.0, ttft_p50=99.0, **mark))
     fid = _pair(measured, predicted)["fidelity"]
     tpot = fid["points"][0]["figures"]["tpot_p50_ms"]
     assert tpot["error"] == pytest.approx(0.1) and fid["median_abs_error"]["ttft_p50_ms"] == pytest.approx(0.1)  # fmt: skip
@@ -103,3 +103,13 @@ def test_cli_prints_the_table_and_writes_it(run_cli, sweeps: tuple[Path, Path], 
     page = (out_dir / "report.html").read_text()
     assert "Prediction B against measurement A" in page
     assert 'data-field="pairs[0].fidelity.points[2].figures.ttft_p50_ms.error"' in page
+
+
+def test_a_prediction_of_speculation_against_a_measurement_without_it(tmp_path: Path) -> None:
+    measured = write_point(tmp_path / "m", summary(tpot_p50=10.0))
+    predicted = write_point(tmp_path / "p", summary(tpot_p50=6.0, method="mtp", k=3,
+                                                    executor="sim"))  # fmt: skip
+    pair = _pair(measured, predicted)
+    assert pair["verdict"] == "speculation A/B" and pair["fidelity"] is None
+    assert pair["label"] == "comparable as a speculation A/B (B predicted)"
+    assert pair["speculation"]["speedup"][0]["sentence"] == "MTP speedup 1.67x at concurrency 4"

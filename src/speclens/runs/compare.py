@@ -1205,6 +1205,8 @@ def aggregate_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
         verdict = "speculation A/B"
         speculation = speculation_ab(*ab)
         label = "comparable as a speculation A/B"
+        if predicted:  # a predicted side is said, whichever it is
+            label += f" ({' and '.join(x.label for x in predicted)} predicted)"
     else:
         verdict = "published figures only"
         label = (f"published figures only: {len(not_run)} checks need per-request data "

@@ -19,6 +19,15 @@ validators (``record.row_problems``) and kept only in the fields compare reads, 
 Fidelity, for a pair of two single runs that sent the same requests (a simulator's replay of an
 observed run keeps each request's index): B's error against A request by request, matched by
 index, for TTFT, TPOT, ITL and E2E, and B's throughput error, the figure the deltas use.
+
+Aggregate-only inputs (published figures, no records.jsonl: ``aggregate_pair``): every check
+that needs per-request data (prompts, sampling, acceptance, histogram) says so and neither
+passes nor fails; lengths, deployment (chip, engine, precision, parallelism, GPUs), load and
+speculation are checked from the settings. The deltas are the published medians and throughput
+per GPU, with no interval. Two verdicts of their own: a speculation A/B (same deployment and
+load, speculation off in one, on in the other: InferenceX's "at X tok/s/user, MTP delivers +Y%
+tok/s/GPU" and the TPOT speedup per concurrency), and a prediction against a measurement (the
+fidelity block, point by point). Otherwise "published figures only", which is not comparable.
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-import yaml
 
 from speclens.cli._common import fail, out_console
+from speclens.cli.calibrate_points import is_published, published
+from speclens.cli.calibrate_points import write_yaml as _write
 
 
 def calibrate(
@@ -88,8 +89,6 @@ def calibrate(
         return
     if not runs:
         fail("command line: RUNS: expected run directories (or --host)", 2)
-    from speclens.cli.calibrate_points import is_published, published
-
     if is_published(runs):
         published(runs, output, model, hardware, parallel, precision, method, acceptance_from,
                   num_spec_tokens, as_json)  # fmt: skip
@@ -149,13 +148,6 @@ def _summary(report: dict[str, Any], output: Path) -> None:
         markup=False,
     )  # fmt: skip
     out_console.print(f"wrote {output}", markup=False)
-
-
-def _write(output: Path, document: dict[str, Any]) -> None:
-    try:
-        output.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-    except OSError as exc:
-        fail(f"{output}: cannot write: {exc.strerror or exc}")
 
 
 def _roofline(model: str, hardware: str, parallel: int, method: str | None) -> Any:

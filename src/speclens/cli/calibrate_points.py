@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+import yaml
 
 from speclens.cli._common import err_console, fail, out_console
 
@@ -82,7 +83,6 @@ def published(
     parallel: int | None, precision: str | None, method: str | None,
     acceptance_from: Path | None, k: int | None, as_json: bool,
 ) -> None:  # fmt: skip
-    from speclens.cli.calibrate import _write
     from speclens.sim import fit_points as fp
     from speclens.sim.calibrate import KIND, _RooflineFile
 
@@ -110,7 +110,7 @@ def published(
         "date": sorted({str(p.settings.get("date")) for p in points}),
         "fitted_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }  # fmt: skip
-    _write(output, document)
+    write_yaml(output, document)
     console = err_console if as_json else out_console
     _print(console, fit, report, acceptance, output)
     if as_json:
@@ -195,3 +195,11 @@ def _print(console: Any, fit: Any, report: dict[str, Any], acceptance: dict[str,
 
 def _per_token(e: Any) -> float:
     return float(getattr(e, "per_token", e.per_sequence))
+
+
+def write_yaml(output: Path, document: dict[str, Any]) -> None:
+    """The YAML file calibrate writes (a cost file, or a chip entry with --host)."""
+    try:
+        output.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    except OSError as exc:
+        fail(f"{output}: cannot write: {exc.strerror or exc}")

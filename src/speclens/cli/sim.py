@@ -129,15 +129,26 @@ def sim(
     step_cost: Path | None = typer.Option(
         None, "--step-cost", help="With --trace: the step cost YAML (speclens calibrate's output)."
     ),
+    precision: str | None = typer.Option(
+        None,
+        "--precision",
+        help="The weights' precision on the scenario's hardware, over the scenario's own: fp8, "
+        "or fp4 (FP4 routed experts, as InferenceX runs them).",
+    ),
 ) -> None:
     """Simulate a scenario with the resolved acceptance, or replay a trace (--trace)."""
     from speclens.acceptance import WorkloadAcceptance, resolve
+    from speclens.sim.catalog import PRECISIONS
     from speclens.sim.scenario import load_scenario
     from speclens.sim.simulate import fast_fallback
 
     if not 0 <= seed <= MAX_SEED:
         fail(f"--seed: expected an integer in 0..{MAX_SEED}, got {seed}", code=2)
+    if precision is not None and precision not in PRECISIONS:
+        fail(f"--precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}", code=2)
     if trace is not None:
+        if precision is not None:
+            fail("--precision goes with a scenario: a replay takes its cost from --step-cost", 2)
         from speclens.cli.sim_trace import replay_command
 
         replay_command(trace, step_cost, scenario_path, seed, as_json, output_dir)
@@ -155,7 +166,7 @@ def sim(
         _check_plot(plot, sweep)
     ks: list[int | None] = list(points) if name == "num_spec_tokens" else [None]
     with reported():
-        scenario = load_scenario(scenario_path)
+        scenario = load_scenario(scenario_path, precision)
         # The fast path runs where it can represent every point (a speculating pool always
         # runs a resolved, forced schedule here); the budget follows the path.
         fallbacks = [] if exact else [fast_fallback(scenario, [], k) for k in ks]

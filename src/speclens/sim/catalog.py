@@ -237,6 +237,14 @@ def from_hf_config(path: Path) -> ModelSpec:
     return validate(ModelSpec, data, str(path))
 
 
+def check_precision(precision: str, file: str = "", field: str = "precision") -> None:
+    """A ``ValidationError`` at ``field`` naming the choices, unless ``precision`` is one."""
+    if precision not in PRECISIONS:
+        choices = ", ".join(PRECISIONS)
+        message = f"{precision!r} is not a weight precision (expected one of {choices})"
+        raise ValidationError([Problem(file, field, message)])
+
+
 def with_precision(
     model: ModelSpec, precision: str | None, file: str = "", field: str = "precision"
 ) -> ModelSpec:
@@ -246,10 +254,7 @@ def with_precision(
     ``model`` unchanged. Anything else: a ``ValidationError`` at ``field`` naming the choices."""
     if precision is None:
         return model
-    if precision not in PRECISIONS:
-        choices = ", ".join(PRECISIONS)
-        message = f"{precision!r} is not a weight precision (expected one of {choices})"
-        raise ValidationError([Problem(file, field, message)])
+    check_precision(precision, file, field)
     experts = model.experts
     if precision == "fp8":
         update: dict[str, Any] = {"dtype": "fp8"}

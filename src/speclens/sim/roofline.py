@@ -358,7 +358,7 @@ class _Tables:
             + (k.wire * q + k.latency)
         )
         self.attention = k.pair * q / (peak * k.compute)
-        self.kv = k.kv_bytes / k.kv_memory
+        self.kv: float = k.kv_bytes / k.kv_memory
         self.draft = (n > 0) * roof.draft(q)
         self.mtp = None
         if k.draft_pair or k.draft_kv:
@@ -657,17 +657,17 @@ class Roofline:
         t = self._tables(max(qi, di))
         if t is None:
             return None
-        mean_context = float(c) / max(float(r), 1.0)
+        context: float = float(c) / max(float(r), 1.0)  # a sequence's, the batch's mean
         price: float = (
             t.base_list[qi]
             + self.efficiency.per_sequence * float(r)
-            + max(t.attention_list[qi] * mean_context, t.kv * float(c))
+            + max(t.attention_list[qi] * context, t.kv * float(c))
         )
         if drafts:
             _, mtp, draft_list, mtp_list = t.for_k(k)
             price += draft_list[di]
             if mtp is not None:
-                price += mtp_list[di] * mean_context
+                price += mtp_list[di] * context
         return price
 
     # ------------------------------------------------------------ the Pricing interface

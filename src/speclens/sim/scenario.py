@@ -103,6 +103,9 @@ class Workload(_Model):
 class Scenario(_Model):
     model: NonEmptyStr
     hardware: NonEmptyStr | None = None
+    #: The weights' precision on the hardware (``fp8``, or ``fp4``: FP4 routed experts as
+    #: InferenceX runs them); None: the model entry's own dtypes.
+    precision: Literal["fp8", "fp4"] | None = None
     #: The model's architecture from a file (a Hugging Face config.json or a catalog entry),
     #: instead of the catalog entry named ``model``; relative to the scenario's folder.
     model_file: NonEmptyStr | None = None
@@ -146,10 +149,14 @@ def bundle_problems(scenario: Scenario, file: str) -> list[Problem]:
     return problems
 
 
-def load_scenario(path: Path) -> Scenario:
+def load_scenario(path: Path, precision: str | None = None) -> Scenario:
     """Read and validate a scenario file, bundle checks included; a pool priced by a roofline
-    gets the KV capacity its chips hold beyond the weights, unless it states its own."""
+    gets the KV capacity its chips hold beyond the weights, unless it states its own.
+    ``precision`` (``sim --precision``) overrides the file's."""
     scenario = validate(Scenario, read_yaml(path), str(path))
+    if precision is not None:
+        catalog.check_precision(precision, str(path), "precision")
+        scenario = scenario.model_copy(update={"precision": precision})
     problems = bundle_problems(scenario, str(path))
     ks = {
         p.engine.speculative.num_spec_tokens for p in scenario.speculating if p.engine.speculative
@@ -257,6 +264,7 @@ def roofline(
         model = catalog.read_model(inside(base, scenario.model_file, "model_file", where))
     else:
         model = catalog.model(scenario.model, file, "model")
+    model = catalog.with_precision(model, scenario.precision, file, "precision")
     if scenario.hardware_file is not None:
         where = str(base / scenario.hardware_file)
         chip = catalog.read_chip(inside(base, scenario.hardware_file, "hardware_file", where))
@@ -264,6 +272,9 @@ def roofline(
         chip = catalog.chip(scenario.hardware or "", file, "hardware")
     spec = pool.engine.speculative
     efficiency = pool.efficiency
+    if efficiency is not None and chip.efficiency is not None:  # the pool's over the chip's
+        stated = {name: getattr(efficiency, name) for name in efficiency.model_fields_set}
+        efficiency = chip.efficiency.model_copy(update=stated)
     drafter = None
     if spec is not None and spec.draft_model is not None:
         where = f"deployment.pools[{index}].engine.speculative.draft_model"

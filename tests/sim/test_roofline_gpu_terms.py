@@ -126,10 +126,12 @@ def test_the_mtp_drafter_is_priced_as_its_moe_layer_and_the_lm_head() -> None:
     )
     drafter = roof.decode(16, 4, 8000, 4, 3) - roof.verify(16, 4, 8000)
     assert drafter == pytest.approx(3 * (draft(4) + attention), rel=1e-9)
-    # Its experts are those the drafting requests touch, not the verify step's tokens.
-    assert roof.decode(16, 4, 8000, 1, 3) - roof.verify(16, 4, 8000) == pytest.approx(
-        3 * (draft(1) + attention / 4), rel=1e-9
-    )
+    # Its experts are those the drafting requests touch, not the verify step's tokens: priced
+    # from the tables, and by the formula.
+    for decode in (roof.decode, roof._decode_formula):
+        assert decode(16, 4, 8000, 1, 3) - roof.verify(16, 4, 8000) == pytest.approx(
+            3 * (draft(1) + attention / 4), rel=1e-9
+        )
 
 
 def _forward(tokens: int, requests: int, context: int, collectives: float,

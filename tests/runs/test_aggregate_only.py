@@ -58,6 +58,17 @@ def test_a_point_of_published_figures_has_them_without_intervals(tmp_path: Path)
     assert math.isnan(figures["realized_al"].mean)  # nothing published
 
 
+def test_a_point_that_published_medians_only_shows_them(tmp_path: Path) -> None:
+    """Most of InferenceX's earlier points publish median and p99 latencies, no mean: the
+    point's figures take the median rather than show nothing."""
+    data = summary(tpot_p50=11.0, ttft_p50=90.0)
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        del data["figures"]["latency_ms"][name]["mean"]
+    figures = summarize(write_point(tmp_path / "a", data)).figures
+    assert figures is not None
+    assert figures["tpot_ms"].mean == 11.0 and figures["ttft_ms"].mean == 90.0
+
+
 def _page_agrees(page: str, data: object) -> None:
     parsed = scan(page)
     assert len(parsed.fields) > 10

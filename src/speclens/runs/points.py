@@ -260,19 +260,25 @@ def _published(summary: dict[str, Any], *parts: str) -> float:
 
 def aggregate_figures(summary: dict[str, Any]) -> dict[str, float]:
     """A point's figures from an aggregate-only summary's published ones (``aggregate_problems``
-    checked): the latency means, the deployment's output tokens/s, and tokens/s per user as
-    the published mean interactivity (else 1000 / mean TPOT); NaN where nothing was published."""
-    tpot = _published(summary, "latency_ms", "tpot", "mean")
+    checked): the latency means (the median where only it was published: most of InferenceX's
+    earlier points), the deployment's output tokens/s, and tokens/s per user as the published
+    mean interactivity (else 1000 / TPOT); NaN where nothing was published."""
+
+    def latency(name: str) -> float:
+        mean = _published(summary, "latency_ms", name, "mean")
+        return mean if math.isfinite(mean) else _published(summary, "latency_ms", name, "p50")
+
+    tpot = latency("tpot")
     per_user = _published(summary, "interactivity", "mean")
     if not math.isfinite(per_user) and math.isfinite(tpot) and tpot > 0:
         per_user = 1000.0 / tpot
     return {
         "output_tokens_per_s": _published(summary, "throughput", "output_tokens_per_s"),
         "requests_per_s": _published(summary, "throughput", "requests_per_s"),
-        "ttft_ms": _published(summary, "latency_ms", "ttft", "mean"),
+        "ttft_ms": latency("ttft"),
         "tpot_ms": tpot,
-        "itl_ms": _published(summary, "latency_ms", "itl", "mean"),
-        "e2e_ms": _published(summary, "latency_ms", "e2e", "mean"),
+        "itl_ms": latency("itl"),
+        "e2e_ms": latency("e2e"),
         "tokens_per_s_per_user": per_user,
         "realized_al": _published(summary, "acceptance", "acceptance_length"),
     }

@@ -1,30 +1,47 @@
 """Steps priced from physics: a model's architecture on a chip, by a roofline.
 
-A step of T query tokens over C context tokens of R sequences, on ``parallel`` chips (tensor
-parallel), costs
+A step of T query tokens over C context tokens of R sequences, on P = ``parallel`` chips
+(tensor parallel), costs
 
     overhead + per_sequence * R
-    + max(2 * active_params(T) * T / (peak(T) * e_c),  weight_bytes_read(T) / (bandwidth * e_m))
+    + max(T * (F_dense / peak(T) + F_experts / peak_experts(T)) / e_c,
+          weight_bytes_read(T) / (bandwidth * e_m))
     + max(attention_flops(T, C / R) / (peak * e_c),  kv_bytes_per_token * C / (bandwidth * e_m))
-    + 2 * layers * (ring all-reduce of T * hidden activations + latency)      (parallel > 1)
+    + N_ar * (ring all-reduce of T * hidden activations + latency)           (P > 1)
+    + N_a2a * (all-to-all of T tokens' activations to their experts + 2 latencies)  (EP > 1)
 
 each compute and memory term divided over the chips, but the KV cache's reads: those over the
-shards the KV splits in, min(parallel, KV heads) for GQA (a rank past the KV heads keeps a copy
-of one) and 1 for MLA (every rank holds the whole latent). Attention runs over each sequence's
-own context: C / R, the batch's mean, not the batch's total C. peak(T) is the chip's peak, or,
-for a chip ``calibrate --host`` measured, its matmul FLOP/s at T tokens (interpolated on the
-measured curve: a CPU reaches its peak only at wide batches). The weights are read once per
-step: all of a dense model's, and of a mixture of experts the shared parts plus the routed
-experts the T tokens touch (E * (1 - (1 - a / E)^T) per layer, for uniform routing), so a MoE
-step's bytes grow with its batch. A speculating sequence's verify step carries K + 1 query
-tokens. The drafter runs K forwards over the requests that draft: a ``draft_model`` is priced as
-that model's own step; ``eagle``, ``eagle3``, ``mtp`` and ``dspark`` as ``draft_layers`` extra
-layers of the target's width plus its LM head; ``ngram`` is free. KV capacity is what the chips'
+shards the KV splits in, min(P, KV heads) for GQA (a rank past the KV heads keeps a copy of
+one), 1 for MLA (every rank holds the whole latent), P under DP attention (each rank keeps its
+own sequences'). Attention runs over each sequence's own context: C / R, the batch's mean, not
+the batch's total C. peak(T) is the chip's peak at the model's dtype, or, for a chip
+``calibrate --host`` measured, its matmul FLOP/s at T tokens (interpolated on the measured
+curve); FP4 routed experts (``catalog.with_precision``) run at the chip's FP4 peak, its FP8 peak
+where it has none. The weights are read once per step: all of a dense model's, and of a mixture
+of experts the shared parts plus the routed experts the T tokens touch (E * (1 - (1 - a / E)^T)
+per layer, for uniform routing), so a MoE step's bytes grow with its batch; under DP attention
+every rank reads every attention weight. Collectives: two all-reduces a layer (attention's and
+the MLP's, N_ar = 2 x layers); under DP attention none for attention; under expert parallelism
+(EP > 1) a MoE layer's MLP all-reduce becomes an all-to-all dispatch and combine (N_a2a = MoE
+layers), 2 T a (EP - 1) / EP hidden activations through the P chips' links.
+
+A speculating sequence's verify step carries K + 1 query tokens. The drafter runs K forwards
+over the d requests that draft: a ``draft_model`` is priced as that model's own step; ``mtp`` on
+a model with MTP layers as its own MTP layer (a whole decoder layer: attention, shared experts,
+router, ``eh_proj`` and the routed experts the d tokens touch, its collectives and its
+attention over the drafting requests' contexts) plus the target's LM head, its weights already
+the model's and its one layer of KV a token kept beside the target's; ``eagle``, ``eagle3``,
+``dspark`` (and ``mtp`` on a model without MTP layers) as ``draft_layers`` average layers of
+the target's width plus its LM head; ``ngram`` is free. A step of chunked prefill mixed with
+decodes (``mixed``) reads the weights once for all its tokens. KV capacity is what the chips'
 memory holds beyond the weights, each chip holding an equal share of the weights and one shard
 of every token's KV (``kv_tokens``); the engine reserves K + 1 slots a sequence in it.
 
-The efficiencies and the overhead are what ``speclens calibrate`` fits; the defaults are typical
-of a tuned engine, not measured here.
+The efficiencies and the overhead are what ``speclens calibrate`` fits; the defaults are a
+chip's own (``ChipSpec.efficiency``, fitted on published runs) or, without, typical of a tuned
+engine, not measured here. The fast path prices each distinct step shape once: the terms that
+depend on the query-token count alone (and the drafter's on the drafting count) are tables,
+built lazily to the largest count seen; the rest is linear in the context.
 """
 
 from __future__ import annotations
@@ -488,7 +505,13 @@ class Roofline:
             "draft_model": self.drafter.model.name if self.drafter is not None else None,
             "draft_layers": self.draft_layers if self.method in LAYER_DRAFTERS else None,
             "efficiency": self.efficiency.model_dump(),
-            "efficiency_source": "chip" if self.efficiency == self.chip.efficiency else None,
+            "efficiency_source": (
+                "chip"
+                if self.efficiency == self.chip.efficiency
+                else "default"
+                if self.efficiency == Efficiency()
+                else "stated"
+            ),
             "weights_gb": self.weights_bytes() / 1e9,
             "kv_cache_tokens": self.kv_tokens(),
         }

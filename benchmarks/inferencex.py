@@ -88,16 +88,11 @@ def _point(p: dict[str, Any]) -> Point:
 
 
 def roofline(p: Point) -> Roofline:
+    """The roofline a point ran on: DeepSeek-R1 at its precision, its chip and parallelism."""
     s = p.settings
-    name = "deepseek-r1" if "deepseek-r1" in catalog.names("models") else "deepseek-v3"
-    model = catalog.model(name)
-    with_precision = getattr(catalog, "with_precision", None)
-    if with_precision is not None:
-        model = with_precision(model, s["precision"])
-    roof = Roofline(model, catalog.chip(s["hardware"]), s["tensor_parallel"])
-    extra = {"expert_parallel": s["expert_parallel"], "dp_attention": s["dp_attention"]}
-    known = {k: v for k, v in extra.items() if hasattr(roof, k)}
-    return replace(roof, **known) if known else roof
+    model = catalog.with_precision(catalog.model("deepseek-r1"), s["precision"])
+    return Roofline(model, catalog.chip(s["hardware"]), s["tensor_parallel"],
+                    expert_parallel=s["expert_parallel"], dp_attention=s["dp_attention"])  # fmt: skip
 
 
 def _by_concurrency(points: Sequence[Point]) -> list[Point]:
@@ -294,7 +289,7 @@ def main() -> None:
         d = c["defaults"]
         print(f"| {c['chip']} | {c['deployments']} | {e[0]:.1%} / {e[1]:.1%} / {e[2]:.1%} | "
               f"compute {d['compute']:.3g}, memory {d['memory']:.3g}, overhead "
-              f"{d['overhead'] * 1e3:.2f} ms, per token {d.get('per_token', d['per_sequence']) * 1e6:.1f} us, "
+              f"{d['overhead'] * 1e3:.2f} ms, per token {d['per_token'] * 1e6:.1f} us, "
               f"front {d['front_latency_s'] * 1e3:.0f} ms |")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"figures": figures, "deployments": rows,

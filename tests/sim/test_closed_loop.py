@@ -39,7 +39,7 @@ def _per_step(s: Schedule, cost: object) -> np.ndarray:
         steps = Schedule(s.load, np.ones(n), rep(s.decoding), rep(s.verify_tokens),
                          s.context[j] + s.growth[j] * np.arange(n), np.zeros(n),
                          rep(s.prefill_tokens), rep(s.prefill_requests), rep(s.prefill_pairs),
-                         s.arrival, s.first, s.last, s.inputs, s.outputs)  # fmt: skip
+                         rep(s.prefill_before), s.arrival, s.first, s.last, s.inputs, s.outputs)  # fmt: skip
         out.append(steps.price(cost).sum())  # type: ignore[arg-type]
     return np.array(out)
 

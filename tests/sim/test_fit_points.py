@@ -18,7 +18,7 @@ from speclens.sim import fit_points as fp
 from speclens.sim.closed_loop import Load, schedule
 from speclens.sim.roofline import Efficiency, Roofline
 
-TRUTH = Efficiency(compute=0.3, memory=0.6, overhead=4e-3, per_sequence=3e-5)
+TRUTH = Efficiency(compute=0.3, memory=0.6, overhead=4e-3, per_sequence=0.0, per_token=3e-5)
 FRONT = 0.08
 
 

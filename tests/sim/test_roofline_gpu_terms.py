@@ -315,6 +315,13 @@ def _rooflines(tmp_path: Path) -> list[Roofline]:
         Roofline(catalog.model("kimi-k3"), catalog.chip("b300"), 8, method="dspark"),
         Roofline(ds, catalog.chip("h200"), 8, method="mtp"),
         Roofline(
+            ds,
+            catalog.chip("h200"),
+            8,
+            method="mtp",
+            efficiency=Efficiency(per_token=8e-5, per_sequence=0.0),
+        ),
+        Roofline(
             with_precision(ds, "fp4"), b200, 8, method="mtp", expert_parallel=8, dp_attention=True
         ),
         Roofline(llama, host, method="eagle", draft_layers=2),
@@ -348,13 +355,34 @@ def test_the_fast_path_prices_as_the_formula(tmp_path: Path) -> None:
                 assert isinstance(one, float)
                 assert one == pytest.approx(float(want[i]), rel=1e-12)
         prompts = rng.integers(1, 20_000, size=50)
-        want = roof._verify_formula(prompts, np.ones(50), prompts)
+        want = roof._verify_formula(prompts, np.ones(50), prompts, 0.0)  # no per-token price
         np.testing.assert_allclose(roof.prefill(prompts, np.ones(50), prompts), want, rtol=1e-12)
         assert roof.prefill(int(prompts[0]), 1, int(prompts[0])) == pytest.approx(
             float(want[0]), rel=1e-12
         )
         # Past the tables, and counts that are not whole, the formula prices them itself.
         big = np.array([MAX_TABLE + 5])
-        assert roof.verify(big, big, big)[0] == roof._verify_formula(big, big, big)[0]
+        per_token = roof.efficiency.per_token
+        assert roof.verify(big, big, big)[0] == roof._verify_formula(big, big, big, per_token)[0]
         half = np.array([2.5])
-        assert roof.verify(half, half, half)[0] == roof._verify_formula(half, half, half)[0]
+        assert roof.verify(half, half, half)[0] == roof._verify_formula(half, half, half,
+                                                                         per_token)[0]  # fmt: skip
+
+
+def test_per_token_prices_a_decode_steps_positions_not_a_prompts() -> None:
+    """``per_token`` is paid per query token of a decode (verify) step, K + 1 a speculating
+    sequence; a prefill step's prompt tokens and a mixed step's chunk pay the roofline only."""
+    ds, h200 = catalog.model("deepseek-r1"), catalog.chip("h200")
+    plain = Roofline(ds, h200, 8, "mtp", efficiency=Efficiency(per_token=0.0))
+    priced = Roofline(ds, h200, 8, "mtp", efficiency=Efficiency(per_token=5e-5))
+    q, r, c = np.array([64, 256]), np.array([64, 64]), np.array([64_000, 64_000])
+    d = np.array([0, 64])
+    np.testing.assert_allclose(priced.decode(q, r, c, d, 3) - plain.decode(q, r, c, d, 3),
+                               5e-5 * q, rtol=1e-9)  # fmt: skip
+    assert priced.decode(256, 64, 64_000, 64, 3) - plain.decode(256, 64, 64_000, 64, 3) == (
+        pytest.approx(5e-5 * 256, rel=1e-9))  # fmt: skip
+    assert priced.prefill(4096, 1, 4096) == plain.prefill(4096, 1, 4096)
+    np.testing.assert_allclose(priced.prefill(q, r, c), plain.prefill(q, r, c), rtol=1e-12)
+    mixed = priced.mixed(256, 64, 64_000, 2048, 1, 0, 64, 3) - plain.mixed(
+        256, 64, 64_000, 2048, 1, 0, 64, 3)  # fmt: skip
+    assert mixed == pytest.approx(5e-5 * 256, rel=1e-9)

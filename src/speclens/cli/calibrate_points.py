@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -66,16 +65,13 @@ def roofline_for(settings: dict[str, Any], model: str | None, hardware: str | No
         chip = catalog.resolve_chip(_entry(hardware, settings.get("hardware"), "--hardware"),
                                     "--hardware")  # fmt: skip
         chosen = precision or settings.get("precision")
-        with_precision = getattr(catalog, "with_precision", None)
-        if with_precision is not None and chosen:
-            spec = with_precision(spec, chosen)
-        roof = Roofline(spec, chip, int(tp))
+        if chosen:
+            spec = catalog.with_precision(spec, chosen, "--precision", "--precision")
+        return Roofline(spec, chip, int(tp),
+                        expert_parallel=int(settings.get("expert_parallel") or 1),
+                        dp_attention=bool(settings.get("dp_attention")))  # fmt: skip
     except ValidationError as exc:
         fail([str(p) for p in exc.problems], 2)
-    extra = {"expert_parallel": settings.get("expert_parallel") or 1,
-             "dp_attention": bool(settings.get("dp_attention"))}  # fmt: skip
-    known = {k: v for k, v in extra.items() if hasattr(roof, k)}
-    return replace(roof, **known) if known else roof
 
 
 def published(
@@ -164,7 +160,7 @@ def _print(console: Any, fit: Any, report: dict[str, Any], acceptance: dict[str,
         f"roofline of {roof.model.name} on {roof.parallel} x {roof.chip.name}, fitted to "
         f"{len(fit.points)} published points: compute efficiency {e.compute:.3g}, memory "
         f"efficiency {e.memory:.3g}, overhead {e.overhead * 1e3:.3f} ms per step + "
-        f"{_per_token(e) * 1e6:.2f} us per decode token, front latency "
+        f"{e.per_token * 1e6:.2f} us per decode token, front latency "
         f"{fit.front_latency_s * 1e3:.1f} ms", markup=False,
     )  # fmt: skip
     console.print("  concurrency   TPOT ms (meas -> pred)    TTFT ms (meas -> pred)    "
@@ -191,10 +187,6 @@ def _print(console: Any, fit: Any, report: dict[str, Any], acceptance: dict[str,
                       f"({acceptance['method']}), from {acceptance['run']}'s median TPOT "
                       f"{acceptance['tpot_ms']:.2f} ms", markup=False)  # fmt: skip
     console.print(f"wrote {output}", markup=False)
-
-
-def _per_token(e: Any) -> float:
-    return float(getattr(e, "per_token", e.per_sequence))
 
 
 def write_yaml(output: Path, document: dict[str, Any]) -> None:

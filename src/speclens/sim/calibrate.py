@@ -594,15 +594,19 @@ class _RooflineFile(_Model):
     parallel: Annotated[int, Field(ge=1, le=1024)] = 1
     method: str | None = None
     draft_layers: Annotated[int, Field(ge=1, le=64)] = 1
+    expert_parallel: Annotated[int, Field(ge=1, le=1024)] = 1
+    dp_attention: bool = False
     efficiency: Efficiency = Field(default_factory=Efficiency)
 
     @classmethod
     def of(cls, roof: Roofline) -> _RooflineFile:
         return cls(model=roof.model, chip=roof.chip, parallel=roof.parallel, method=roof.method,
-                   draft_layers=roof.draft_layers, efficiency=roof.efficiency)  # fmt: skip
+                   draft_layers=roof.draft_layers, expert_parallel=roof.expert_parallel,
+                   dp_attention=roof.dp_attention, efficiency=roof.efficiency)  # fmt: skip
 
     def roofline(self) -> Roofline:
         return Roofline(self.model, self.chip, self.parallel, self.method, self.draft_layers,
+                        expert_parallel=self.expert_parallel, dp_attention=self.dp_attention,
                         efficiency=self.efficiency)  # fmt: skip
 
 

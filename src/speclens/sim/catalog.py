@@ -101,6 +101,11 @@ class Efficiency(_Model):
     overhead: Seconds = 1e-3
     #: Per sequence in a step: the engine's own work per request (scheduling, sampling).
     per_sequence: Seconds = 2e-5
+    #: Per query token of a decode (verify) step, beyond the roofline: the work that grows with
+    #: the positions a step verifies (sampling each, MoE routing and its small grouped GEMMs).
+    #: Prefill tokens pay the roofline only. On one-token decode steps it cannot be told from
+    #: ``per_sequence``; a speculating step's K + 1 positions tell them apart.
+    per_token: Seconds = 0.0
     all_reduce_latency: Seconds = 1e-5
     #: The share of memory the engine may fill (weights and KV cache).
     memory_utilization: Fraction = 0.9

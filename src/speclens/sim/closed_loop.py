@@ -104,6 +104,7 @@ class Schedule:
     prefill_tokens: np.ndarray
     prefill_requests: np.ndarray
     prefill_pairs: np.ndarray
+    prefill_before: np.ndarray  # prompt tokens already in KV before the chunk, summed
     arrival: np.ndarray
     first: np.ndarray
     last: np.ndarray
@@ -132,9 +133,9 @@ class Schedule:
             m = both
             mixed = getattr(cost, "mixed", None)
             if mixed is not None:
+                before = self.prefill_before[m] / np.maximum(self.prefill_requests[m], 1.0)
                 seconds[m] = mixed(self.verify_tokens[m], d[m], context[m], p[m],
-                                   self.prefill_requests[m], self._prompt_context(m),
-                                   drafting[m], k)  # fmt: skip
+                                   self.prefill_requests[m], before, drafting[m], k)  # fmt: skip
             else:
                 seconds[m] = cost.decode(
                     self.verify_tokens[m] + p[m], d[m] + self.prefill_requests[m],
@@ -265,7 +266,7 @@ class _Stretches:
         self.steps = 0
 
     def add(self, n: int, decoding: int, verify: int, context: float, growth: float,
-            prefill: tuple[int, int, float] = (0, 0, 0.0)) -> None:  # fmt: skip
+            prefill: tuple[int, int, float, float] = (0, 0, 0.0, 0.0)) -> None:  # fmt: skip
         if self.steps + n > MAX_STEPS:
             raise ValueError(f"steps: more than {MAX_STEPS:,} (a point this long is refused)")
         self.rows.append((n, decoding, verify, context, growth, *prefill))
@@ -276,7 +277,7 @@ class _Stretches:
         return len(self.rows)
 
     def arrays(self) -> np.ndarray:
-        return np.array(self.rows, dtype=float).reshape(-1, 8)
+        return np.array(self.rows, dtype=float).reshape(-1, 9)
 
 
 def schedule(load: Load) -> Schedule:
@@ -321,18 +322,19 @@ def schedule(load: Load) -> Schedule:
             mixed = load.scheduler == "mixed"
             d = int(decoding.sum()) if mixed else 0
             room = max(load.budget - (d * width if mixed else 0), 1)
-            tokens, requests, pairs, done = 0, 0, 0.0, []
+            tokens, requests, pairs, prior, done = 0, 0, 0.0, 0.0, []
             while waiting and room > 0:
                 slot = waiting[0]
                 chunk = int(min(left_prompt[slot], room))
                 before = inputs[slot_req[slot]] - left_prompt[slot]
                 pairs += chunk * (before + chunk / 2)
+                prior += before
                 tokens, requests, room = tokens + chunk, requests + 1, room - chunk
                 left_prompt[slot] -= chunk
                 if left_prompt[slot] == 0:
                     done.append(waiting.popleft())
             ctx = float(context[decoding].sum()) if mixed else 0.0
-            steps.add(1, d, d * width, ctx, 0.0, (tokens, requests, pairs))
+            steps.add(1, d, d * width, ctx, 0.0, (tokens, requests, pairs, prior))
             ended = []
             if mixed and d:
                 left_steps[decoding] -= 1
@@ -359,5 +361,6 @@ def schedule(load: Load) -> Schedule:
         ended_mask = decoding & (left_steps <= 0)
         decoding &= ~ended_mask
         finish(np.flatnonzero(ended_mask))
-    n_, d_, v_, c_, g_, pt, pr, pp = steps.arrays().T
-    return Schedule(load, n_, d_, v_, c_, g_, pt, pr, pp, arrival, first, last, inputs, outputs)
+    n_, d_, v_, c_, g_, pt, pr, pp, pb = steps.arrays().T
+    return Schedule(load, n_, d_, v_, c_, g_, pt, pr, pp, pb, arrival, first, last, inputs,
+                    outputs)  # fmt: skip

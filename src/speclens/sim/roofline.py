@@ -356,20 +356,26 @@ def _plain(value: Any) -> Any:
 
 #: The largest query-token count the fast path keeps a price table for (past it: the formula).
 MAX_TABLE = 1 << 17
+#: A call whose counts number under 1/FEW_SHAPES of the table it would need prices just their
+#: distinct counts instead of building the table.
+FEW_SHAPES = 8
 _SCALARS = (int, float, np.integer, np.floating)
 
 
 class _Tables:
     """Each distinct step shape's terms priced once: by query-token count (the forward's linear
     layers, its collectives and the step overhead; attention's compute per mean-context token)
-    and by drafting-request count (K drafter forwards). Grown lazily to the largest count seen."""
+    and by drafting-request count (K drafter forwards). Grown lazily to the largest count seen;
+    or, for one call of few shapes, over just their counts (``counts``: looked up by position,
+    ``index``)."""
 
-    def __init__(self, roof: Roofline, size: int) -> None:
+    def __init__(self, roof: Roofline, size: int, counts: np.ndarray | None = None) -> None:
         k, e = roof._k, roof.efficiency
-        n = np.arange(size)
+        n = np.arange(size) if counts is None else counts
         q = n.astype(float)
         peak = roof._peak(q)
         self.size = size
+        self.counts = counts
         self.base = e.overhead + (
             roof._linear(q, k.flops, k.expert_flops, k.dense_read, k.expert_read, peak)
             + (k.wire * q + k.latency)
@@ -383,6 +389,10 @@ class _Tables:
         self.by_k: dict[int, tuple[np.ndarray, np.ndarray | None, list[float], list[float]]] = {}
         self.base_list: list[float] = self.base.tolist()
         self.attention_list: list[float] = self.attention.tolist()
+
+    def index(self, values: np.ndarray) -> np.ndarray:
+        """Where each count's terms are: the count itself, or its position among ``counts``."""
+        return values if self.counts is None else np.searchsorted(self.counts, values)
 
     def for_k(self, k: int) -> tuple[np.ndarray, np.ndarray | None, list[float], list[float]]:
         found = self.by_k.get(k)
@@ -576,11 +586,14 @@ class Roofline:
         return linear + attention + self._collectives(q)
 
     # ------------------------------------------------------------ the formulas, plainly
-    def _verify_formula(self, query_tokens: Any, requests: Any, context_tokens: Any) -> Any:
+    def _verify_formula(
+        self, query_tokens: Any, requests: Any, context_tokens: Any, per_token: float
+    ) -> Any:
         e = self.efficiency
         return _plain(
             e.overhead
             + e.per_sequence * np.asarray(requests, dtype=float)
+            + per_token * np.asarray(query_tokens, dtype=float)
             + self.forward(query_tokens, requests, context_tokens)
         )
 
@@ -608,7 +621,10 @@ class Roofline:
         self, query_tokens: Any, requests: Any, context_tokens: Any, drafting: Any, k: int
     ) -> Any:
         drafter = self._drafter_formula(requests, context_tokens, drafting, k)
-        return _plain(self._verify_formula(query_tokens, requests, context_tokens) + drafter)
+        verify = self._verify_formula(
+            query_tokens, requests, context_tokens, self.efficiency.per_token
+        )
+        return _plain(verify + drafter)
 
     # ------------------------------------------------------------ priced by table
     @functools.cached_property
@@ -626,10 +642,11 @@ class Roofline:
         cache[:] = [_Tables(self, size)]
         return cache[0]
 
-    def _fast(self, q: Any, r: Any, c: Any, d: Any, k: int) -> Any:
+    def _fast(self, q: Any, r: Any, c: Any, d: Any, k: int, per_token: float) -> Any:
         """The price from the tables: a float, an array, or None where they cannot price it
         (counts that are not whole numbers, past ``MAX_TABLE``, or not all arrays or all
-        scalars); ``d`` None prices no drafter. Counts are >= 0, as everywhere."""
+        scalars); ``d`` None prices no drafter; ``per_token`` a query token's price beyond the
+        roofline (a decode step's; 0 for a prefill). Counts are >= 0, as everywhere."""
         if type(q) is np.ndarray:
             if type(r) is not np.ndarray or type(c) is not np.ndarray or not q.size:
                 return None
@@ -644,30 +661,44 @@ class Roofline:
                     return None
                 largest = max(largest, d.max())
             cache = self._cache
-            t = cache[0] if cache and largest < cache[0].size else self._tables(int(largest))
-            if t is None:
+            table: _Tables | None
+            if cache and largest < cache[0].size:
+                table = cache[0]
+            elif (q.size + (d.size if drafts else 0)) * FEW_SHAPES < largest < MAX_TABLE:
+                # Few shapes against a table this wide (a fit's new roofline per trial, pricing
+                # a few hundred stretches once): their own terms, no table kept.
+                shapes = np.unique(np.concatenate([q, d]) if drafts else q)
+                table = _Tables(self, len(shapes), shapes)
+            else:
+                table = self._tables(int(largest))
+            if table is None:
                 return None
+            qx = table.index(q)
             requests = np.maximum(r, 1)
             if not drafts:
                 return (
-                    t.base[q]
+                    table.base[qx]
                     + self.efficiency.per_sequence * r
-                    + c * np.maximum(t.attention[q] / requests, t.kv)
+                    + per_token * q
+                    + c * np.maximum(table.attention[qx] / requests, table.kv)
                 )
-            draft, mtp, _, _ = t.for_k(k)
+            draft, mtp, _, _ = table.for_k(k)
+            dx = table.index(d)
             if mtp is None:
                 return (
-                    t.base[q]
+                    table.base[qx]
                     + self.efficiency.per_sequence * r
-                    + c * np.maximum(t.attention[q] / requests, t.kv)
-                    + draft[d]
+                    + per_token * q
+                    + c * np.maximum(table.attention[qx] / requests, table.kv)
+                    + draft[dx]
                 )
             mean_context = c / requests
             return (
-                t.base[q]
+                table.base[qx]
                 + self.efficiency.per_sequence * r
-                + np.maximum(t.attention[q] * mean_context, t.kv * c)
-                + (draft[d] + mtp[d] * mean_context)
+                + per_token * q
+                + np.maximum(table.attention[qx] * mean_context, table.kv * c)
+                + (draft[dx] + mtp[dx] * mean_context)
             )
         if not isinstance(q, _SCALARS) or not isinstance(r, _SCALARS):
             return None
@@ -684,6 +715,7 @@ class Roofline:
         price: float = (
             t.base_list[qi]
             + self.efficiency.per_sequence * float(r)
+            + per_token * qi
             + max(t.attention_list[qi] * context, t.kv * float(c))
         )
         if drafts:
@@ -695,13 +727,18 @@ class Roofline:
 
     # ------------------------------------------------------------ the Pricing interface
     def verify(self, query_tokens: Any, requests: Any, context_tokens: Any) -> Any:
-        fast = self._fast(query_tokens, requests, context_tokens, None, 0)
-        if fast is not None:
-            return fast
-        return self._verify_formula(query_tokens, requests, context_tokens)
+        return self._forward_step(query_tokens, requests, context_tokens, self.efficiency.per_token)
 
     def prefill(self, query_tokens: Any, requests: Any, context_tokens: Any) -> Any:
-        return self.verify(query_tokens, requests, context_tokens)
+        """A prefill step: a verify step's price without ``per_token`` (prompt tokens run in
+        wide matmuls: the roofline prices them)."""
+        return self._forward_step(query_tokens, requests, context_tokens, 0.0)
+
+    def _forward_step(self, q: Any, r: Any, c: Any, per_token: float) -> Any:
+        fast = self._fast(q, r, c, None, 0, per_token)
+        if fast is not None:
+            return fast
+        return self._verify_formula(q, r, c, per_token)
 
     def draft(self, requests: Any) -> Any:
         """One drafter forward over ``requests`` drafting requests (one query token each), its
@@ -724,7 +761,9 @@ class Roofline:
         """A decode step: the verify forward, and K drafter forwards over its ``drafting``
         requests, none when no request drafts (an MTP layer's with its attention over their
         contexts)."""
-        fast = self._fast(query_tokens, requests, context_tokens, drafting, k)
+        fast = self._fast(
+            query_tokens, requests, context_tokens, drafting, k, self.efficiency.per_token
+        )
         if fast is not None:
             return fast
         return self._decode_formula(query_tokens, requests, context_tokens, drafting, k)
@@ -747,8 +786,8 @@ class Roofline:
         read once for all the step's tokens; attention sums the decodes' pairs (their tokens x
         their mean context) and the chunk's (causal: p x (prefill_context + p / 2) a prompt);
         its KV read is the decodes' context and the chunks' prompts. Then the overheads, per
-        sequence for all of them, and the K drafter forwards ``decode`` prices. With no prefill
-        it is ``decode``."""
+        sequence for all of them and per token for the decodes' (``per_token``), and the K
+        drafter forwards ``decode`` prices. With no prefill it is ``decode``."""
         kk, e = self._k, self.efficiency
         qd = np.asarray(decode_tokens, dtype=float)
         rd = np.asarray(decode_requests, dtype=float)
@@ -765,7 +804,7 @@ class Roofline:
             kk.pair * pairs / (peak * kk.compute), kk.kv_bytes * kv_read / kk.kv_memory
         )
         forward = linear + attention + self._collectives(q)
-        verify = e.overhead + e.per_sequence * (rd + rp) + forward
+        verify = e.overhead + e.per_sequence * (rd + rp) + e.per_token * qd + forward
         drafter = self._drafter_formula(rd, cd, drafting, k)
         return _plain(verify + drafter)
 

@@ -135,6 +135,17 @@ def sim(
         help="The weights' precision on the scenario's hardware, over the scenario's own: fp8, "
         "or fp4 (FP4 routed experts, as InferenceX runs them).",
     ),
+    method: str | None = typer.Option(
+        None,
+        "--method",
+        help="With --trace on published points: the speculative method to predict (mtp), with "
+        "--num-speculative-tokens and --acceptance-length.",
+    ),
+    num_speculative_tokens: int | None = typer.Option(
+        None,
+        "--num-speculative-tokens",
+        help="With --trace on published points and --method: K.",
+    ),
 ) -> None:
     """Simulate a scenario with the resolved acceptance, or replay a trace (--trace)."""
     from speclens.acceptance import WorkloadAcceptance, resolve
@@ -146,7 +157,27 @@ def sim(
         fail(f"--seed: expected an integer in 0..{MAX_SEED}, got {seed}", code=2)
     if precision is not None and precision not in PRECISIONS:
         fail(f"--precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}", code=2)
+    if (
+        num_speculative_tokens is not None
+        and not 1 <= num_speculative_tokens <= MAX_NUM_SPEC_TOKENS
+    ):
+        fail(f"--num-speculative-tokens: expected an integer in 1..{MAX_NUM_SPEC_TOKENS}, got "
+             f"{num_speculative_tokens}", code=2)  # fmt: skip
     if trace is not None:
+        from speclens.cli.calibrate_points import is_published
+
+        if trace.is_dir() and is_published([trace]):
+            from speclens.cli.sim_published import predict_command
+
+            if step_cost is None:
+                fail("--trace on published points needs --step-cost COST.yaml (speclens "
+                     "calibrate on published points writes one)", code=2)  # fmt: skip
+            predict_command(trace, step_cost, method, num_speculative_tokens, acceptance_length,
+                            precision, output_dir, as_json)  # fmt: skip
+            return
+        if method is not None or num_speculative_tokens is not None:
+            fail("--method and --num-speculative-tokens go with --trace on published points "
+                 "(speclens import writes them); a replayed run keeps its own K", 2)  # fmt: skip
         if precision is not None:
             fail("--precision goes with a scenario: a replay takes its cost from --step-cost", 2)
         from speclens.cli.sim_trace import replay_command
@@ -155,6 +186,9 @@ def sim(
         return
     if step_cost is not None:
         fail("--step-cost goes with --trace (a scenario prices its pools itself)", code=2)
+    if method is not None or num_speculative_tokens is not None:
+        fail("--method and --num-speculative-tokens go with --trace on published points (a "
+             "scenario states its speculation)", code=2)  # fmt: skip
     if scenario_path is None:
         fail("missing SCENARIO: give a scenario file, or --trace to replay a run", code=2)
     if max_request_steps is not None and max_request_steps < 1:

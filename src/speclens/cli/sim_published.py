@@ -34,7 +34,8 @@ def _points(trace: Path) -> tuple[list[Any], bool]:
 
 def predict_command(
     trace: Path, step_cost: Path, method: str | None, k: int | None,
-    acceptance_length: float | None, output_dir: Path | None, as_json: bool,
+    acceptance_length: float | None, precision: str | None, output_dir: Path | None,
+    as_json: bool,
 ) -> None:  # fmt: skip
     from speclens.acceptance.quantity import length_problems
     from speclens.sim.calibrate import read_cost_file
@@ -65,10 +66,10 @@ def predict_command(
              f"{chip!r}: a calibrated roofline prices the chip it was fitted on", 1)  # fmt: skip
     if output_dir is not None and output_dir.exists() and any(output_dir.iterdir()):
         fail(f"command line: --output-dir: {output_dir}: exists and is not empty", 2)
-    roof = replace(cost, method=method) if speculating else cost
     front = float(meta.get("front_latency_s") or 0.0)
     rows, summaries = [], []
     for p in points:
+        roof = _roofline(cost, method if speculating else None, precision, p, step_cost)
         load = p.load(int(k or 0), float(acceptance_length or 1.0))
         figures = schedule(load).figures(roof, front, p.gpus)
         summary = _summary(p, figures, method if speculating else None, k, acceptance_length,
@@ -90,6 +91,24 @@ def predict_command(
         _print(result)
     if output_dir is not None:
         _write(output_dir, summaries, sweep, as_json)
+
+
+def _roofline(cost: Any, method: str | None, precision: str | None, point: Any,
+              step_cost: Path) -> Any:  # fmt: skip
+    """The calibrated roofline for ``point``: at the precision the flag gives, else the point's
+    own (a cost file fitted on FP8 points prices FP4 experts at FP4), with the method."""
+    from speclens.acceptance import ValidationError
+    from speclens.sim import catalog
+
+    chosen = precision or point.settings.get("precision")
+    model = cost.model
+    if chosen:
+        try:
+            model = catalog.with_precision(model, str(chosen), str(point.path / "summary.json"),
+                                           "settings.precision")  # fmt: skip
+        except ValidationError as exc:
+            fail([str(p) for p in exc.problems])
+    return replace(cost, model=model, method=method)
 
 
 def _summary(point: Any, figures: Any, method: str | None, k: int | None, al: float | None,

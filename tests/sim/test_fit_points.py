@@ -81,7 +81,8 @@ def test_the_acceptance_a_speculating_run_implies(tmp_path: Path) -> None:
     assert found.acceptance_length == pytest.approx(2.6, abs=0.08)
     assert found.low <= found.acceptance_length <= found.high
     assert found.low >= 1.0 and found.high <= 4.0
-    assert found.predicted_tpot_ms == pytest.approx(found.tpot_ms, rel=1e-3)
+    # TPOT is a step function of AL (whole decode steps a request): equal within a step.
+    assert found.predicted_tpot_ms == pytest.approx(found.tpot_ms, rel=0.01)
 
 
 @pytest.mark.parametrize("scale, side", [(0.2, "faster than the model allows even at AL 4"),

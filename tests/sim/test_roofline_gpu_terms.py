@@ -300,9 +300,19 @@ def test_a_chips_bad_efficiency_names_its_field(
         assert "expected one of compute, memory" in caught.value.problems[0].message
 
 
-def test_no_shipped_chip_states_efficiencies_yet() -> None:
-    assert all(catalog.chip(n).efficiency is None for n in catalog.names("chips"))
-    assert isinstance(catalog.chip("h100"), ChipSpec)
+def test_a_shipped_chips_efficiencies_say_where_they_come_from() -> None:
+    """A chip's efficiency defaults are fitted on published runs, never read off a datasheet:
+    the entry says so, and a chip with no such runs says why it has none."""
+    stated = [n for n in catalog.names("chips") if catalog.chip(n).efficiency is not None]
+    assert {"h200", "mi355x", "b200"} <= set(stated)
+    for name in catalog.names("chips"):
+        chip = catalog.chip(name)
+        assert isinstance(chip, ChipSpec)
+        notes = " ".join((chip.notes or "").split())
+        if chip.efficiency is not None:
+            assert "fitted on this data" in notes and "benchmarks/inferencex.py" in notes
+        else:
+            assert "No efficiency defaults" in notes
 
 
 # --- the table-priced fast path gives the formula's prices --------------------------------------

@@ -3,7 +3,7 @@
 A step of T query tokens over C context tokens of R sequences, on P = ``parallel`` chips
 (tensor parallel), costs
 
-    overhead + per_sequence * R
+    overhead + per_sequence * R + per_token * T (a decode step's T; none for a prefill)
     + max(T * (F_dense / peak(T) + F_experts / peak_experts(T)) / e_c,
           weight_bytes_read(T) / (bandwidth * e_m))
     + max(attention_flops(T, C / R) / (peak * e_c),  kv_bytes_per_token * C / (bandwidth * e_m))
@@ -41,7 +41,8 @@ The efficiencies and the overhead are what ``speclens calibrate`` fits; the defa
 chip's own (``ChipSpec.efficiency``, fitted on published runs) or, without, typical of a tuned
 engine, not measured here. The fast path prices each distinct step shape once: the terms that
 depend on the query-token count alone (and the drafter's on the drafting count) are tables,
-built lazily to the largest count seen; the rest is linear in the context.
+built lazily to the largest count seen (a call of few shapes against a wide table prices just
+its own); the rest is linear in the context.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ import numpy as np
 from speclens.sim import catalog
 from speclens.sim.closed_loop import schedule
 from speclens.sim.fit_points import Fit, Point, PointsError, fit_pooled, infer_acceptance
-from speclens.sim.roofline import Roofline
+from speclens.sim.roofline import Efficiency, Roofline
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "inferencex"
 FILES = ("benchmarks.json", "benchmarks-history.json")
@@ -87,12 +87,15 @@ def _point(p: dict[str, Any]) -> Point:
                  m["tput_per_gpu"])  # fmt: skip
 
 
-def roofline(p: Point) -> Roofline:
-    """The roofline a point ran on: DeepSeek-R1 at its precision, its chip and parallelism."""
+def roofline(p: Point, chip_defaults: bool = True) -> Roofline:
+    """The roofline a point ran on: DeepSeek-R1 at its precision, its chip and parallelism; at
+    the chip's efficiency defaults (where a fit starts, as calibrate's does), or at the global
+    ones (where the chips' own defaults are fitted from, so the fit never starts at its answer)."""
     s = p.settings
     model = catalog.with_precision(catalog.model("deepseek-r1"), s["precision"])
     return Roofline(model, catalog.chip(s["hardware"]), s["tensor_parallel"],
-                    expert_parallel=s["expert_parallel"], dp_attention=s["dp_attention"])  # fmt: skip
+                    expert_parallel=s["expert_parallel"], dp_attention=s["dp_attention"],
+                    efficiency=None if chip_defaults else Efficiency())  # fmt: skip
 
 
 def _by_concurrency(points: Sequence[Point]) -> list[Point]:
@@ -200,15 +203,15 @@ def uncalibrated(deps: Sequence[dict[str, Any]], chip: str) -> dict[str, Any]:
     and the chip's own defaults (fitted on its points: what its catalog entry ships)."""
     others = [p for d in deps if d["key"][0] != chip for p in d["off"]]
     mine = [d for d in deps if d["key"][0] == chip]
-    pooled = fit_pooled(others, [roofline(p) for p in others], starts=1)
+    pooled = fit_pooled(others, [roofline(p, False) for p in others], starts=1)
     errors = []
     for dep in mine:
-        fits = _with_roofs(replace(pooled, front_latency_s=pooled.front_latency_s), dep["off"])
+        fits = _with_roofs(pooled, dep["off"])
         errors.append(np.median(np.vstack([_errors([p], f) for p, f in zip(dep["off"], fits,
                                                                               strict=True)]),
                                 axis=0).tolist())  # fmt: skip
     own_points = [p for d in mine for p in d["off"]]
-    own = fit_pooled(own_points, [roofline(p) for p in own_points], starts=1)
+    own = fit_pooled(own_points, [roofline(p, False) for p in own_points], starts=1)
     return {"chip": chip, "deployments": len(mine), "errors": errors,
             "defaults": {**own.roofline.efficiency.model_dump(),
                          "front_latency_s": own.front_latency_s}}  # fmt: skip

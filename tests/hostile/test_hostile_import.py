@@ -124,3 +124,14 @@ def test_a_vllm_file_that_is_a_list(run_cli, tmp_path):
     assert (
         line == f"{source}: expected one result object (vllm bench serve --save-result), got list"
     )
+
+
+@pytest.mark.parametrize("rates", [[0.5] * 65, [0.5, 1.5], "0.5", [-0.1], []])
+def test_vllm_per_position_rates_out_of_bounds(run_cli, tmp_path, rates):
+    """The per-position rates give K: more than 64 of them, a rate over 1 or not a number is
+    refused in one line, nothing written (as is an empty list)."""
+    source = write_vllm(tmp_path / "v.json", vllm_result(
+        spec_decode_acceptance_length=2.0, spec_decode_per_position_acceptance_rates=rates))  # fmt: skip
+    code, _, err = run_cli("import", "vllm", source, "--output-dir", tmp_path / "run")
+    assert code == 1 and "spec_decode_per_position_acceptance_rates: expected" in err
+    assert err.count("\n") == 1 and not (tmp_path / "run").exists()

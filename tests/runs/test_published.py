@@ -268,7 +268,8 @@ def test_a_vllm_result_becomes_a_summary(tmp_path):
 def test_a_vllm_result_with_gpus_rate_and_speculation(tmp_path):
     result = vllm_result(request_rate=4.0, max_concurrency=None, spec_decode_acceptance_length=2.5,
                          spec_decode_acceptance_rate=37.5, spec_decode_num_drafts=100,
-                         spec_decode_draft_tokens=400, spec_decode_accepted_tokens=150)  # fmt: skip
+                         spec_decode_draft_tokens=400, spec_decode_accepted_tokens=150,
+                         spec_decode_per_position_acceptance_rates=[0.6, 0.4, 0.3, 0.2])  # fmt: skip
     s = pr.vllm_summary(write_vllm(tmp_path / "v.json", result), gpus=2, hardware="h100")
     assert (s["settings"]["request_rate"], s["settings"]["concurrency"]) == (4.0, None)
     assert (s["settings"]["gpus"], s["settings"]["hardware"], s["settings"]["num_spec_tokens"]) == (2, "h100", 4)  # fmt: skip
@@ -280,6 +281,16 @@ def test_a_vllm_result_with_gpus_rate_and_speculation(tmp_path):
         4,
         0.375,
     )
+
+
+def test_a_vllm_results_k_is_its_positions_not_tokens_over_drafts(tmp_path):
+    """An n-gram drafter proposes fewer than K tokens: 300 draft tokens over 100 drafts is not
+    K 3 when nothing says so; without per-position rates K is unknown."""
+    result = vllm_result(spec_decode_acceptance_length=2.0, spec_decode_num_drafts=100,
+                         spec_decode_draft_tokens=300, spec_decode_accepted_tokens=100)  # fmt: skip
+    s = pr.vllm_summary(write_vllm(tmp_path / "v.json", result))
+    assert s["settings"]["num_spec_tokens"] is None
+    assert s["figures"]["acceptance"]["num_spec_tokens"] is None
 
 
 # ------------------------------------------------------------------------------- writing

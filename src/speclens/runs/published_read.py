@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from speclens.acceptance.quantity import MAX_NUM_SPEC_TOKENS
 from speclens.runs.rundir import InputError
 
 #: The largest published file read, in bytes (refused from its size, before it is read).
@@ -511,6 +512,13 @@ def _vllm_problem(data: dict[str, Any], where: str) -> str | None:
     ):
         if data.get(key) is not None and not _integer(data[key], 0):
             return bad(key, "null or an integer >= 0")
+    rates = data.get("spec_decode_per_position_acceptance_rates")
+    if rates is not None and not (
+        isinstance(rates, list) and 1 <= len(rates) <= MAX_NUM_SPEC_TOKENS
+        and all(_finite(r) and r <= 1 for r in rates)
+    ):  # fmt: skip
+        return bad("spec_decode_per_position_acceptance_rates",
+                   f"null or 1 to {MAX_NUM_SPEC_TOKENS} rates in [0, 1] (one a draft position)")  # fmt: skip
     return None
 
 
@@ -530,7 +538,10 @@ def _acceptance(data: Mapping[str, Any]) -> tuple[dict[str, Any] | None, int | N
     if al is None:
         return None, None
     drafts, tokens = data.get("spec_decode_num_drafts"), data.get("spec_decode_draft_tokens")
-    k = tokens // drafts if drafts and tokens is not None and tokens % drafts == 0 else None
+    # K is the number of per-position rates vLLM publishes; draft tokens over drafts is not K
+    # where a drafter proposes fewer (n-gram: a real vLLM at K 4 gave exactly 3 a draft).
+    positions = data.get("spec_decode_per_position_acceptance_rates")
+    k = len(positions) if isinstance(positions, list) and positions else None
     rate = data.get("spec_decode_acceptance_rate")
     return {
         "acceptance_length": float(al), "num_spec_tokens": k,

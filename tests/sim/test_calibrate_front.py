@@ -10,11 +10,13 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+import yaml
 
+from speclens.cli._common import seconds
 from speclens.cost import StepCost
 from speclens.runs.report import RecordStream
 from speclens.runs.trace import Trace, TraceRequest
-from speclens.sim import run_output
+from speclens.sim import calibrate, run_output
 from speclens.sim.calibrate import (
     MAX_FRONT_LATENCY,
     CalibrationError,
@@ -112,3 +114,44 @@ def test_a_front_latency_under_the_bound_is_written_and_read_back(tmp_path: Path
     out.write_text(orjson.dumps(document([observe(run) for run in runs], cost, report)).decode())
     read, meta = read_cost_file(out)
     assert asdict(read) == asdict(cost) and meta["front_latency_s"] == report["front_latency_s"]
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("clean")
+    return [_run(root / f"c{c}", c, 1.0) for c in (1, 4)]
+
+
+def test_prices_print_in_the_unit_that_reads_them(
+    clean: list[Path], tmp_path: Path, run_cli: Callable[..., tuple[int, str, str]]
+) -> None:
+    """prefill_per_token 40 us, base 4 ms: never "40000.00 us" nor "0.004 ms"."""
+    code, stdout, stderr = run_cli("calibrate", *clean, "-o", tmp_path / "cost.yaml")
+    assert code == 0, stderr
+    line = stdout.splitlines()[0]
+    assert " us per prompt token" in line and " ms per request" in line, line
+    assert "warning" not in stdout
+    assert yaml.safe_load((tmp_path / "cost.yaml").read_text())["fit"]["unusable"] is None
+
+
+def test_a_fit_over_the_bound_says_it_is_unusable(
+    clean: list[Path], tmp_path: Path, run_cli: Callable[..., tuple[int, str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Where the fit's median decode-time error on its own runs is over the bound (here the
+    bound is lowered to 0 to make any fit cross it), the terminal and the cost file say so, and
+    every replay with the file repeats it."""
+    monkeypatch.setattr(calibrate, "UNUSABLE", 0.0)
+    cost = tmp_path / "cost.yaml"
+    code, stdout, stderr = run_cli("calibrate", *clean, "-o", cost)
+    assert code == 0, stderr
+    assert "warning: unusable for prediction: the fit's median decode-time error" in stdout
+    assert "unusable for prediction" in yaml.safe_load(cost.read_text())["fit"]["unusable"]
+    code, _, stderr = run_cli("sim", "--trace", clean[1], "--step-cost", cost)
+    assert code == 0 and "unusable for prediction" in stderr
+
+
+@pytest.mark.parametrize("value, shown", [(46.9224, "46.9 s"), (0.0469224, "46.9 ms"),
+                                          (4.69224e-5, "46.9 us"), (4.7e-8, "47 ns"), (0, "0 s")])  # fmt: skip
+def test_seconds_reads_in_its_unit(value: float, shown: str) -> None:
+    assert seconds(value) == shown

@@ -128,3 +128,11 @@ def interrupt_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
     if caught:
         raise KeyboardInterrupt
+
+
+def seconds(value: float) -> str:
+    """A duration in the unit that reads it (3 significant digits): s, ms, us or ns."""
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value / 1e-9:.3g} ns" if value else "0 s"

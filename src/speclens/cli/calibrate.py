@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from speclens.cli._common import fail, out_console
+from speclens.cli._common import fail, out_console, seconds
 from speclens.cli.calibrate_points import is_published, published
 from speclens.cli.calibrate_points import write_yaml as _write
 
@@ -114,8 +114,8 @@ def calibrate(
             out_console.print(
                 f"roofline of {roof.model.name} on {parallel} x {roof.chip.name}: compute "
                 f"efficiency {e.compute:.3g}, memory efficiency {e.memory:.3g}, overhead "
-                f"{e.overhead * 1e3:.3f} ms per step + {e.per_sequence * 1e3:.3f} ms per "
-                f"sequence", markup=False,
+                f"{seconds(e.overhead)} per step + {seconds(e.per_sequence)} per sequence",
+                markup=False,
             )  # fmt: skip
             if report["at_the_grid_edge"]:
                 out_console.print(f"note: {', '.join(report['at_the_grid_edge'])} efficiency at "
@@ -130,10 +130,10 @@ def calibrate(
     _write(output, cal.document(observed, cost, report))
     c = cost
     out_console.print(
-        f"step cost: base {c.base * 1e3:.3f} ms + {c.per_seq * 1e3:.3f} ms per request + "
-        f"{c.per_context_token * 1e6:.3f} us per context token; prefill "
-        f"{(c.prefill_base or 0) * 1e3:.3f} ms + {(c.prefill_per_token or 0) * 1e6:.2f} us per "
-        f"prompt token", markup=False,
+        f"step cost: base {seconds(c.base)} + {seconds(c.per_seq)} per request + "
+        f"{seconds(c.per_context_token)} per context token; prefill "
+        f"{seconds(c.prefill_base or 0)} + {seconds(c.prefill_per_token or 0)} per prompt token",
+        markup=False,
     )  # fmt: skip
     _summary(report, output)
 
@@ -147,6 +147,8 @@ def _summary(report: dict[str, Any], output: Path) -> None:
         f"{report['decode_time_error_p90']:.1%}){idle}",
         markup=False,
     )  # fmt: skip
+    if report.get("unusable"):
+        out_console.print(f"warning: {report['unusable']}", markup=False)
     out_console.print(f"wrote {output}", markup=False)
 
 

@@ -175,9 +175,10 @@ def replay_command(
         _print(figures)
     if note:
         err_console.print(f"note: {note}", markup=False)
-    misfit = (meta.get("fit") or {}).get("misfit")
-    if misfit:
-        err_console.print(f"note: {cost_source}: {misfit}", markup=False)
+    fit = meta.get("fit") if isinstance(meta.get("fit"), dict) else {}
+    for problem in (fit.get("misfit"), fit.get("unusable")):
+        if isinstance(problem, str) and problem:
+            err_console.print(f"note: {cost_source}: {problem}", markup=False)
     if stream is not None:
         from speclens import __version__
 

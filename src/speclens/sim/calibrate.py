@@ -268,7 +268,22 @@ def _report(
         "decode_time_error_median": float(np.median(relative)),
         "decode_time_error_p90": float(np.quantile(relative, 0.9)),
         "load_points": [{name: value} for name, value in loads],
+        "unusable": _unusable(float(np.median(relative))),
     }
+
+
+#: A fit whose median decode-time error on its own runs exceeds this predicts nothing.
+UNUSABLE = 0.25
+
+
+def _unusable(median: float) -> str | None:
+    """Why a fit cannot be used for prediction (its median decode-time error on the very runs
+    it was fitted on is over ``UNUSABLE``), or None."""
+    if median <= UNUSABLE:
+        return None
+    return (f"unusable for prediction: the fit's median decode-time error on its own runs is "
+            f"{median:.1%}, over {UNUSABLE:.0%}; the runs do not follow one step cost (a loaded "
+            "machine, runs of different servers, too few requests)")  # fmt: skip
 
 
 def _tokens_by(r: _Request, t: float) -> int:

@@ -88,6 +88,8 @@ def test_cli_writes_every_file_and_exits_1_on_a_failed_verdict(
         assert (out / name).stat().st_size > 0, name
     summary = json.loads((out / "summary.json").read_text())
     assert summary["server"]["acceptance"]["acceptance_length"] == 3.78
+    host = summary["settings"]["host"]  # the client machine's load, for compare to show
+    assert len(host["load_average"]) == 3 and host["cpus"] >= 1
     rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert len(rows) == 24 and all(r["raw"] for r in rows)  # every raw payload is kept
     bad = launch.run([*base, "--expect-acceptance-length", "3.48"], timeout=120,

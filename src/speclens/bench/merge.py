@@ -32,8 +32,9 @@ from speclens.bench.workers import run_duration
 from speclens.runs.record import MAX_COUNT, MAX_LINE_BYTES, MAX_SECONDS, parse_row
 from speclens.runs.report import record_from_row
 
-#: Settings that may differ between the shards of one run.
-SHARD_KEYS = frozenset({"shard", "part"})
+#: Settings that may differ between the shards of one run (``host``: each shard's own machine
+#: and moment; the merged run keeps the first shard's).
+SHARD_KEYS = frozenset({"shard", "part", "host"})
 
 #: The most of a summary.json read, and of one records.jsonl line.
 MAX_SUMMARY_BYTES = 64 * 2**20

@@ -420,6 +420,9 @@ class BenchOptions:
         settings["shard"] = list(self.part) if self.shard is not None else None
         rows = prompts if prompts is not None else self.prompts()
         settings["prompts_sha256"] = prompts_digest(rows)
+        from speclens.bench.host import host_load
+
+        settings["host"] = host_load()  # compare shows it: a loaded machine moves a run
         return settings
 
     def expected_records(self) -> int | None:

@@ -123,6 +123,9 @@ def _print(result: dict[str, Any]) -> None:
             f"{escape(item['model'])}, engine {escape(str(item['engine'] or 'unknown'))}, {gpus}"
             f"{published})"
         )
+        host = _host(item.get("host"))
+        if host:
+            out_console.print(f"  host: {escape(host)}")
         for note in item.get("notes") or []:
             out_console.print(f"  note: {escape(note)}")
     for pair in result["pairs"]:
@@ -141,6 +144,9 @@ def _print(result: dict[str, Any]) -> None:
             out_console.print(
                 f"  {tag}{load}: {row['figure']} {escape(b)}/{escape(a)} {escape(_ratio(row))}"
             )
+        noise = pair["deltas"].get("noise_note")
+        if noise:
+            out_console.print(f"  note: {escape(noise)}")
         for row in [] if pair.get("speculation") else pair["deltas"]["matched_interactivity"]:
             out_console.print(f"  {escape(row['sentence'])}")  # an A/B reads its own below
         note = pair["deltas"].get("interactivity_note")
@@ -151,6 +157,19 @@ def _print(result: dict[str, Any]) -> None:
         for i, line in enumerate(fidelity_lines(pair)):
             indent = "  " if i == 0 else "    "  # the header, then one line a figure
             out_console.print(f"{indent}{tag}{escape(line)}")
+
+
+def _host(host: dict[str, Any] | None) -> str | None:
+    """The client machine's load as its run recorded it, in words."""
+    if not host:
+        return None
+    load = host.get("load_average")
+    text = f"load average {load[0]:g} (1 min)" if load else "load average unknown"
+    if host.get("cpus"):
+        text += f" on {host['cpus']} CPUs"
+    if host.get("steal_percent") is not None:
+        text += f", {host['steal_percent']:g}% of CPU time stolen since boot"
+    return text
 
 
 def pair_tag(pair: dict[str, Any]) -> str:

@@ -195,11 +195,24 @@ class Input:
         source "speclens-sim"), not a measurement."""
         return bool(self.runs) and all(_predicted(run) for run in self.runs)
 
+    @property
+    def host(self) -> dict[str, Any] | None:
+        """The client machine's load its first run recorded (``settings.host``: load average,
+        CPUs, steal), where it is one; None for runs written before bench recorded it."""
+        host = self.runs[0].settings.get("host") if self.runs else None
+        if not isinstance(host, dict):
+            return None
+        load, cpus, steal = host.get("load_average"), host.get("cpus"), host.get("steal_percent")
+        numbers = isinstance(load, list) and len(load) == 3 and all(_finite(x) for x in load)
+        return {"load_average": load if numbers else None,
+                "cpus": cpus if isinstance(cpus, int) and not isinstance(cpus, bool) else None,
+                "steal_percent": steal if _finite(steal) else None}  # fmt: skip
+
     def to_json(self) -> dict[str, Any]:
         return {"label": self.label, "path": str(self.path), "kind": self.kind,
                 "model": self.model, "engine": self.engine, "gpus": self.gpus,
                 "points": len(self.points), "skipped": self.skipped,
-                "aggregate_only": self.aggregate_only,
+                "aggregate_only": self.aggregate_only, "host": self.host,
                 "notes": [n for run in self.runs for n in run.notes]}  # fmt: skip
 
 
@@ -636,7 +649,8 @@ def matched_concurrency(a: Input, b: Input) -> list[dict[str, Any]]:
             row: dict[str, Any] = {"concurrency": None, "request_rate": None}
             row[key[0]] = int(key[1]) if key[0] == "concurrency" else key[1]
             row.update(figure=name, a=ia.to_json(), b=ib.to_json(), ratio=_num(r),
-                       ratio_low=_num(low), ratio_high=_num(high))  # fmt: skip
+                       ratio_low=_num(low), ratio_high=_num(high),
+                       interval_basis=_basis(ia, ib))  # fmt: skip
             out.append(row)
     return out
 
@@ -821,6 +835,25 @@ def _figures(point: Point, seed: int) -> dict[str, Interval]:
         raise InputError([str(exc)], 1) from None
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _basis(a: Interval, b: Interval) -> str | None:
+    """What a ratio's interval covers: "rounds" where both sides repeated the point (Student t
+    across rounds: run-to-run variation), "requests" where a side is one run (a bootstrap over
+    its requests: request-to-request variation only); None without an interval."""
+    if a.method == "none" or b.method == "none":
+        return None
+    return "rounds" if all(i.method == "t" and i.n > 1 for i in (a, b)) else "requests"
+
+
+#: What compare says of intervals from one run a side: they are no evidence of a difference.
+ONE_RUN_EACH = ("one run each: the interval covers request-to-request variation only, not "
+                "run-to-run (on a loaded machine two identical runs differ by 5% to 24%); no "
+                "difference is significant on it alone: repeat each point (sweep --rounds 3)")  # fmt: skip
+
+
 def compare_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
     if a.aggregate_only or b.aggregate_only:
         return aggregate_pair(a, b, named)
@@ -834,12 +867,15 @@ def compare_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
     )
     prefix = "" if comparable else f"NOT COMPARABLE ({', '.join(c.name for c in failed)}): "
     interactivity, note = matched_interactivity(a, b, prefix)
+    rows = matched_concurrency(a, b)
+    one_run = any(row["interval_basis"] == "requests" for row in rows)
     return {
         "a": a.label, "b": b.label, "comparable": comparable,
         "verdict": "comparable" if comparable else "not comparable",
         "checks": [c.to_json() for c in found],
-        "deltas": {"matched_concurrency": matched_concurrency(a, b),
-                   "matched_interactivity": interactivity, "interactivity_note": note},
+        "deltas": {"matched_concurrency": rows,
+                   "matched_interactivity": interactivity, "interactivity_note": note,
+                   "noise_note": ONE_RUN_EACH if one_run else None},
         "fidelity": fidelity(a, b), "label": label,
     }  # fmt: skip
 

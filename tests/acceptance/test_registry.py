@@ -21,7 +21,12 @@ from speclens.acceptance.files import parse_yaml, read_yaml
 #: The specification beside this checkout (shared/ sits next to the repository).
 SPEC = Path(__file__).resolve().parents[3] / "shared" / "seeds" / "001_2482355381b1763c.txt"
 
-SHIPPED_NAMES = {"inferencex-golden-al", "kimi-k3-dspark-golden-al", "smollm2-ngram-spec-bench"}
+SHIPPED_NAMES = {
+    "inferencex-golden-al",
+    "inferencex-golden-al-2026-08",
+    "kimi-k3-dspark-golden-al",
+    "smollm2-ngram-spec-bench",
+}
 
 USER_SET = """\
 kind: AcceptanceProfileSet
@@ -164,9 +169,12 @@ def test_shipped_find(shipped: Registry) -> None:
         thinking="on",
         category="coding",
     )
-    ((name, profile),) = shipped.find(key)
-    assert name == "kimi-k3-dspark-golden-al"
-    assert profile.acceptance_length == 3.78
+    # the published curve (measured) and the older quote of it (assumed); the resolver picks
+    # the measured one
+    hits = {name: profile for name, profile in shipped.find(key)}
+    assert set(hits) == {"inferencex-golden-al-2026-08", "kimi-k3-dspark-golden-al"}
+    assert {p.acceptance_length for p in hits.values()} == {3.78}
+    assert hits["inferencex-golden-al-2026-08"].method == "measured"
     missing = ProfileKey(
         model="kimi-k3",
         speculative_method="dspark",

@@ -174,8 +174,7 @@ def test_scenario_profiles_resolves_from_the_named_set_only(tmp_path: Path) -> N
             "other-al": [assumed(acceptance_length=2.2)],
         },
     )
-    with pytest.raises(AmbiguousProfile):
-        run(reg)
+    assert run(reg).profile_set == "team-al"  # the measured set outranks the assumed one
     r = run(reg, scenario=pin(profiles="other-al"))
     assert r.layer == "scenario"
     assert r.profile_set == "other-al"
@@ -320,18 +319,50 @@ def test_no_matching_profile_when_the_fallback_has_none_either(reg: Registry) ->
     assert "team-al" in message
 
 
-def test_two_matching_registry_sets_are_ambiguous(tmp_path: Path) -> None:
-    reg = registry_of(tmp_path, **{"team-al": [measured()], "other-al": [assumed()]})
+def test_two_matching_registry_sets_of_one_method_are_ambiguous(tmp_path: Path) -> None:
+    reg = registry_of(
+        tmp_path, **{"team-al": [measured()], "other-al": [measured(acceptance_length=2.4)]}
+    )
     with pytest.raises(AmbiguousProfile) as exc:
         run(reg)
     message = str(exc.value)
     assert f"{MODEL}/{METHOD}/k{K}/thinking-on/coding" in message
     assert "team-al" in message
     assert "other-al" in message
+    assert "method measured" in message
+
+
+@pytest.mark.parametrize(
+    ("better", "worse"),
+    [
+        pytest.param("measured", "assumed", id="measured-over-assumed"),
+        pytest.param("measured", "copied", id="measured-over-copied"),
+        pytest.param("copied", "assumed", id="copied-over-assumed"),
+    ],
+)
+def test_a_better_method_outranks_a_worse_one_in_another_set(
+    tmp_path: Path, better: str, worse: str
+) -> None:
+    """A published measurement (the InferenceX golden curves) and an older quote of it
+    (assumed) both cover kimi-k3/dspark/k7: the measurement is used, and named."""
+
+    def of(method: str, al: float) -> dict[str, Any]:
+        if method == "measured":
+            return measured(acceptance_length=al)
+        extra = {"copied_from": f"x/y/k{K}/thinking-on/coding"} if method == "copied" else {}
+        provenance = {"provenance": {"source": SOURCE}} if method == "copied" else {}
+        return assumed(acceptance_length=al, method=method, **extra, **provenance)
+
+    # the worse set's name sorts first, so a first-found rule would pick it
+    reg = registry_of(tmp_path, **{"a-worse": [of(worse, 2.2)], "z-better": [of(better, 2.5)]})
+    r = run(reg)
+    assert r.profile_set == "z-better"
+    assert r.method == better
+    assert r.acceptance_length == 2.5
 
 
 def test_two_sets_matching_the_fallback_are_ambiguous(tmp_path: Path) -> None:
-    reg = registry_of(tmp_path, **{"team-al": [measured()], "other-al": [assumed()]})
+    reg = registry_of(tmp_path, **{"team-al": [measured()], "other-al": [measured()]})
     with pytest.raises(AmbiguousProfile):
         run(reg, workload=workload(category="chat"), scenario=pin(fallback_category="coding"))
 
@@ -584,10 +615,12 @@ def test_done_criterion_kimi_k3_dspark_k7_thinking_on_coding() -> None:
     )
     assert r.acceptance_length == 3.78
     assert r.layer == "registry"
-    assert r.profile_set == "kimi-k3-dspark-golden-al"
+    # the published golden curve (measured) outranks the older quote of it (assumed)
+    assert r.profile_set == "inferencex-golden-al-2026-08"
     assert r.per_position_rates == [1.0, 1.0, 0.78, 0.0, 0.0, 0.0, 0.0]
     assert r.rates_derived is True
-    assert r.method == "assumed"
+    assert r.method == "measured"
+    assert r.source is not None and r.source.endswith("/golden_al_distribution/kimik3_dspark.yaml")
     assert r.measured_on is None
 
 

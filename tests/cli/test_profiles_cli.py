@@ -136,7 +136,7 @@ def test_invalid_scenario_pin_is_reported_with_its_path(run_cli, tmp_path):
 
 def test_validate_ok_and_every_problem(run_cli, tmp_path):
     code, out, _ = run_cli("profiles", "validate", Path("src/speclens/registry"))
-    assert code == 0 and out.count(": ok (") == 3
+    assert code == 0 and out.count(": ok (") == 4
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "kind: AcceptanceProfileSet\nname: bad\nprofiles:\n"
@@ -268,8 +268,10 @@ def test_import_inferencex_without_measured_facts_says_what_is_missing(run_cli, 
     src.write_text(INFERENCEX)
     code, out, err = run_cli("profiles", "import-inferencex", src, "--speculative-method", "dspark")
     assert code == 1
-    assert "profiles[0].provenance.hardware: is required with method measured" in err
-    assert "give the missing facts as options" in err
+    # each fact neither the header nor an option gives is named once, in one line
+    assert f"{src}: hardware: the header states no hardware" in err
+    assert "pass --hardware" in err and "pass --engine-image" in err and "pass --temperature" in err
+    assert len(err.strip().splitlines()) == 3, err
     assert out == ""
 
 
@@ -305,7 +307,7 @@ def test_demo_replays_the_golden_al_end_to_end(run_cli, tmp_path):
     )
     assert code == 0, stdout + stderr
     assert "[1.0, 1.0, 0.78, 0.0, 0.0, 0.0, 0.0]" in stdout
-    assert "kimi-k3-dspark-golden-al" in stdout
+    assert "inferencex-golden-al-2026-08" in stdout
     assert "Forced speculative acceptance ON: mean acceptance length 3.7800" in stdout
     assert "verification PASS" in stdout
     summary = json.loads((out / "summary.json").read_text())

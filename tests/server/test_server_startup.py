@@ -259,8 +259,10 @@ def test_golden_al_replay(started: dict[str, ServerProcess]) -> None:
     server = started["golden"]
     log = server.log()
     provenance = (
-        "Acceptance profile: 3.78 from the registry layer (kimi-k3-dspark-golden-al: "
-        "kimi-k3/dspark/k7/thinking-on/coding, method assumed); source: ATOM documentation"
+        "Acceptance profile: 3.78 from the registry layer (inferencex-golden-al-2026-08: "
+        "kimi-k3/dspark/k7/thinking-on/coding, method measured); source: "
+        "https://github.com/SemiAnalysisAI/InferenceX/blob/843c6254f/golden_al_distribution/"
+        "kimik3_dspark.yaml"
     )
     assert log.count(provenance) == 1, log
     # ... logged beside the schedule line.
@@ -280,13 +282,13 @@ def test_golden_al_replay(started: dict[str, ServerProcess]) -> None:
     resolution = acceptance["resolution"]
     assert resolution["acceptance_length"] == 3.78
     assert resolution["layer"] == "registry"
-    assert resolution["profile_set"] == "kimi-k3-dspark-golden-al"
+    assert resolution["profile_set"] == "inferencex-golden-al-2026-08"
     assert resolution["profile"] == "kimi-k3/dspark/k7/thinking-on/coding"
     assert resolution["category"] == "coding"
     assert resolution["num_spec_tokens"] == 7
-    assert resolution["method"] == "assumed"
+    assert resolution["method"] == "measured"
     assert resolution["fallback_used"] is False
-    assert "Replaying an InferenceX golden AL" in resolution["source"]
+    assert resolution["source"].endswith("/golden_al_distribution/kimik3_dspark.yaml")
     # It serves under the name it resolved for, and speculates at the replayed schedule.
     models = httpx.get(server.url + "/v1/models", timeout=10).json()
     assert [m["id"] for m in models["data"]] == ["kimi-k3"]

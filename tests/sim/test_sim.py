@@ -86,7 +86,7 @@ def test_cli_resolves_from_the_registry_and_sweeps(run_cli, tmp_path: Path) -> N
     assert code == 0, err
     result = json.loads(out)
     assert result["resolution"]["acceptance_length"] == 3.78
-    assert result["resolution"]["profile_set"] == "kimi-k3-dspark-golden-al"
+    assert result["resolution"]["profile_set"] == "inferencex-golden-al-2026-08"
     plot = tmp_path / "sweep.png"
     code, out, err = run_cli(
         "sim", path, "--sweep", "num_spec_tokens=1..3", "--json", "--plot", plot

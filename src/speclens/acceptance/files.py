@@ -279,6 +279,12 @@ class _NotReadable(Exception):
 def read_yaml(path: Path | str) -> Any:
     """Read and parse a YAML file; an unreadable, special or oversize file is a
     ``ValidationError`` too."""
+    return parse_yaml(read_checked_text(path), str(path))
+
+
+def read_checked_text(path: Path | str) -> str:
+    """A file's text, read as ``read_yaml`` reads it (a regular UTF-8 file of at most
+    ``MAX_FILE_BYTES``); anything else is a ``ValidationError``."""
     path = Path(path)
     try:
         text = _read_text(path)
@@ -290,7 +296,7 @@ def read_yaml(path: Path | str) -> Any:
     except UnicodeDecodeError as exc:
         message = f"cannot be read: not UTF-8 (byte {exc.start})"
         raise ValidationError([Problem(str(path), "(file)", message)]) from None
-    return parse_yaml(text, str(path))
+    return text
 
 
 def validate(model: type[M], data: Any, file: str = "", prefix: str = "") -> M:

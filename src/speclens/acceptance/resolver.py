@@ -136,6 +136,19 @@ def _from_profile(
     )
 
 
+#: A measured value outranks a copied one, which outranks an assumed one.
+METHOD_RANK = {"measured": 0, "copied": 1, "assumed": 2}
+
+
+def _best(hits: list[tuple[str, Profile]]) -> list[tuple[str, Profile]]:
+    """The hits of the best method: a set that measured a key outranks one that quotes or
+    assumes it. Two of the best method are both returned (and refused as ambiguous)."""
+    if not hits:
+        return hits
+    best = min(METHOD_RANK[p.method] for _, p in hits)
+    return [(name, p) for name, p in hits if METHOD_RANK[p.method] == best]
+
+
 def _lookup(
     layer: Layer,
     registry: Registry,
@@ -155,10 +168,13 @@ def _lookup(
         if category is None:
             continue
         candidate = key.model_copy(update={"category": category})
-        hits = registry.find(candidate, names)
+        hits = _best(registry.find(candidate, names))
         if len(hits) > 1:
             sets = ", ".join(name for name, _ in hits)
-            raise AmbiguousProfile(f"two registry sets both match {candidate}: {sets}; remove one")
+            method = hits[0][1].method
+            raise AmbiguousProfile(
+                f"two registry sets both match {candidate} with method {method}: {sets}; remove one"
+            )
         if hits:
             name, profile = hits[0]
             return _from_profile(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import reprlib
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ from speclens.acceptance import (
     validate,
 )
 from speclens.acceptance.emit import ENGINES, emit
-from speclens.acceptance.files import key_mark
+from speclens.acceptance.files import key_mark, parse_yaml, read_checked_text
+from speclens.acceptance.golden import GoldenHeader, method_from_name, read_header
 from speclens.acceptance.quantity import is_finite_number, num_spec_tokens_problem
 from speclens.cli._common import (
     ACCEPTANCE_LENGTH_OPTION,
@@ -335,16 +337,138 @@ def _key_value(pairs: list[str], option: str) -> dict[str, str]:
     return out
 
 
+def _methods(values: list[str], files: list[Path]) -> dict[str, str]:
+    """``--speculative-method``: NAME for every file (key ""), or FILE_NAME=NAME for one."""
+    out: dict[str, str] = {}
+    known = {f.name for f in files}
+    for value in values:
+        file_name, sep, method = value.rpartition("=")
+        method = method.strip()
+        if not method or (sep and file_name not in known):
+            fail(
+                f"command line: --speculative-method: expected METHOD or FILE_NAME=METHOD "
+                f"naming one of the files given, got {value!r}",
+                code=2,
+            )
+        out[file_name if sep else ""] = method
+    return out
+
+
+@dataclass(frozen=True)
+class _Flags:
+    """The provenance facts given on the command line; each overrides the header's."""
+
+    run: str | None
+    benchmark: str | None
+    prompts: int | None
+    hardware: str | None
+    engine_image: str | None
+    tp: int | None
+    sampling: dict[str, float | int]
+    settings: dict[str, str]
+
+
+def _golden_provenance(
+    source: str, header: GoldenHeader, mode: str, flags: _Flags
+) -> dict[str, Any]:
+    """One thinking mode's provenance: the header's facts, each replaced by its option."""
+    engine = (
+        f"{header.engine} (release not stated in the file; the run records it)"
+        if header.engine
+        else None
+    )
+    provenance: dict[str, Any] = {"source": source}
+    for key, value in (
+        ("run", flags.run or header.run),
+        ("benchmark", flags.benchmark or header.benchmark),
+        ("prompts", flags.prompts),
+        ("hardware", flags.hardware or header.hardware),
+        ("engine_image", flags.engine_image or engine),
+        ("tp", flags.tp),
+    ):
+        if value is not None:
+            provenance[key] = value
+    sampling = {**header.sampling, **header.mode_sampling.get(mode, {}), **flags.sampling}
+    if sampling:
+        order = ("temperature", "top_p", "top_k", "max_tokens")
+        provenance["sampling"] = {k: sampling[k] for k in order if k in sampling}
+    settings: dict[str, Any] = {}
+    if header.drafter:
+        settings["drafter"] = header.drafter
+    settings.update(header.settings)
+    settings.update(header.mode_settings.get(mode, {}))
+    settings.update(flags.settings)
+    if settings:
+        provenance["settings"] = settings
+    return provenance
+
+
+def _check_facts(
+    file: str, spec: str | None, method: str, provenances: dict[str, dict[str, Any]]
+) -> None:
+    """A fact that neither the header nor an option gives is named, one line each."""
+    problems: list[Problem] = []
+    if spec is None:
+        problems.append(
+            Problem(
+                file,
+                "speculative_method",
+                "neither the header nor the file name states it: pass --speculative-method",
+            )
+        )
+    if method == "measured":
+        options = {
+            "hardware": "--hardware",
+            "engine_image": "--engine-image",
+            "sampling": "--temperature",
+        }
+        for field_name, option in options.items():
+            missing = [m for m, p in provenances.items() if field_name not in p]
+            if not missing:
+                continue
+            what = "temperature" if field_name == "sampling" else field_name
+            modes = ", ".join(f"thinking_{m}" for m in missing)
+            problems.append(
+                Problem(
+                    file,
+                    field_name,
+                    f"the header states no {what} (for {modes}), which method measured requires: "
+                    f"pass {option}",
+                )
+            )
+        for mode, provenance in provenances.items():
+            sampling = provenance.get("sampling")
+            if sampling is not None and "temperature" not in sampling:
+                problems.append(
+                    Problem(
+                        file,
+                        f"sampling.thinking_{mode}.temperature",
+                        "the header states none, which method measured requires: "
+                        "pass --temperature",
+                    )
+                )
+    if problems:
+        raise ValidationError(problems)
+
+
 @app.command("import-inferencex")
 def import_inferencex_cmd(
-    file: Path = typer.Argument(
-        ..., exists=True, dir_okay=False, help="An InferenceX golden-curve YAML file."
+    files: list[Path] = typer.Argument(
+        ...,
+        exists=True,
+        dir_okay=False,
+        help="InferenceX golden-curve YAML files; several make one set.",
     ),
-    speculative_method: str = typer.Option(
-        ..., "--speculative-method", help="The engine's method name (e.g. dspark)."
+    speculative_method: list[str] = typer.Option(
+        [],
+        "--speculative-method",
+        help="The engine's method name (e.g. dspark), or FILE_NAME=METHOD for one file. "
+        "Overrides the header. Repeatable.",
     ),
-    category: str = typer.Option(
-        "coding", "--category", help="The workload category the curves were measured on."
+    category: str | None = typer.Option(
+        None,
+        "--category",
+        help="The workload category (default: the header's dataset, else coding).",
     ),
     name: str | None = typer.Option(
         None, "--name", help="The set's name (default: the output file's name)."
@@ -366,20 +490,31 @@ def import_inferencex_cmd(
     source: str | None = typer.Option(
         None, "--source", help="The document the values were read from (default: FILE as given)."
     ),
-    run: str | None = typer.Option(None, "--run", help="The job that measured them."),
+    source_base: str | None = typer.Option(
+        None,
+        "--source-base",
+        help="The upstream folder's URL; each file's source is it followed by the file's name.",
+    ),
+    run: str | None = typer.Option(
+        None, "--run", help="The job that measured them (default: the header's run)."
+    ),
     benchmark: str | None = typer.Option(
-        None, "--benchmark", help="The prompt set, e.g. 'SPEED-Bench Qualitative'."
+        None, "--benchmark", help="The prompt set (default: the header's, e.g. SPEED-Bench)."
     ),
     prompts: int | None = typer.Option(None, "--prompts", help="How many prompts."),
     hardware: str | None = typer.Option(
-        None, "--hardware", help="The chip (required for measured)."
+        None, "--hardware", help="The chip (default: the header's; required for measured)."
     ),
     engine_image: str | None = typer.Option(
-        None, "--engine-image", help="The engine image or release (required for measured)."
+        None,
+        "--engine-image",
+        help="The engine image or release (default: the header's engine; required for measured).",
     ),
     tp: int | None = typer.Option(None, "--tp", help="Tensor-parallel width."),
     temperature: float | None = typer.Option(
-        None, "--temperature", help="Sampling temperature (required for measured)."
+        None,
+        "--temperature",
+        help="Sampling temperature (default: the header's; required for measured).",
     ),
     top_p: float | None = typer.Option(None, "--top-p"),
     top_k: int | None = typer.Option(None, "--top-k"),
@@ -394,23 +529,23 @@ def import_inferencex_cmd(
         help="SOURCE=CATALOG: the catalog name for a model in the file. Repeatable.",
     ),
 ) -> None:
-    """Convert an InferenceX golden-AL curve file into a validated profile set."""
+    """Convert InferenceX golden-AL curve files into one validated profile set.
+
+    The header comments give the run, benchmark, chip, engine, drafter, method and sampling;
+    an option overrides the header."""
     names = _key_value(rename, "--model-name")
     settings = _key_value(setting, "--setting")
-    with reported():
-        curves = _parse_inferencex(read_yaml(file), str(file))
-        provenance: dict[str, Any] = {"source": source or str(file)}
-        for key, value in (
-            ("run", run),
-            ("benchmark", benchmark),
-            ("prompts", prompts),
-            ("hardware", hardware),
-            ("engine_image", engine_image),
-            ("tp", tp),
-        ):
-            if value is not None:
-                provenance[key] = value
-        sampling = {
+    methods = _methods(speculative_method, files)
+    if source is not None and len(files) > 1:
+        fail("command line: --source: names one file; with several, use --source-base", code=2)
+    flags = _Flags(
+        run=run,
+        benchmark=benchmark,
+        prompts=prompts,
+        hardware=hardware,
+        engine_image=engine_image,
+        tp=tp,
+        sampling={
             k: v
             for k, v in (
                 ("temperature", temperature),
@@ -419,29 +554,43 @@ def import_inferencex_cmd(
                 ("max_tokens", max_tokens),
             )
             if v is not None
-        }
-        if sampling:
-            provenance["sampling"] = sampling
-        if settings:
-            provenance["settings"] = settings
-        profiles = []
-        for (model, mode, k), al in sorted(curves.items()):
-            profile: dict[str, Any] = {
-                "model": names.get(model, model),
-                "speculative_method": speculative_method,
-                "num_spec_tokens": k,
-                "thinking": mode,
-                "category": category,
-                "acceptance_length": al,
-                "method": method.value,
-                "provenance": provenance,
+        },
+        settings=settings,
+    )
+    profiles: list[dict[str, Any]] = []
+    with reported():
+        for file in files:
+            text = read_checked_text(file)
+            header, problems = read_header(text, str(file))
+            if problems:
+                raise ValidationError(problems)
+            curves = _parse_inferencex(parse_yaml(text, str(file)), str(file))
+            spec = methods.get(file.name, methods.get("")) or header.method
+            spec = spec or method_from_name(file.name)
+            file_source = source or (source_base + file.name if source_base else str(file))
+            modes = sorted({mode for _, mode, _ in curves})
+            provenances = {
+                mode: _golden_provenance(file_source, header, mode, flags) for mode in modes
             }
-            if rationale is not None:
-                profile["rationale"] = rationale
-            if copied_from is not None:
-                profile["copied_from"] = copied_from
-            profiles.append(profile)
-        set_name = name or (output.stem if output else file.stem)
+            _check_facts(str(file), spec, method.value, provenances)
+            assert spec is not None  # checked above
+            for (model, mode, k), al in sorted(curves.items()):
+                profile: dict[str, Any] = {
+                    "model": names.get(model, model),
+                    "speculative_method": spec,
+                    "num_spec_tokens": k,
+                    "thinking": mode,
+                    "category": category or header.category or "coding",
+                    "acceptance_length": al,
+                    "method": method.value,
+                    "provenance": provenances[mode],
+                }
+                if rationale is not None:
+                    profile["rationale"] = rationale
+                if copied_from is not None:
+                    profile["copied_from"] = copied_from
+                profiles.append(profile)
+        set_name = name or (output.stem if output else files[0].stem)
         document: dict[str, Any] = {"kind": "AcceptanceProfileSet", "name": set_name}
         if caveat:
             document["caveats"] = caveat

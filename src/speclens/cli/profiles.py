@@ -31,7 +31,11 @@ from speclens.acceptance import (
 from speclens.acceptance.emit import ENGINES, emit
 from speclens.acceptance.files import key_mark, parse_yaml, read_checked_text
 from speclens.acceptance.golden import GoldenHeader, method_from_name, read_header
-from speclens.acceptance.quantity import is_finite_number, num_spec_tokens_problem
+from speclens.acceptance.quantity import (
+    is_finite_number,
+    length_problems,
+    num_spec_tokens_problem,
+)
 from speclens.cli._common import (
     ACCEPTANCE_LENGTH_OPTION,
     ACCEPTANCE_RATE_OPTION,
@@ -270,6 +274,12 @@ def _parse_inferencex(data: Any, file: str) -> dict[tuple[str, str, int], float]
             where = _where(data, model, f"model {n}")
             problems.append(Problem(file, where, f"{_SHAPE}: this key is not a model's curves"))
             continue
+        if model in ("thinking_on", "thinking_off"):
+            where = _where(data, model, f"model {n}")
+            problems.append(
+                Problem(file, where, f"{_SHAPE}: a thinking mode where a model belongs")
+            )
+            continue
         name = reprlib.repr(model)[1:-1]
         for mode, curve in modes.items():
             if mode not in ("thinking_on", "thinking_off"):
@@ -322,6 +332,10 @@ def _curve(
         if not is_finite_number(al):
             message = f"AL {reprlib.repr(al)} is not a finite number"
             problems.append(Problem(file, f"{path}.{k_int}", message))
+            continue
+        range_problems = length_problems(float(al), k_int)
+        if range_problems:
+            problems.append(Problem(file, f"{path}.{k_int}", f"AL {range_problems[0]}"))
             continue
         out[k_int] = float(al)
     return out

@@ -581,7 +581,8 @@ def import_inferencex_cmd(
             curves = _parse_inferencex(parse_yaml(text, str(file)), str(file))
             spec = methods.get(file.name, methods.get("")) or header.method
             spec = spec or method_from_name(file.name)
-            file_source = source or (source_base + file.name if source_base else str(file))
+            base = source_base.rstrip("/") + "/" if source_base else None
+            file_source = source or (base + file.name if base else str(file))
             modes = sorted({mode for _, mode, _ in curves})
             provenances = {
                 mode: _golden_provenance(file_source, header, mode, flags) for mode in modes

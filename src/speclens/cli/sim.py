@@ -56,6 +56,29 @@ def _sweep(text: str) -> tuple[str, list[int]]:
     return name, points
 
 
+def _grid(texts: list[str]) -> tuple[list[str], list[dict[str, int]]]:
+    """The sweep's axes and its points, each a {axis: value} (K outer, concurrency inner): one
+    axis, or both as a grid. An axis given twice is refused (exit 2), never ignored."""
+    axes: dict[str, list[int]] = {}
+    for text in texts:
+        name, points = _sweep(text)
+        if name in axes:
+            fail(f"--sweep: {name} is given twice; give each axis once (a grid: --sweep "
+                 "num_spec_tokens=... --sweep concurrency=...)", code=2)  # fmt: skip
+        axes[name] = points
+    names = [n for n in ("num_spec_tokens", "concurrency") if n in axes]
+    size = 1
+    for n in names:
+        size *= len(axes[n])
+    if size > MAX_SWEEP_POINTS:
+        shape = " x ".join(str(len(axes[n])) for n in names)
+        fail(f"--sweep: {shape} = {size} points, over the limit of {MAX_SWEEP_POINTS}", code=2)
+    grid: list[dict[str, int]] = [{}]
+    for n in names:
+        grid = [{**g, n: v} for g in grid for v in axes[n]]
+    return names, grid
+
+
 #: Largest --seed: 32 bits, all that the forced-acceptance stream keeps.
 MAX_SEED = 2**32 - 1
 
@@ -91,8 +114,17 @@ def sim(
     acceptance_rate: float | None = ACCEPTANCE_RATE_OPTION,
     per_position_rates: str | None = PER_POSITION_RATES_OPTION,
     registry: list[Path] = REGISTRY_OPTION,
-    sweep: str | None = typer.Option(
-        None, "--sweep", help="num_spec_tokens=1..8 or concurrency=1,8,32: one row per point."
+    sweep: list[str] = typer.Option(
+        [],
+        "--sweep",
+        help="num_spec_tokens=1..8 or concurrency=1,8,32: one row per point; give both for "
+        "the grid.",
+    ),
+    at_interactivity: float | None = typer.Option(
+        None,
+        "--at-interactivity",
+        help="With --sweep concurrency=...: each K's output tok/s/GPU at this many tok/s/user, "
+        "and which K wins.",
     ),
     seed: int = typer.Option(0, "--seed", help=f"Seed of every draw, 0..{MAX_SEED}."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -195,10 +227,18 @@ def sim(
         fail(f"--max-request-steps: expected an integer >= 1, got {max_request_steps}", code=2)
     if jobs is not None and jobs < 1:
         fail(f"--jobs: expected an integer >= 1, got {jobs}", code=2)
-    name, points = _sweep(sweep) if sweep else ("", [0])
+    axes, grid = _grid(sweep)
+    name = " x ".join(axes)
+    if at_interactivity is not None and "concurrency" not in axes:
+        fail("--at-interactivity needs --sweep concurrency=...: each K's curve runs over "
+             "concurrency", code=2)  # fmt: skip
+    if at_interactivity is not None and not 0 < at_interactivity < float("inf"):
+        fail(f"--at-interactivity: expected tok/s/user > 0, got {at_interactivity:g}", code=2)
     if plot is not None:
-        _check_plot(plot, sweep)
-    ks: list[int | None] = list(points) if name == "num_spec_tokens" else [None]
+        _check_plot(plot, name or None)
+    ks: list[int | None] = (
+        sorted({g["num_spec_tokens"] for g in grid}) if "num_spec_tokens" in axes else [None]
+    )
     with reported():
         scenario = load_scenario(scenario_path, precision)
         # The fast path runs where it can represent every point (a speculating pool always
@@ -206,19 +246,20 @@ def sim(
         fallbacks = [] if exact else [fast_fallback(scenario, [], k) for k in ks]
         fast = not exact and not any(fallbacks)
         budget = max_request_steps or (MAX_FAST_REQUEST_STEPS if fast else MAX_REQUEST_STEPS)
-        check(scenario, str(scenario_path), ks, budget, runs=len(points), base=scenario_path.parent)
+        check(scenario, str(scenario_path), ks, budget, runs=len(grid), base=scenario_path.parent)
         reg = load_registry(registry)
-    out = _open_output(output_dir, scenario, name, points, seed) if output_dir else None
+    out = _open_output(output_dir, scenario, axes, grid, seed) if output_dir else None
 
     pools = scenario.speculating
     spec = pools[0].engine.speculative if pools else None
     calls: list[dict[str, Any]] = []
     resolutions: list[Any] = []
-    for point in points:
-        k = point if name == "num_spec_tokens" else (spec.num_spec_tokens if spec else None)
-        resolution = None
-        rates = None
-        if spec is not None and k is not None:
+    resolved: dict[int, Any] = {}
+    for point in grid:
+        k = point.get("num_spec_tokens", spec.num_spec_tokens if spec else None)
+        resolution = resolved.get(k) if k is not None else None
+        rates = resolution.per_position_rates if resolution else None
+        if spec is not None and k is not None and resolution is None:
             workload = scenario.workload
             with reported():
                 resolution = resolve(
@@ -229,11 +270,12 @@ def sim(
                     cli=cli_value(k, acceptance_length, acceptance_rate, per_position_rates),
                 )  # fmt: skip
             rates = resolution.per_position_rates
+            resolved[k] = resolution
         resolutions.append(resolution)
         calls.append(dict(
             scenario=scenario, base=scenario_path.parent, rates=rates, seed=seed,
-            concurrency=point if name == "concurrency" else None,
-            num_spec_tokens=k if name == "num_spec_tokens" else None,
+            concurrency=point.get("concurrency"),
+            num_spec_tokens=point.get("num_spec_tokens"),
             max_request_steps=budget, source=str(scenario_path),
             draft_coverage=resolution.draft_coverage if resolution else 1.0, fast=not exact,
             keep_records=out is not None,
@@ -241,16 +283,31 @@ def sim(
     with reported():
         rows = _run(calls, jobs or _cores(), torch=not fast)
     kept = [result.pop("records", []) for result in rows]
-    for result, resolution, point in zip(rows, resolutions, points, strict=True):
+    for result, resolution, point in zip(rows, resolutions, grid, strict=True):
         result["resolution"] = resolution.model_dump() if resolution else None
         if name:
-            result["sweep"] = {name: point}
+            result["sweep"] = dict(point)
+    decision = None
+    if at_interactivity is not None:
+        from speclens.sim.decide import decide
+
+        own = spec.num_spec_tokens if spec else 0
+        gpus = sum(p.parallel * p.replicas for p in scenario.deployment.pools)
+        decision = decide(
+            [(g.get("num_spec_tokens", own), r) for g, r in zip(grid, rows, strict=True)],
+            at_interactivity, gpus,
+        )  # fmt: skip
     if as_json:
-        typer.echo(json.dumps(rows if name else rows[0], indent=2))
+        document: Any = rows if name else rows[0]
+        if decision is not None:
+            document = {"decision": decision, "points": rows}
+        typer.echo(json.dumps(document, indent=2))
     else:
-        _print(rows, name)
+        if decision is not None:
+            _print_decision(decision)
+        _print(rows, axes)
     if plot is not None:
-        _plot(rows, name, plot)
+        _plot(rows, axes, plot)
         (err_console if as_json else out_console).print(f"wrote {plot}")
     if out is not None:
         state, streams = out
@@ -267,11 +324,11 @@ def sim(
             else:
                 state.record(state.points[i], 0)
         if state is not None:
-            _write_sweep(state, console)
+            _write_sweep(state, console, decision)
 
 
 def _open_output(
-    output_dir: Path, scenario: Any, name: str, points: list[int], seed: int
+    output_dir: Path, scenario: Any, axes: list[str], grid: list[dict[str, int]], seed: int
 ) -> tuple[Any, list[Any]]:
     """The sweep's state (None for one run) and each run's records stream, opened before any
     simulation: a directory that cannot take the files, or a run too long to keep per request,
@@ -281,11 +338,11 @@ def _open_output(
     from speclens.sim.limits import longest
 
     workload = scenario.workload
-    state = run_output.sweep_state(output_dir, name, points, seed) if name else None
+    state = run_output.grid_state(output_dir, axes, grid, seed) if axes else None
     problem = (
         run_output.sweep_problem(state) if state else run_output.output_problem(output_dir)
     ) or run_output.recorded_steps_problem(
-        workload.requests, longest(workload.output_tokens), len(points)
+        workload.requests, longest(workload.output_tokens), len(grid)
     )
     if problem:
         fail(problem, code=2)
@@ -299,13 +356,21 @@ def _open_output(
         )
 
 
-def _write_sweep(state: Any, console: Any) -> None:
+def _write_sweep(state: Any, console: Any, decision: dict[str, Any] | None = None) -> None:
     """sweep.json and sweep.csv (each point's figures from its run directory, as ``speclens
-    sweep`` computes them), then the sweep's report.html."""
+    sweep`` computes them), decision.json with --at-interactivity (a stale one goes), then the
+    sweep's report.html (the decision at its top)."""
     from speclens.runs.html import write_sweep_report
 
     try:
-        paths = [*state.write(), write_sweep_report(state.root)]
+        written = state.write()
+        target = state.root / "decision.json"
+        if decision is not None:
+            target.write_text(json.dumps(decision, indent=2) + "\n")
+            written = [*written, target]
+        elif target.is_file():
+            target.unlink()
+        paths = [*written, write_sweep_report(state.root, decision)]
     except OSError as exc:
         fail(f"{exc.filename or state.root}: cannot write: {exc.strerror or exc}")
     console.print(
@@ -365,9 +430,33 @@ def _run(calls: list[dict[str, Any]], jobs: int, torch: bool) -> list[dict[str, 
         return list(pool.map(_simulate, calls))
 
 
-def _print(rows: list[dict[str, Any]], name: str) -> None:
+def _print_decision(decision: dict[str, Any]) -> None:
+    """The decision's line first, then one table: each K's AL, tok/s/GPU at the target and its
+    ratio to the best."""
+    from speclens.sim.decide import label
+
+    out_console.print(decision["headline"], markup=False, highlight=False)
+    target = decision["tok_s_user"]
+    table = Table(title=f"at {target:g} tok/s/user, {decision['gpus']} GPUs")
+    for col in ("K", "AL", f"tok/s/GPU at {target:g}", "ratio to best"):
+        table.add_column(col, justify="right")
+    for e in decision["ks"]:
+        al = e["acceptance_length"]
+        value = e["tok_s_gpu"]
+        table.add_row(
+            label(e["num_spec_tokens"]).removeprefix("K "),
+            f"{al:.2f}" if al is not None else "-",
+            f"{value:,.0f}" if value is not None else e.get("reason", "-"),
+            f"{e['ratio_to_best']:.3f}" if e["ratio_to_best"] is not None else "-",
+        )
+    out_console.print(table)
+    out_console.print(decision["interval"], markup=False, highlight=False)
+
+
+def _print(rows: list[dict[str, Any]], axes: list[str]) -> None:
     table = Table(title="speclens sim")
-    for col in ([name] if name else []) + [
+    for col in [
+        *axes,
         "AL",
         "coverage",
         "tok/step",
@@ -392,7 +481,7 @@ def _print(rows: list[dict[str, Any]], name: str) -> None:
                 for m, q in (("ttft", "p50"), ("tpot", "p50"), ("itl", "p99"), ("e2e", "p99"))
             ),
         ]
-        table.add_row(*([str(r["sweep"][name])] if name else []), *cells)
+        table.add_row(*(str(r["sweep"][a]) for a in axes), *cells)
     out_console.print(table)
     fallback = rows[0].get("fallback")
     out_console.print(
@@ -431,7 +520,7 @@ def _pricing(p: dict[str, Any]) -> str:
     )
 
 
-def _plot(rows: list[dict[str, Any]], name: str, path: Path) -> None:
+def _plot(rows: list[dict[str, Any]], axes: list[str], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -442,10 +531,10 @@ def _plot(rows: list[dict[str, Any]], name: str, path: Path) -> None:
     ys = [r["throughput"]["output_tokens_per_s"] for r in rows]
     ax.plot(xs, ys, marker="o")
     for r, x, y in zip(rows, xs, ys, strict=True):
-        ax.annotate(f"{name}={r['sweep'][name]}", (x, y), fontsize=8)
+        ax.annotate(",".join(f"{a}={r['sweep'][a]}" for a in axes), (x, y), fontsize=8)
     ax.set_xlabel("TPOT p50 (ms)")
     ax.set_ylabel("output tokens/s")
-    ax.set_title(f"Throughput against latency, sweeping {name}")
+    ax.set_title(f"Throughput against latency, sweeping {' x '.join(axes)}")
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=110)

@@ -818,14 +818,40 @@ _SETTINGS = ("concurrency", "request_rate", "num_speculative_tokens", "acceptanc
 _SAFE_DIR = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*\Z")
 
 
-def write_sweep_report(sweep_dir: Path) -> Path:
-    """``sweep_dir/report.html`` from ``sweep_dir/sweep.json``; returns its path."""
+def write_sweep_report(sweep_dir: Path, decision: Mapping[str, Any] | None = None) -> Path:
+    """``sweep_dir/report.html`` from ``sweep_dir/sweep.json``; returns its path. ``decision``
+    (``speclens sim --at-interactivity``, as decision.json holds it) goes at the page's top."""
     sweep_dir = Path(sweep_dir)
     path = sweep_dir / "sweep.json"
     sweep = read_json(path)
     _schema(sweep, path, "speclens.sweep/1")
     _expect(sweep, path, "points", list)
-    return write_page(sweep_dir, sweep_page(sweep, sweep_dir))
+    return write_page(sweep_dir, sweep_page(sweep, sweep_dir, decision))
+
+
+def _decision(page: Page, f: Fields) -> None:
+    """The answer of ``sim --at-interactivity`` first: its line, then each K's tok/s/GPU at the
+    target interactivity (``data-field`` paths into decision.json under ``decision.``)."""
+    page.heading("Decision")
+    page.add(f'<p class="decision"><strong>{f.text("decision", "headline")}</strong></p>')
+    rows = []
+    for i, e in f.rows("decision", "ks"):
+        k = e.get("num_spec_tokens") if isinstance(e, dict) else None
+        reason = f.get("decision", "ks", i, "reason")
+        rows.append([
+            f.num("decision", "ks", i, "num_spec_tokens") if k else "no speculation",
+            f.num("decision", "ks", i, "acceptance_length", digits=2),
+            f.num("decision", "ks", i, "tok_s_gpu", digits=0)
+            if reason is None else esc(str(reason)),
+            f.num("decision", "ks", i, "ratio_to_best", digits=3),
+        ])  # fmt: skip
+    target = f.get("decision", "tok_s_user")
+    page.table(
+        f"at {target:g} tok/s/user" if _number(target) else "at the target interactivity",
+        ["K", "AL", "tok/s/GPU", "ratio to best"],
+        rows,
+    )
+    page.note(f"{f.num('decision', 'gpus')} GPUs; {f.text('decision', 'interval')}")
 
 
 def _settings_text(f: Fields, *parts: str | int) -> str:
@@ -837,9 +863,13 @@ def _settings_text(f: Fields, *parts: str | int) -> str:
     return ", ".join(shown) or "-"
 
 
-def sweep_page(sweep: dict[str, Any], sweep_dir: Path) -> Page:
+def sweep_page(
+    sweep: dict[str, Any], sweep_dir: Path, decision: Mapping[str, Any] | None = None
+) -> Page:
     f = Fields(sweep)
     page = Page(f"speclens sweep: {f.get('kind') or '?'} axes", "sweep.json")
+    if decision is not None:
+        _decision(page, Fields({"decision": decision}))
     points = [p for _, p in f.rows("points") if isinstance(p, dict)]
     bad = [p for p in points if p.get("status") != "ok"]
     if bad:

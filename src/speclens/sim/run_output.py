@@ -284,6 +284,24 @@ def sweep_state(out_dir: Path, axis: str, values: Sequence[int], seed: int) -> S
     )
 
 
+def grid_state(
+    out_dir: Path, axes: Sequence[str], grid: Sequence[dict[str, int]], seed: int
+) -> Sweep:
+    """``sweep_state`` for one axis, or for the K x concurrency grid (K outer, concurrency
+    inner, in ``grid``'s order): a server sweep whose every K runs every concurrency."""
+    if len(axes) == 1:
+        return sweep_state(out_dir, axes[0], [g[axes[0]] for g in grid], seed)
+    from speclens.runs.sweep import ServerSetting, Sweep, points_for
+
+    ks = list(dict.fromkeys(g["num_spec_tokens"] for g in grid))
+    cs = list(dict.fromkeys(g["concurrency"] for g in grid))
+    loads: list[tuple[str, float | None]] = [("concurrency", c) for c in cs]
+    points = [p for k in ks for p in points_for(ServerSetting(None, k=k), loads, 1)]
+    return Sweep(
+        out_dir, "server", 1, {"num_speculative_tokens": ks, "concurrency": cs}, points, seed
+    )
+
+
 def sweep_problem(state: Sweep) -> str | None:
     """``output_problem`` for the sweep directory and each point's run directory."""
     root = state.root

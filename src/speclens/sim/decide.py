@@ -1,0 +1,105 @@
+"""Best K at a target interactivity, from a simulated grid over K and concurrency.
+
+Each K's points (one per concurrency) give output tok/s per GPU against tok/s per user
+(1000 / TPOT p50 in ms). The K's Pareto curve keeps the points no other point of that K beats on
+both; the figure at interactivity X is linear between the curve's two neighbours around X. A
+curve that does not span X has no figure there (no extrapolation): it says which range it spans.
+A simulated point is one run, so the figures carry no interval.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+#: Said of every figure: the simulator runs each point once (a pure function of its seed).
+NO_INTERVAL = "no interval: one simulated run a point"
+
+
+def pareto(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (interactivity, throughput) points no other point beats on both, by interactivity."""
+    front: list[tuple[float, float]] = []
+    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
+        if not front or y > front[-1][1]:
+            front.append((x, y))
+    return sorted(front)
+
+
+def at(curve: Sequence[tuple[float, float]], x: float) -> float | None:
+    """The curve's throughput at interactivity ``x``, linear between neighbours; None outside."""
+    for (x0, y0), (x1, y1) in itertools.pairwise(curve):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    if len(curve) == 1 and curve[0][0] == x:
+        return curve[0][1]
+    return None
+
+
+def decide(rows: Sequence[tuple[int, dict[str, Any]]], target: float, gpus: int) -> dict[str, Any]:
+    """The decision over a K x concurrency grid of (K, ``speclens sim`` row) pairs (each row with
+    ``throughput``, ``latency_ms`` and ``resolution``; K 0: no speculation) at ``target``
+    tok/s/user, on ``gpus`` GPUs."""
+    by_k: dict[int, list[dict[str, Any]]] = {}
+    for k, row in rows:
+        by_k.setdefault(k, []).append(row)
+    ks = []
+    for k, group in sorted(by_k.items()):
+        points = []
+        for row in group:
+            tpot = (row["latency_ms"].get("tpot") or {}).get("p50")
+            if tpot and tpot > 0:
+                points.append((1000.0 / tpot, row["throughput"]["output_tokens_per_s"] / gpus))
+        curve = pareto(points)
+        value = at(curve, target)
+        res = group[0].get("resolution") or {}
+        entry: dict[str, Any] = {
+            "num_spec_tokens": k,
+            "acceptance_length": res.get("acceptance_length"),
+            "tok_s_gpu": value,
+            "curve": [{"tok_s_user": x, "tok_s_gpu": y} for x, y in curve],
+        }
+        if value is None:
+            span = f"{curve[0][0]:,.1f} to {curve[-1][0]:,.1f} tok/s/user" if curve else "no points"
+            entry["reason"] = f"its curve spans {span}, not {target:g}"
+        ks.append(entry)
+    reached = [e for e in ks if e["tok_s_gpu"] is not None]
+    best = max(reached, key=lambda e: e["tok_s_gpu"]) if reached else None
+    for e in ks:
+        value = e["tok_s_gpu"]
+        e["ratio_to_best"] = value / best["tok_s_gpu"] if best and value is not None else None
+    return {
+        "tok_s_user": target,
+        "gpus": gpus,
+        "interval": NO_INTERVAL,
+        "best": best["num_spec_tokens"] if best else None,
+        "best_tok_s_gpu": best["tok_s_gpu"] if best else None,
+        "ks": ks,
+        "headline": headline(ks, best, target),
+    }
+
+
+def label(k: int) -> str:
+    return f"K {k}" if k else "no speculation"
+
+
+def headline(ks: list[dict[str, Any]], best: dict[str, Any] | None, target: float) -> str:
+    """The decision in one line (the first of the terminal output)."""
+    spec = [e["num_spec_tokens"] for e in ks if e["num_spec_tokens"]]
+    span = ", ".join(
+        ([label(0)] if len(spec) < len(ks) else [])
+        + ([f"K {spec[0]}..{spec[-1]}" if len(spec) > 1 else f"K {spec[0]}"] if spec else [])
+    )
+    if best is None:
+        line = f"at {target:g} tok/s/user, no K reaches that interactivity ({span})"
+        if ks and all(e["curve"] and e["curve"][0]["tok_s_user"] > target for e in ks):
+            line += (": every curve's slowest point is faster (the batch stops growing: raise "
+                     "the concurrency or max_num_seqs)")  # fmt: skip
+        return line
+    line = f"at {target:g} tok/s/user, {label(best['num_spec_tokens'])} delivers " \
+        f"{best['tok_s_gpu']:,.0f} tok/s/GPU"  # fmt: skip
+    lowest = ks[0]
+    if lowest is not best and lowest["tok_s_gpu"]:
+        gain = best["tok_s_gpu"] / lowest["tok_s_gpu"] - 1
+        line += f", {gain:+.1%} over {label(lowest['num_spec_tokens'])}"
+    return line + f" (best of {span})"

@@ -175,7 +175,8 @@ def replay_command(
         _print(figures)
     if note:
         err_console.print(f"note: {note}", markup=False)
-    fit = meta.get("fit") if isinstance(meta.get("fit"), dict) else {}
+    raw_fit = meta.get("fit")
+    fit: dict[str, Any] = raw_fit if isinstance(raw_fit, dict) else {}
     for problem in (fit.get("misfit"), fit.get("unusable")):
         if isinstance(problem, str) and problem:
             err_console.print(f"note: {cost_source}: {problem}", markup=False)

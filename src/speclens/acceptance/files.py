@@ -6,14 +6,17 @@ out as one ``ValidationError`` whose lines read ``<file>: <path.to.field>: <what
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import stat
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
 import yaml
+from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from speclens.acceptance.errors import UNRECOGNIZED_KEY, Problem, ValidationError
@@ -308,12 +311,17 @@ def validate(model: type[M], data: Any, file: str = "", prefix: str = "") -> M:
     try:
         return model.model_validate(data)
     except PydanticValidationError as exc:
-        raise ValidationError([_problem(file, e, data, prefix) for e in exc.errors()]) from None
+        root = _model_in(model)
+        raise ValidationError([_problem(file, e, data, prefix, root)
+                               for e in exc.errors()]) from None  # fmt: skip
 
 
-def _problem(file: str, error: Any, data: Any, prefix: str) -> Problem:
+def _problem(
+    file: str, error: Any, data: Any, prefix: str, model: type[BaseModel] | None = None
+) -> Problem:
     """One pydantic error as a located problem; an unrecognized key is named by its line and
-    column, never by its text (which may be a line of a file that is not ours)."""
+    column, never by its text (which may be a line of a file that is not ours), with the valid
+    key nearest to it where one is near (a typo: ``comand`` for ``command``)."""
     loc, message = tuple(error["loc"]), str(error["msg"])
     if error["type"] == "extra_forbidden":
         message = UNRECOGNIZED_KEY
@@ -327,7 +335,46 @@ def _problem(file: str, error: Any, data: Any, prefix: str) -> Problem:
         where = f"key {list(parent).index(loc[-1]) + 1} of {len(parent)}"
     else:
         where = "a key"
-    return Problem(file, format_loc(loc[:-1], prefix) or "(document)", f"{where} {message}")
+    hint = _nearest(model, loc) if model is not None else None
+    text = f"{where} {message}" + (f"; did you mean {hint!r}?" if hint else "")
+    return Problem(file, format_loc(loc[:-1], prefix) or "(document)", text)
+
+
+def _nearest(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """The field of the model at ``loc``'s parent nearest the unknown key ``loc[-1]`` (difflib's
+    ratio 0.75 or more), or None."""
+    fields = _fields_at(model, loc[:-1])
+    key = loc[-1]
+    if not fields or not isinstance(key, str):
+        return None
+    found = difflib.get_close_matches(key, fields, n=1, cutoff=0.75)
+    return found[0] if found else None
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """The field names of the model nested at ``loc`` (through lists, mappings and optional
+    fields), or None where the path leaves the models."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an item of a list: the same model
+        target = _model_in(current)
+        if target is None or part not in target.model_fields:
+            return None
+        current = target.model_fields[part].annotation
+    target = _model_in(current)
+    return list(target.model_fields) if target is not None else None
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds: itself, or inside list[...], X | None, Annotated[...]."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _walk(data: Any, loc: tuple[Any, ...]) -> Any:

@@ -109,6 +109,7 @@ def test_the_demo_records_its_settings_and_its_report_shows_them(
     assert settings["max_tokens"] == 40 and settings["ignore_eos"] is True
     assert settings["temperature"] == 0.0 and settings["num_speculative_tokens"] == 7
     assert len(settings["prompts_sha256"]) == 64
+    assert set(settings["host"]) == {"load_average", "cpus", "steal_percent"}
 
 
 def _settings_table(page: str) -> dict[str, str]:

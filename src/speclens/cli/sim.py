@@ -435,7 +435,7 @@ def _print_decision(decision: dict[str, Any]) -> None:
     ratio to the best."""
     from speclens.sim.decide import label
 
-    out_console.print(decision["headline"], markup=False, highlight=False)
+    out_console.print(decision["headline"], markup=False, highlight=False, soft_wrap=True)
     target = decision["tok_s_user"]
     table = Table(title=f"at {target:g} tok/s/user, {decision['gpus']} GPUs")
     for col in ("K", "AL", f"tok/s/GPU at {target:g}", "ratio to best"):

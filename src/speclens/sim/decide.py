@@ -102,4 +102,8 @@ def headline(ks: list[dict[str, Any]], best: dict[str, Any] | None, target: floa
     if lowest is not best and lowest["tok_s_gpu"]:
         gain = best["tok_s_gpu"] / lowest["tok_s_gpu"] - 1
         line += f", {gain:+.1%} over {label(lowest['num_spec_tokens'])}"
-    return line + f" (best of {span})"
+    line += f" (best of {span})"
+    missing = [label(e["num_spec_tokens"]) for e in ks if e["tok_s_gpu"] is None]
+    if missing:
+        line += f"; {', '.join(missing)} do not reach {target:g} tok/s/user (see the table)"
+    return line

@@ -46,6 +46,10 @@ def test_the_decision_block_is_first_and_equals_decision_json(run_cli, tmp_path:
     ours = [(p, t, shown) for p, t, shown in loaded.fields if p.startswith("decision.")]
     # K, AL, tok/s/GPU and the ratio for each K, and the GPUs.
     assert len(ours) == 4 * len(decision["ks"]) + 1
+    names = ("num_spec_tokens", "acceptance_length", "tok_s_gpu", "ratio_to_best")
+    assert {p for p, _, _ in ours} == {"decision.gpus"} | {
+        f"decision.ks[{i}].{n}" for i in range(len(decision["ks"])) for n in names
+    }
     assert all(shown for _, _, shown in ours)
     assert field_mismatches([(p, t) for p, t, _ in ours], {"decision": decision}) == []
     best = decision["ks"].index(max(decision["ks"], key=lambda e: e["tok_s_gpu"] or 0))

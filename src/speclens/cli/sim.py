@@ -66,7 +66,7 @@ def _grid(texts: list[str]) -> tuple[list[str], list[dict[str, int]]]:
             fail(f"--sweep: {name} is given twice; give each axis once (a grid: --sweep "
                  "num_spec_tokens=... --sweep concurrency=...)", code=2)  # fmt: skip
         axes[name] = points
-    names = [n for n in ("num_spec_tokens", "concurrency") if n in axes]
+    names: list[str] = [n for n in ("num_spec_tokens", "concurrency") if n in axes]
     size = 1
     for n in names:
         size *= len(axes[n])
@@ -237,7 +237,7 @@ def sim(
     if plot is not None:
         _check_plot(plot, name or None)
     ks: list[int | None] = (
-        sorted({g["num_spec_tokens"] for g in grid}) if "num_spec_tokens" in axes else [None]
+        [*sorted({g["num_spec_tokens"] for g in grid})] if "num_spec_tokens" in axes else [None]
     )
     with reported():
         scenario = load_scenario(scenario_path, precision)

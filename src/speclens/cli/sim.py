@@ -117,6 +117,7 @@ def sim(
     sweep: list[str] = typer.Option(
         [],
         "--sweep",
+        metavar="AXIS=POINTS",
         help="num_spec_tokens=1..8 or concurrency=1,8,32: one row per point; give both for "
         "the grid.",
     ),

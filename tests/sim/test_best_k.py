@@ -173,3 +173,15 @@ def test_the_sweep_report_opens_with_the_decision(run_cli, tmp_path: Path) -> No
     assert code == 0, err
     assert not (out_dir / "decision.json").exists()
     assert "Decision" not in (out_dir / "report.html").read_text()
+
+
+def test_the_shipped_example_answers_which_k_at_40_tok_s_user(run_cli) -> None:
+    """The issue's question on the shipped scenario (Kimi-K3 on 8 x B300, the golden curve's AL
+    for each K): one K wins at 40 tok/s/user, named on the first line."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "kimi-k3-dspark.yaml"
+    code, out, err = run_cli("sim", example, "--sweep", "num_spec_tokens=1..8", "--sweep",
+                             "concurrency=8,16,32,64,128,256", "--at-interactivity", "40")  # fmt: skip
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert re.fullmatch(r"at 40 tok/s/user, K [1-8] delivers [\d,]+ tok/s/GPU, \+[\d.]+% over "
+                        r"K 1 \(best of K 1\.\.8\)", first), first  # fmt: skip

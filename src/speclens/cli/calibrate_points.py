@@ -36,7 +36,7 @@ def is_published(runs: list[Path]) -> bool:
         summary = rundir.read_json(first / "summary.json")
     except rundir.InputError:
         return False
-    return isinstance(summary, dict) and summary.get("aggregate_only") is True
+    return rundir.is_aggregate_only(summary)
 
 
 def _entry(given: str | None, stated: Any, flag: str) -> str:

@@ -48,6 +48,7 @@ from scipy import stats as _stats
 
 from speclens.acceptance import ValidationError
 from speclens.acceptance.errors import Problem
+from speclens.acceptance.quantity import is_finite_number
 from speclens.runs import rundir
 from speclens.runs.points import PointError, point_figures
 from speclens.runs.record import MAX_SECONDS, TOLERANCE
@@ -203,10 +204,12 @@ class Input:
         if not isinstance(host, dict):
             return None
         load, cpus, steal = host.get("load_average"), host.get("cpus"), host.get("steal_percent")
-        numbers = isinstance(load, list) and len(load) == 3 and all(_finite(x) for x in load)
+        numbers = (
+            isinstance(load, list) and len(load) == 3 and all(is_finite_number(x) for x in load)
+        )
         return {"load_average": load if numbers else None,
                 "cpus": cpus if isinstance(cpus, int) and not isinstance(cpus, bool) else None,
-                "steal_percent": steal if _finite(steal) else None}  # fmt: skip
+                "steal_percent": steal if is_finite_number(steal) else None}  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         return {"label": self.label, "path": str(self.path), "kind": self.kind,
@@ -833,10 +836,6 @@ def _figures(point: Point, seed: int) -> dict[str, Interval]:
         return point_figures([run.path for run in point.runs], seed=seed)
     except PointError as exc:
         raise InputError([str(exc)], 1) from None
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _basis(a: Interval, b: Interval) -> str | None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from speclens.acceptance.quantity import is_finite_number
 from speclens.runs import rundir
 from speclens.sim.closed_loop import Figures, Load, schedule
 from speclens.sim.roofline import Roofline
@@ -92,8 +93,7 @@ class Point:
 
 
 def _positive(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(
-        value) and value > 0  # fmt: skip
+    return is_finite_number(value) and value > 0
 
 
 def _runs(paths: Sequence[Path]) -> list[Path]:
@@ -119,7 +119,7 @@ def read_point(path: Path) -> Point:
         summary = rundir.read_json(file)
     except rundir.InputError as exc:
         raise PointsError(exc.lines) from None
-    if not isinstance(summary, dict) or summary.get("aggregate_only") is not True:
+    if not rundir.is_aggregate_only(summary):
         raise PointsError([f"{file}: aggregate_only: expected true (a published point, as "
                            "speclens import writes it)"])  # fmt: skip
     settings = summary.get("settings")
@@ -363,8 +363,6 @@ def _solve(at: Callable[[float], float], target: float, k: int) -> float | str:
 
 def infer_acceptance(fit: Fit, point: Point, method: str, k: int) -> Acceptance:
     """The AL at which ``fit``'s model reproduces ``point``'s median TPOT at K ``k``."""
-    if not point.speculating and point.settings.get("method") is None:
-        pass  # a run that states no method is taken at its word: the caller names the method
     roof = replace(fit.roofline, method=method)
     at = _tpot(point, roof, fit.front_latency_s, k)
     found = _solve(at, point.tpot_s, k)

@@ -13,10 +13,10 @@ import signal
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from speclens.acceptance import ValidationError, acceptance_length
+from speclens.acceptance import MAX_NUM_SPEC_TOKENS, ValidationError, acceptance_length
 from speclens.bench.client import LoadConfig, LoadGenerator, RequestRecord, RunResult
 from speclens.bench.datasets import Prompt
-from speclens.bench.server import cross_check, read_counters, server_info
+from speclens.bench.server import cross_check, read_counters, served_speculation, server_info
 from speclens.bench.workers import WorkerPool
 from speclens.runs.figures import summarize
 from speclens.runs.verify import DEFAULT_Z, verify
@@ -126,11 +126,13 @@ async def run_bench(
     figures = _summarize(result, slo)
     acceptance = figures["acceptance"]
     warnings = []
-    if acceptance["requests_with_stats"] == 0 and (expect_spec or expectation is not None):
+    completed = figures["requests"]["completed"]
+    no_stats = completed > 0 and acceptance["requests_with_stats"] == 0
+    if no_stats and (expect_spec or expectation is not None):
+        engine = serving_engine(infos[0], config.backend, before[0])
         warnings.append(
-            "speculative decoding was expected, but no request carried per-request stats: is the "
-            "server started with --per-request-spec-decode-stats (vLLM: "
-            "--per-request-spec-decode-metrics), and does a proxy strip the field?"
+            "speculative decoding was expected, but no request carried per-request stats: "
+            f"{stats_hint(engine)}; or does a proxy strip the field?"
         )
     detection = acceptance["detection"]
     for status in ("malformed", "conflict"):
@@ -161,31 +163,46 @@ async def run_bench(
     if len(replicas) > 1:
         summary["replicas"] = per_replica(result, slo, replicas, infos, before, after)
         summary["server_check"] = combined_check(summary["replicas"])
+    uncompared(summary["server_check"], acceptance, completed)
     if summary["server_check"].get("flags"):
         warnings.extend(summary["server_check"]["flags"])
     add_derivation(acceptance, summary["server_check"])
     if acceptance["draft_rate_refused"]:
         warnings.append(acceptance["draft_rate_refused"])
     if expectation is not None:
-        summary["verdict"] = judge(acceptance, expectation)
+        server_k = served_k(infos[0], after[0][0])
+        if no_stats:
+            engine = serving_engine(infos[0], config.backend, before[0])
+            summary["verdict"] = no_stats_verdict(
+                expectation, engine, summary["server_check"], server_k
+            )
+        else:
+            summary["verdict"] = judge(acceptance, expectation, server_k)
         summary["verdict"]["expectation_source"] = expectation.source
         _veto(summary)
     return BenchOutcome(summary, result.records)
 
 
-def judge(acceptance: dict[str, Any], expectation: Expectation) -> dict[str, Any]:
+def judge(
+    acceptance: dict[str, Any],
+    expectation: Expectation,
+    server_k: tuple[int, str] | None = None,
+) -> dict[str, Any]:
     """The run's verdict against its expected AL: inconclusive (never PASS) when K is unknown or
-    every request carried counts only, so there is no histogram to judge. Requests whose stats
-    claim more tokens than their completion_tokens (``inconsistent_requests``) are no evidence:
-    the verdict judges the other requests' histogram, and with none left it is inconclusive."""
+    every request carried counts only, so there is no histogram to judge. K is the stated one,
+    else the requests', else the server's own (``served_k``). Requests whose stats claim more
+    tokens than their completion_tokens (``inconsistent_requests``) are no evidence: the verdict
+    judges the other requests' histogram, and with none left it is inconclusive."""
     k = expectation.num_spec_tokens or acceptance["num_spec_tokens"]
+    if k is None and server_k is not None:
+        k = server_k[0]
     if k is None:
         return {
             "passed": False,
             "inconclusive": True,
             "expected_acceptance_length": expectation.acceptance_length,
-            "reason": "inconclusive: K is unknown: no request reported num_spec_tokens; "
-            "pass --num-spec-tokens",
+            "reason": "inconclusive: K is unknown: no request reported num_spec_tokens and "
+            "the server does not say it; pass --num-spec-tokens",
             "expected_distribution": {},
         }
     if acceptance["counts_only_requests"] and not acceptance["histogram_steps"]:
@@ -252,6 +269,146 @@ def add_derivation(acceptance: dict[str, Any], check: dict[str, Any]) -> None:
         )
 
 
+#: Per engine: how to get per-request speculative-decoding stats out of it (README's engine table).
+STATS_HINTS = {
+    "speclens": "start `speclens serve` with --per-request-spec-decode-stats summary",
+    "vllm": "start vLLM with --per-request-spec-decode-metrics summary "
+    "--enable-per-request-metrics",
+    "sglang": "SGLang sends them when asked (bench --backend sglang asks with "
+    "return_spec_tokens_details) and only for requests that ran verify steps: is it started with "
+    "--speculative-algorithm?",
+    "llama.cpp": "llama-server reports timings.draft_n only for requests that drafted: start it "
+    "with --spec-type draft-simple -md DRAFT.gguf or --spec-type ngram-simple",
+    "tensorrt-llm": "trtllm-serve sends no per-request stats (the per-choice "
+    "speculative_decoding field is a proposal upstream); its iteration stats, with "
+    "enable_iter_perf_stats: true in --extra_llm_api_options, give the run's AL",
+    "atom": "ATOM reports acceptance per run only (/debug/mtp_stats, atom:mtp_* on /metrics)",
+}
+#: An engine we cannot tell: the switches of the two that have one.
+UNKNOWN_HINT = (
+    "start the server with its per-request switch (vLLM: --per-request-spec-decode-metrics "
+    "summary --enable-per-request-metrics; speclens serve: --per-request-spec-decode-stats "
+    "summary; SGLang: bench --backend sglang)"
+)
+
+
+def serving_engine(
+    info: dict[str, Any] | None, backend: str, scrape: tuple[dict[str, Any] | None, str | None]
+) -> str | None:
+    """The engine behind a URL, as far as the run saw it: ``/version``'s or ``/props``'s
+    ``engine``, the backend bench spoke, the counters' source on ``/metrics``; None if unknown."""
+    engine = info.get("engine") if isinstance(info, dict) else None
+    if engine in ("speclens", "llama.cpp"):
+        return str(engine)
+    if backend in ("sglang", "llamacpp"):
+        return "sglang" if backend == "sglang" else "llama.cpp"
+    counters, why = scrape
+    source = str(counters.get("source")) if counters else ""
+    if why and "sglang:" in why:  # SGLang's /metrics has acceptance gauges only
+        return "sglang"
+    for prefix, name in (
+        ("metrics:llamacpp", "llama.cpp"),
+        ("metrics:trtllm", "tensorrt-llm"),
+        ("metrics:atom", "atom"),
+        ("debug/mtp_stats", "atom"),
+        ("metrics:vllm", "vllm"),
+    ):
+        if source.startswith(prefix):
+            return name
+    return None
+
+
+def stats_hint(engine: str | None) -> str:
+    """What turns per-request stats on for ``engine`` (``serving_engine``), one clause."""
+    return STATS_HINTS.get(engine or "", UNKNOWN_HINT)
+
+
+def served_k(
+    info: dict[str, Any] | None, counters: dict[str, Any] | None
+) -> tuple[int, str] | None:
+    """K as the server states it, and where: ``/version``'s acceptance block (speclens), else the
+    positions of vLLM's per-position counter on ``/metrics`` (one series per draft position,
+    0..K-1, from the start); None when it says nothing."""
+    k = served_speculation(info)["num_speculative_tokens"]
+    if k is not None:
+        return k, "the server's /version"
+    positions = counters.get("accepted_per_position") if isinstance(counters, dict) else None
+    source = str(counters.get("source")) if isinstance(counters, dict) else ""
+    if isinstance(positions, dict) and positions and source == "metrics:vllm":
+        width = max(positions) + 1
+        if width == len(positions) and 1 <= width <= MAX_NUM_SPEC_TOKENS:
+            return width, "the positions of the server's per-position counter on /metrics"
+    return None
+
+
+def no_stats_verdict(
+    expectation: Expectation,
+    engine: str | None,
+    check: dict[str, Any],
+    server_k: tuple[int, str] | None,
+) -> dict[str, Any]:
+    """The verdict of a run whose completed requests carried no per-request stats: inconclusive,
+    headed by that and by the engine's switch, with K as far as known and the server counters'
+    AL as the fallback figure (not judged: a pooled AL has no histogram)."""
+    k = expectation.num_spec_tokens
+    k_source = "--num-spec-tokens" if k is not None else None
+    if k is None and server_k is not None:
+        k, k_source = server_k
+    server_al = check.get("server_al") if check.get("available") else None
+    if server_al is not None:
+        drafts = check["server_delta"]["drafts"]
+        fallback = (
+            f"fallback: AL {server_al:.4f} from the server's counters ({check.get('source')}, "
+            f"{drafts:g} verify steps), not judged"
+        )
+    else:
+        fallback = "no fallback: the server's counters give no AL either"
+    known = f"K {k} (from {k_source})" if k is not None else "K unknown"
+    out: dict[str, Any] = {
+        "passed": False,
+        "inconclusive": True,
+        "no_per_request_stats": True,
+        "engine": engine,
+        "expected_acceptance_length": expectation.acceptance_length,
+        "num_spec_tokens": k,
+        "num_spec_tokens_source": k_source,
+        "server_acceptance_length": server_al,
+        "reason": f"inconclusive: no request carried per-request speculative-decoding stats: "
+        f"{stats_hint(engine)}; {fallback}; {known}",
+        "expected_distribution": {},
+        "verify_steps": 0,
+        "evidence_requests": 0,
+    }
+    return out
+
+
+def uncompared(check: dict[str, Any], acceptance: dict[str, Any], completed: int) -> None:
+    """A server check with nothing on the client's side to compare: no request completed, or
+    none carried per-request stats. Its counters cannot "agree" or name "traffic the client did
+    not send"; the check says there is nothing to compare (``compared``: False) and keeps the
+    server's AL as the fallback figure."""
+    if not check.get("available") or (acceptance["requests_with_stats"] and completed):
+        return
+    if completed == 0:
+        why = "no request completed: nothing to compare the server's counters with"
+    else:
+        why = "no request carried per-request stats: nothing to compare the server's counters with"
+    server_al = check.get("server_al")
+    delta = check.get("server_delta") or {}
+    if server_al is not None and completed:
+        why += (
+            f"; AL from the server's counters (fallback): {server_al:.4f} over "
+            f"{delta.get('drafts', 0):g} verify steps"
+        )
+    previous = check.get("note")
+    check.update(
+        flags=[],
+        consistent=None,
+        compared=False,
+        note=why if not previous else f"{why}; {previous}",
+    )
+
+
 def per_replica(
     result: RunResult,
     slo: dict[str, float] | None,
@@ -267,6 +424,7 @@ def per_replica(
         mine = [r for r in result.records if r.replica == url]
         figures = _summarize(replace(result, records=mine), slo)
         check = cross_check(b, a, figures["acceptance"], why_b, why_a)
+        uncompared(check, figures["acceptance"], figures["requests"]["completed"])
         add_derivation(figures["acceptance"], check)
         out[url] = {
             "server": info,

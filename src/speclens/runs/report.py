@@ -44,11 +44,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     head.add_row("request throughput", f"{tput['requests_per_s']:.2f} req/s")
     head.add_row("output throughput", f"{tput['output_tokens_per_s']:,.1f} tok/s")
     if "goodput" in figures:
-        good = figures["goodput"]
-        head.add_row(
-            "goodput",
-            f"{good['requests_per_s']:.2f} req/s ({good['fraction']:.1%} within {good['slo_ms']} ms)",
-        )
+        head.add_row("goodput", escape(goodput_sentence(figures["goodput"], req["completed"])))
     console.print(head)
     for row in (summary.get("failures") or {}).get("first_errors", []):
         console.print(f"  [red]error[/] (x{row['count']}): {escape(row['error'])}", soft_wrap=True)
@@ -104,16 +100,8 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     if acc["inconsistent_requests"]:
         table.add_row("inconsistent requests", str(len(acc["inconsistent_requests"])))
     server = summary.get("server_check") or {}
-    if server.get("available"):
-        table.add_row(
-            "server counters",
-            escape(
-                ("agree" if server["consistent"] else "; ".join(server["flags"]))
-                + f" ({server['source']})"
-            ),
-        )
-    elif server:
-        table.add_row("server counters", escape(server["note"]))
+    if server:
+        table.add_row("server counters", escape(server_counters_text(server)))
     console.print(table)
     if acc.get("derivable"):
         console.print(derivation_table(acc["derivable"]))
@@ -131,6 +119,35 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         )
     if verdict:
         print_verdict(console, verdict, acc)
+
+
+#: How a goodput SLO's metric reads in a sentence.
+_SLO_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E latency"}
+
+
+def goodput_sentence(good: dict[str, Any], completed: int) -> str:
+    """Goodput as one sentence: the rate of requests that met every SLO, their share of the
+    completed requests and each SLO in ms (``figures.goodput``), or that nothing completed."""
+    limits = ", ".join(
+        f"{_SLO_NAMES.get(name, str(name))} ≤ {limit:,.4g} ms"
+        for name, limit in (good.get("slo_ms") or {}).items()
+    )
+    if not completed:
+        return f"no request completed, so none met the SLO ({limits})"
+    met = round(good["fraction"] * completed)
+    return (
+        f"{good['requests_per_s']:.2f} req/s met the SLO ({limits}): {met} of {completed} "
+        f"completed requests ({good['fraction']:.1%})"
+    )
+
+
+def server_counters_text(check: dict[str, Any]) -> str:
+    """The server check in one line: "agree" only when the client's requests were compared
+    with the counters; with nothing to compare (``compared``: False) or no counters, its note."""
+    if not check.get("available") or check.get("compared") is False:
+        return str(check.get("note") or "-")
+    state = "agree" if check.get("consistent") else "; ".join(check.get("flags") or [])
+    return f"{state} ({check.get('source')})"
 
 
 def print_verdict(console: Console, verdict: dict[str, Any], acc: dict[str, Any]) -> None:
@@ -174,11 +191,7 @@ def replica_table(replicas: dict[str, Any]) -> Table:
         table.add_column(col, justify="left" if col in ("replica", "server counters") else "right")
     for url, row in replicas.items():
         figures, check = row["figures"], row["server_check"]
-        counters = (
-            ("agree" if check["consistent"] else "; ".join(check["flags"]))
-            if check["available"]
-            else check["note"]
-        )
+        counters = server_counters_text(check)
         table.add_row(
             escape(url), str(figures["requests"]["completed"]), str(figures["requests"]["failed"]),
             f"{figures['throughput']['requests_per_s']:.2f}",

@@ -19,6 +19,7 @@ try:
     from speclens.cli import compare as compare_cli
     from speclens.cli import importing as import_cli
     from speclens.cli import sweep as sweep_cli
+    from speclens.cli._help import HELP_WIDTH, HelpGroup
 except KeyboardInterrupt:  # the console script imports this module before main() runs
     raise SystemExit(INTERRUPTED) from None
 
@@ -28,6 +29,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=HelpGroup,  # help that reads at 80 columns (speclens.cli._help)
+    context_settings={"max_content_width": HELP_WIDTH},
 )
 app.add_typer(profiles.app, name="profiles")
 app.command("demo")(demo.demo)

@@ -80,6 +80,7 @@ def test_no_per_request_stats_leads_with_the_engines_switch(run_cli: Any, tmp_pa
     assert "K is unknown" not in text and "send more requests" not in text
     assert "fallback: AL 2.5000 from the server's counters (metrics:vllm, 48 verify steps)" in line
     verdict = summary["verdict"]
+    assert summary["engine"] == verdict["engine"] == "vllm"
     assert verdict["num_spec_tokens"] == K
     assert verdict["num_spec_tokens_source"].endswith("per-position counter on /metrics")
     assert verdict["server_acceptance_length"] == 2.5

@@ -128,8 +128,8 @@ async def run_bench(
     warnings = []
     completed = figures["requests"]["completed"]
     no_stats = completed > 0 and acceptance["requests_with_stats"] == 0
+    engine = serving_engine(infos[0], config.backend, before[0])
     if no_stats and (expect_spec or expectation is not None):
-        engine = serving_engine(infos[0], config.backend, before[0])
         warnings.append(
             "speculative decoding was expected, but no request carried per-request stats: "
             f"{stats_hint(engine)}; or does a proxy strip the field?"
@@ -148,6 +148,7 @@ async def run_bench(
     summary: dict[str, Any] = {
         "settings": settings or {},
         "server": infos[0],
+        "engine": engine,  # as far as the run could tell (``serving_engine``); None: unknown
         "figures": figures,
         "server_check": cross_check(
             before[0][0], after[0][0], acceptance, before[0][1], after[0][1]
@@ -172,7 +173,6 @@ async def run_bench(
     if expectation is not None:
         server_k = served_k(infos[0], after[0][0])
         if no_stats:
-            engine = serving_engine(infos[0], config.backend, before[0])
             summary["verdict"] = no_stats_verdict(
                 expectation, engine, summary["server_check"], server_k
             )

@@ -18,8 +18,9 @@ from typing import Any
 import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import RendererAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import MaxNLocator, NullLocator
 from matplotlib.typing import RcKeyType
 
 #: Points per latency CDF and per scatter: what a reader can see, whatever the run's size.
@@ -66,6 +67,34 @@ def new_figure(width: float = 6.4, height: float = 4.0, left: float = 0.12) -> t
         fig.subplots_adjust(left=left, right=0.97, bottom=0.8 / height, top=1 - 0.45 / height)
         ax: Axes = fig.subplots()
     return fig, ax
+
+
+def legend_outside(fig: Figure, ax: Axes) -> None:
+    """The axes' legend to the right of the axes, the figure widened to hold it: no point sits
+    under it and the axes keep their size. Entries that would run below the axes go in columns."""
+    if not ax.get_legend_handles_labels()[0]:
+        return
+    # measures the legend's text, draws nothing (backend_agg has no type stubs)
+    renderer = RendererAgg(1, 1, fig.dpi)  # type: ignore[no-untyped-call]
+    tall = ax.get_position().height * fig.get_figheight() * fig.dpi
+    columns = 1
+    while True:
+        legend = ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                           ncols=columns)  # fmt: skip
+        box = legend.get_window_extent(renderer)
+        if box.height <= tall or columns >= len(legend.get_texts()):
+            break
+        columns = max(columns + 1, math.ceil(columns * box.height / tall))
+    width, _ = fig.get_size_inches()
+    where = ax.get_position()
+    wider = width + 0.02 * where.width * width + box.width / fig.dpi + 0.1
+    fig.set_size_inches(wider, fig.get_figheight())
+    fig.subplots_adjust(left=where.x0 * width / wider, right=where.x1 * width / wider)
+
+
+def integer_ticks(ax: Axes) -> None:
+    """Whole-number ticks on x (draft positions, accepted counts): never 1.5."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
 def label(text: str, limit: int = 40) -> str:
@@ -115,10 +144,12 @@ def histogram_plot(
         ticks |= set(ex)
     if len(ticks) <= 20:
         ax.set_xticks(sorted(ticks))
+    else:
+        integer_ticks(ax)
     ax.set_xlabel("accepted drafts per verify step")
     ax.set_ylabel("fraction of verify steps")
     ax.set_title(f"Pooled acceptance histogram ({steps} steps)")
-    ax.legend(loc="upper left")
+    legend_outside(fig, ax)
     return to_svg(fig, "histogram")
 
 
@@ -130,11 +161,13 @@ def position_plot(observed: Sequence[float], expected: Sequence[float] | None) -
     if expected:
         ax.plot(list(range(1, len(expected) + 1)), list(expected), marker="s",
                 linestyle="--", label="forced schedule")  # fmt: skip
-    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylim(-0.05, 1.05)  # a marker at 0 or 1 keeps its whole radius in view
+    ax.set_xlim(0.5, max(len(observed), len(expected or ())) + 0.5)
+    integer_ticks(ax)
     ax.set_xlabel("draft position")
     ax.set_ylabel("share of steps accepting it")
     ax.set_title("Per-position acceptance")
-    ax.legend(loc="upper right")
+    legend_outside(fig, ax)
     return to_svg(fig, "positions")
 
 
@@ -148,7 +181,7 @@ def category_plot(rows: Sequence[tuple[str, float, int]], forced: float | None) 
     ax.invert_yaxis()
     if forced is not None:
         ax.axvline(forced, color="#d62728", linestyle="--", label=f"forced AL {forced:g}")
-        ax.legend(loc="lower right")
+        legend_outside(fig, ax)
     more = f" (the {len(shown)} busiest of {len(rows)})" if len(rows) > len(shown) else ""
     ax.set_xlabel("acceptance length")
     ax.set_title("AL per category" + more)
@@ -166,7 +199,7 @@ def cdf_plot(curves: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> str:
     ax.set_xlabel("ms")
     ax.set_ylabel("fraction of requests")
     ax.set_title("Latency CDFs")
-    ax.legend(loc="lower right")
+    legend_outside(fig, ax)
     return to_svg(fig, "cdf")
 
 
@@ -176,7 +209,7 @@ def scatter_plot(pairs: np.ndarray, total: int, forced: float | None) -> str:
     ax.scatter(pairs[:, 0], pairs[:, 1], s=8, alpha=0.6, color="#9467bd")
     if forced is not None:
         ax.axhline(forced, color="#d62728", linestyle="--", label=f"forced AL {forced:g}")
-        ax.legend(loc="upper right")
+        legend_outside(fig, ax)
     shown = f" ({len(pairs)} of {total} requests)" if total > len(pairs) else ""
     ax.set_xlabel("TPOT (ms)")
     ax.set_ylabel("request AL")
@@ -213,8 +246,7 @@ def curve_plot(series: Sequence[Series], xlabel: str, ylabel: str, title: str, n
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    if series:
-        ax.legend(loc="upper right")
+    legend_outside(fig, ax)
     return to_svg(fig, name)
 
 

@@ -79,5 +79,9 @@ def test_a_wide_terminal_gets_readable_lines(path: tuple[str, ...]) -> None:
 
 
 def test_metavars_name_the_value_and_flags_take_none() -> None:
-    text = _help(("bench", "run") if ("bench", "run") in COMMANDS else ("sim",), NARROW)
-    assert "<list[" not in text and "<bool>" not in text and "<int>" not in text
+    bench, sim = _help(("bench",), NARROW), _help(("sim",), NARROW)
+    for text in (bench, sim):
+        assert "<list[" not in text and "<bool>" not in text and "<int>" not in text
+    assert "--url URL " in bench and "--workers N " in bench and "--burstiness X " in bench
+    assert "--registry DIR " in sim  # a list of directories: one DIR, repeated
+    assert re.search(r"^  --json +Print", sim, re.MULTILINE)  # a flag takes no value

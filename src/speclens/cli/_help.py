@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
+from pathlib import PurePath
 from typing import Any
 
 import typer.core
@@ -45,7 +46,7 @@ def metavar(option: typer.core.TyperOption) -> str | None:
     annotation = described.annotation
     if described.is_list:
         annotation = (getattr(annotation, "__args__", None) or (str,))[0]
-    if described.is_path:
+    if described.is_path or (isinstance(annotation, type) and issubclass(annotation, PurePath)):
         info = described.parameter_info
         if not info.dir_okay:
             return "FILE"

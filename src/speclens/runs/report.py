@@ -380,6 +380,8 @@ def plots(out_dir: Path, summary: dict[str, Any], records: list[RequestRecord]) 
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from speclens.runs.html_plots import integer_ticks, legend_outside
+
     written: list[Path] = []
     measured = [r for r in records if not r.warmup and r.success]
     acc = summary["figures"]["acceptance"]
@@ -399,11 +401,14 @@ def plots(out_dir: Path, summary: dict[str, Any], records: list[RequestRecord]) 
                 label="forced schedule",
             )
         ticks = set(xs) | ({int(j) for j in verdict["expected_distribution"]} if verdict else set())
-        ax.set_xticks(sorted(ticks))
+        if len(ticks) <= 20:
+            ax.set_xticks(sorted(ticks))
+        else:
+            integer_ticks(ax)
         ax.set_xlabel("accepted drafts per verify step")
         ax.set_ylabel("fraction of verify steps")
         ax.set_title(f"Pooled acceptance histogram ({steps} steps)")
-        ax.legend()
+        legend_outside(fig, ax)
         written.append(_save(fig, out_dir / "acceptance_histogram.png"))
     pairs = [
         (al, r.tpot * 1000)
@@ -433,7 +438,7 @@ def plots(out_dir: Path, summary: dict[str, Any], records: list[RequestRecord]) 
         ax.set_xlabel("ms")
         ax.set_ylabel("fraction of requests")
         ax.set_title("Latency CDFs")
-        ax.legend()
+        legend_outside(fig, ax)
         written.append(_save(fig, out_dir / "latency_cdf.png"))
     else:
         plt.close(fig)

@@ -48,7 +48,7 @@ VLLM = {"source": "metrics:vllm", "accepted_per_position": {0: 10.0, 1: 5.0, 2: 
         (None, "openai", ({"source": "metrics:trtllm-iteration-stats"}, None), "tensorrt-llm"),
         (None, "openai", ({"source": "metrics:atom"}, None), "atom"),
         (None, "openai", ({"source": "debug/mtp_stats"}, None), "atom"),
-        (None, "openai", ({"source": "metrics:llamacpp"}, None), "llama.cpp"),
+        (None, "openai", ({"source": "metrics:llama.cpp"}, None), "llama.cpp"),
         (None, "openai", (None, "the server exposes no acceptance counters"), None),
     ],
 )  # fmt: skip
@@ -74,7 +74,7 @@ def test_k_comes_from_the_server_where_it_says_it() -> None:
     assert k == 3 and "per-position counter on /metrics" in where
     gap = {"source": "metrics:vllm", "accepted_per_position": {0: 1.0, 2: 1.0}}
     assert served_k(None, gap) is None  # positions with a hole say nothing of K
-    assert served_k(None, {**VLLM, "source": "metrics:llamacpp"}) is None
+    assert served_k(None, {**VLLM, "source": "metrics:llama.cpp"}) is None
     assert served_k({"acceptance": {"num_speculative_tokens": "3"}}, None) is None
     assert served_k(None, None) is None
 

@@ -37,7 +37,9 @@ def test_the_engine_is_named_by_version_then_by_its_counters() -> None:
     assert _engine({"version": "0.32.0"}, vllm_counters([0])) == "vllm"
     assert _engine({"version": "0.32.0"}, None) == "unknown engine"
     assert _engine({}, {"source": "metrics:llama.cpp"}) == "llama.cpp"
-    assert _engine({}, {"source": "debug/mtp_stats"}) == "unknown engine"
+    assert (
+        _engine({}, {"source": "debug/mtp_stats"}) == "atom"
+    )  # speclens serve says so on /version
 
 
 def test_a_flag_that_contradicts_the_server_is_a_usage_error() -> None:
@@ -47,3 +49,20 @@ def test_a_flag_that_contradicts_the_server_is_a_usage_error() -> None:
     with pytest.raises(typer.Exit) as info:
         _agreed("--num-spec-tokens", 3, 4)
     assert info.value.exit_code == 2
+
+
+def test_no_per_request_stats_names_the_engines_own_switch(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """measure refuses a run without per-request stats with the switch of the engine it saw."""
+    from speclens.cli.measure import _check_acceptance
+
+    empty = {"requests_with_stats": 0, "counts_only_requests": 0, "verify_steps": 0}
+    with pytest.raises(typer.Exit):
+        _check_acceptance(empty, "vllm")
+    err = capsys.readouterr().err
+    assert "--enable-per-request-metrics" in err and "--per-request-spec-decode-stats" not in err
+    with pytest.raises(typer.Exit):
+        _check_acceptance(empty, "speclens")
+    err = capsys.readouterr().err
+    assert "--per-request-spec-decode-stats summary" in err and "vLLM" not in err

@@ -307,7 +307,7 @@ def serving_engine(
     if why and "sglang:" in why:  # SGLang's /metrics has acceptance gauges only
         return "sglang"
     for prefix, name in (
-        ("metrics:llamacpp", "llama.cpp"),
+        ("metrics:llama.cpp", "llama.cpp"),
         ("metrics:trtllm", "tensorrt-llm"),
         ("metrics:atom", "atom"),
         ("debug/mtp_stats", "atom"),
@@ -332,13 +332,22 @@ def served_k(
     k = served_speculation(info)["num_speculative_tokens"]
     if k is not None:
         return k, "the server's /version"
+    k = counter_k(counters)
+    if k is not None:
+        return k, "the positions of the server's per-position counter on /metrics"
+    return None
+
+
+def counter_k(counters: dict[str, Any] | None) -> int | None:
+    """K from vLLM's per-position counter: it is created for positions 0..K-1 at start-up
+    (``vllm/v1/spec_decode/metrics.py``, ``SpecDecodingProm``), so a scrape before any traffic
+    shows all K. Positions that are not exactly 0..K-1 prove nothing (None)."""
     positions = counters.get("accepted_per_position") if isinstance(counters, dict) else None
     source = str(counters.get("source")) if isinstance(counters, dict) else ""
-    if isinstance(positions, dict) and positions and source == "metrics:vllm":
-        width = max(positions) + 1
-        if width == len(positions) and 1 <= width <= MAX_NUM_SPEC_TOKENS:
-            return width, "the positions of the server's per-position counter on /metrics"
-    return None
+    if not isinstance(positions, dict) or not positions or source != "metrics:vllm":
+        return None
+    width = max(positions) + 1
+    return width if width == len(positions) and 1 <= width <= MAX_NUM_SPEC_TOKENS else None
 
 
 def no_stats_verdict(

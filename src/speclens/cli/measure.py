@@ -51,23 +51,21 @@ def _writable(output: Path) -> str | None:
 
 
 def _engine(info: dict[str, Any], counters: dict[str, Any] | None) -> str:
-    """The engine's name: ``/version``'s ``engine`` (speclens serve), else vLLM or llama.cpp by
-    the counters they expose (vLLM's ``/version`` is ``{"version": ...}`` alone), else unknown."""
+    """The engine's name: ``/version``'s ``engine`` (speclens serve), else by the counters it
+    exposes (vLLM's ``/version`` is ``{"version": ...}`` alone), else unknown."""
+    from speclens.bench.run import serving_engine
+
     named = info.get("engine")
     if isinstance(named, str) and named:
         return named
-    source = counters.get("source") if counters is not None else None
-    return {"metrics:vllm": "vllm", "metrics:llama.cpp": "llama.cpp"}.get(
-        str(source), "unknown engine"
-    )
+    return serving_engine(info, "", (counters, None)) or "unknown engine"
 
 
 def _k_from_counters(counters: dict[str, Any] | None) -> int | None:
-    """K from vLLM's per-position counter: it is created for positions 0..K-1 at start-up
-    (``vllm/v1/spec_decode/metrics.py``, ``SpecDecodingProm``), so a scrape before any traffic
-    shows all K. Positions that are not exactly 0..K-1 prove nothing."""
-    positions = sorted((counters or {}).get("accepted_per_position") or {})
-    return len(positions) if positions and positions == list(range(len(positions))) else None
+    """K from vLLM's per-position counter (``bench.run.counter_k``)."""
+    from speclens.bench.run import counter_k
+
+    return counter_k(counters)
 
 
 def _agreed(flag: str, given: Any, reported: Any) -> Any:
@@ -151,7 +149,7 @@ def measure(
     outcome = _run(url, model, endpoint, prompts, concurrency, max_tokens, temperature,
                    max_failure_rate, output)  # fmt: skip
     acceptance = outcome.summary["figures"]["acceptance"]
-    _check_acceptance(acceptance)
+    _check_acceptance(acceptance, outcome.summary.get("engine"))
     counts = _prompt_counts(outcome)
     base = _provenance(served, url, model, dataset_path, source, endpoint, max_tokens, temperature)
     profiles, thin = _profiles(
@@ -278,12 +276,13 @@ def _run(
     return outcome
 
 
-def _check_acceptance(acceptance: dict[str, Any]) -> None:
-    """Refuse a run whose requests carried no per-request stats, or counts without steps."""
+def _check_acceptance(acceptance: dict[str, Any], engine: str | None) -> None:
+    """Refuse a run whose requests carried no per-request stats (naming the switch that turns
+    them on for the serving ``engine``), or counts without steps."""
+    from speclens.bench.run import stats_hint
+
     if not acceptance["requests_with_stats"]:
-        fail(
-            "no request carried per-request speculative-decoding stats: start the server with --per-request-spec-decode-stats summary"
-        )
+        fail(f"no request carried per-request speculative-decoding stats: {stats_hint(engine)}")
     if acceptance["counts_only_requests"] and not acceptance["verify_steps"]:
         engines = ", ".join(acceptance["counts_only_engines"])
         fail(

@@ -172,7 +172,6 @@ def test_designs_exit_code_table_is_the_codes_bench_uses() -> None:
     assert "interrupted" in rows[EXIT_INTERRUPTED]
 
 
-@pytest.mark.xfail(strict=True, reason="README's bench table lacks exit 4 (inconclusive)")
 def test_readmes_bench_exit_table_is_the_codes_bench_uses() -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     rows = _table(text, "| exit | meaning |")

@@ -54,16 +54,27 @@ def compare(
         None, "--output-dir", help="Write compare.json and report.html there."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap over one round's requests."),
+    at_interactivity: float | None = typer.Option(
+        None,
+        "--at-interactivity",
+        metavar="X",
+        help="Which input delivers the most tok/s/GPU at X tok/s/user (each input's own "
+        "Pareto curve, interpolated, with its interval): said first.",
+    ),
 ) -> None:
     """Compare runs and sweeps of any engine: same prompts, sampling, lengths, K and acceptance
     first, then throughput at matched concurrency and at matched interactivity, with 95% CIs.
-    Aggregate-only inputs (published figures): a speculation A/B, or a prediction's error."""
+    One sweep over K alone: its Ks compared. Aggregate-only inputs (published figures): a
+    speculation A/B, or a prediction's error."""
     from speclens.acceptance import ValidationError
     from speclens.runs import compare as cmp
+    from speclens.runs import compare_decide as cd
     from speclens.runs.rundir import InputError
 
-    if len(inputs) < 2:
-        fail("command line: INPUTS: expected two or more run or sweep directories", 2)
+    whole = cd.sweep_dir_path(inputs)
+    if len(inputs) < 2 and whole is None:
+        fail("command line: INPUTS: expected two or more run or sweep directories, or one "
+             "sweep directory over K (num_speculative_tokens)", 2)  # fmt: skip
     if len(inputs) > cmp.MAX_INPUTS:
         fail(f"command line: INPUTS: at most {cmp.MAX_INPUTS}, got {len(inputs)}", 2)
     unknown = sorted(set(differ) - set(cmp.NAMEABLE))
@@ -72,11 +83,24 @@ def compare(
              f"{unknown[0]!r}", 2)  # fmt: skip
     if not 0 <= seed <= 2**32 - 1:
         fail(f"command line: --seed: expected an integer in [0, 2**32 - 1], got {seed}", 2)
+    if at_interactivity is not None and not 0 < at_interactivity <= cd.MAX_TARGET:
+        fail(f"command line: --at-interactivity: expected tok/s/user in (0, {cd.MAX_TARGET:g}], "
+             f"got {at_interactivity:g}", 2)  # fmt: skip
     counts = _gpus(gpus, len(inputs))
     try:
         labels = cmp.labels_for(len(inputs), label)
         read = cmp.read_inputs(inputs, labels, counts)
-        result = cmp.compare(read, differ, seed)
+        named = list(differ)
+        if whole is not None:
+            read, named = cd.whole_sweep(read, named)
+        result = cmp.compare(read, named, seed)
+        if whole is not None:  # each choice against the first, not every pair
+            result["pairs"] = [p for p in result["pairs"] if p["a"] == read[0].label]
+            result["sweep"] = str(whole)
+            for entry, item in zip(result["inputs"], read, strict=True):
+                entry["select"] = cd.selection(item)
+        if at_interactivity is not None:
+            result["decision"] = cd.decide(read, at_interactivity, by_k=whole is not None)
     except ValidationError as exc:
         fail([str(p) for p in exc.problems], 2)
     except InputError as exc:
@@ -115,6 +139,12 @@ def _ratio(row: dict[str, Any]) -> str:
 
 
 def _print(result: dict[str, Any]) -> None:
+    from speclens.runs.compare_decide import decision_lines
+
+    if result.get("decision"):  # the answer first, the tables after
+        for line in decision_lines(result["decision"]):
+            out_console.print(escape(line), highlight=False, soft_wrap=True)
+        out_console.print()
     for item in result["inputs"]:
         gpus = f"{item['gpus']} GPU" + ("s" if item["gpus"] > 1 else "")
         published = ", aggregate-only" if item.get("aggregate_only") else ""

@@ -198,9 +198,19 @@ class Page:
         self.add(f'<p class="note">{markup}</p>')
 
     def table(
-        self, caption: str, header: Sequence[str] | None, rows: Iterable[Sequence[str]]
+        self,
+        caption: str,
+        header: Sequence[str] | None,
+        rows: Iterable[Sequence[str]],
+        empty: str = "nothing to show",
     ) -> None:
-        """``rows`` hold markup (already escaped); cells holding a number align right."""
+        """``rows`` hold markup (already escaped); cells holding a number align right. A table
+        with no row is no table: its caption and why it is empty (``empty``, plain text)."""
+        rows = list(rows)
+        if not rows:
+            self.add(f'<p class="empty"><strong>{esc(caption)}</strong>: '
+                     f'<span class="note">{esc(empty)}</span></p>')  # fmt: skip
+            return
         out = [f"<table><caption>{esc(caption)}</caption>"]
         if header:
             out.append("<tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
@@ -587,7 +597,8 @@ def _latency_table(page: Page, f: Fields) -> None:
     for name, dist in f.items("figures", "latency_ms"):
         cells = [f.num("figures", "latency_ms", name, k, digits=2) for k in keys]
         rows.append((esc(name.upper()), *(cells if isinstance(dist, dict) else ["-"] * 6)))
-    page.table("Latency (ms)", ["metric", *keys], rows)
+    page.table("Latency (ms)", ["metric", *keys], rows,
+               empty="no request finished with latency figures")  # fmt: skip
 
 
 def _acceptance_table(page: Page, f: Fields, samples: Samples) -> None:
@@ -766,11 +777,16 @@ def _run_plots(page: Page, f: Fields, samples: Samples) -> None:
     svgs = []
     expected = forced_schedule(f)
     observed = _observed_histogram(f)
+    missing = []
     if observed:
         svgs.append(plot("acceptance histogram", hp.histogram_plot, observed, expected,
                          sum(observed.values())))  # fmt: skip
+    else:
+        missing.append("acceptance histogram: no request reported an acceptance histogram")
     rates = f.get("figures", "acceptance", "per_position_rates")
-    if isinstance(rates, list) and rates and all(_number(r) for r in rates):
+    if not (isinstance(rates, list) and rates and all(_number(r) for r in rates)):
+        missing.append("per-position rates: no request reported per-position acceptance")
+    else:
         forced_rates = (
             [sum(p for j, p in expected.items() if j > pos) for pos in range(len(rates))]
             if expected else None
@@ -780,6 +796,8 @@ def _run_plots(page: Page, f: Fields, samples: Samples) -> None:
     if len(al_tpot):
         svgs.append(plot("AL against TPOT", hp.scatter_plot, hp.thin(al_tpot), len(al_tpot),
                          forced_al(f)))  # fmt: skip
+    else:
+        missing.append("AL against TPOT: no request reported both its acceptance and its TPOT")
     curves = {
         name: hp.downsample_sorted(values)
         for name, values in (("TTFT", samples.ttft), ("TPOT", samples.tpot), ("E2E", samples.e2e))
@@ -799,6 +817,8 @@ def _run_plots(page: Page, f: Fields, samples: Samples) -> None:
         page.note(esc(samples.note))
     if not svgs:
         page.note("nothing to plot: no request finished with figures")
+    elif missing:
+        page.note("not drawn: " + esc("; ".join(missing)))
 
 
 # ------------------------------------------------------------------------------ sweep report
@@ -830,28 +850,47 @@ def write_sweep_report(sweep_dir: Path, decision: Mapping[str, Any] | None = Non
 
 
 def _decision(page: Page, f: Fields) -> None:
-    """The answer of ``sim --at-interactivity`` first: its line, then each K's tok/s/GPU at the
-    target interactivity (``data-field`` paths into decision.json under ``decision.``)."""
+    """The answer of ``--at-interactivity`` first: its line, then each choice's tok/s/GPU at the
+    target interactivity (``data-field`` paths under ``decision.``): the Ks of ``sim``
+    (decision.json's ``ks``) or the inputs of ``compare`` (compare.json's ``choices``, each
+    with its 95% interval)."""
     page.heading("Decision")
     page.add(f'<p class="decision"><strong>{f.text("decision", "headline")}</strong></p>')
+    compared = isinstance(f.get("decision", "choices"), list)
+    key = "choices" if compared else "ks"
     rows = []
-    for i, e in f.rows("decision", "ks"):
+    for i, e in f.rows("decision", key):
+        d = ("decision", key, i)
         k = e.get("num_spec_tokens") if isinstance(e, dict) else None
-        reason = f.get("decision", "ks", i, "reason")
-        rows.append([
-            f.num("decision", "ks", i, "num_spec_tokens") if k else "no speculation",
-            f.num("decision", "ks", i, "acceptance_length", digits=2),
-            f.num("decision", "ks", i, "tok_s_gpu", digits=0)
-            if reason is None else esc(str(reason)),
-            f.num("decision", "ks", i, "ratio_to_best", digits=3),
-        ])  # fmt: skip
+        reason = f.get(*d, "reason")
+        value = f.num(*d, "tok_s_gpu", digits=0) if reason is None else esc(str(reason))
+        ratio = f.num(*d, "ratio_to_best", digits=3)
+        if compared:
+            value += _between(f, d, "low", "high", 0)
+            ratio += _between(f, d, "ratio_low", "ratio_high", 3)
+            rows.append([f.text(*d, "label"), f.num(*d, "num_spec_tokens"), value, ratio])
+        else:
+            rows.append([f.num(*d, "num_spec_tokens") if k else "no speculation",
+                         f.num(*d, "acceptance_length", digits=2), value, ratio])  # fmt: skip
     target = f.get("decision", "tok_s_user")
     page.table(
         f"at {target:g} tok/s/user" if _number(target) else "at the target interactivity",
-        ["K", "AL", "tok/s/GPU", "ratio to best"],
-        rows,
-    )
-    page.note(f"{f.num('decision', 'gpus')} GPUs; {f.text('decision', 'interval')}")
+        ["input", "K", "tok/s/GPU (95% CI)", "ratio to best (95% CI)"] if compared
+        else ["K", "AL", "tok/s/GPU", "ratio to best"],
+        rows, empty="nothing was compared",
+    )  # fmt: skip
+    if f.get("decision", "lead"):
+        page.note(f.text("decision", "lead"))
+    first = f.text("decision", "figure") if compared else f"{f.num('decision', 'gpus')} GPUs"
+    page.note(f"{first}; {f.text('decision', 'interval')}")
+
+
+def _between(f: Fields, d: tuple[str | int, ...], low: str, high: str, digits: int) -> str:
+    """`` (low to high)`` as a note, or nothing when either bound is missing."""
+    if not (_number(f.get(*d, low)) and _number(f.get(*d, high))):
+        return ""
+    return (f' <span class="note">({f.num(*d, low, digits=digits)} to '
+            f"{f.num(*d, high, digits=digits)})</span>")  # fmt: skip
 
 
 def _settings_text(f: Fields, *parts: str | int) -> str:
@@ -868,9 +907,12 @@ def sweep_page(
 ) -> Page:
     f = Fields(sweep)
     page = Page(f"speclens sweep: {f.get('kind') or '?'} axes", "sweep.json")
+    points = [p for _, p in f.rows("points") if isinstance(p, dict)]
+    summaries = _point_summaries(points, sweep_dir)
+    page.add('<p class="identity">' + " · ".join(
+        f"{name} <strong>{value}</strong>" for name, value in _identity(f, summaries)) + "</p>")  # fmt: skip
     if decision is not None:
         _decision(page, Fields({"decision": decision}))
-    points = [p for _, p in f.rows("points") if isinstance(p, dict)]
     bad = [p for p in points if p.get("status") != "ok"]
     if bad:
         page.banner("fail", f"{len(bad)} of {len(points)} points did not finish ok: "
@@ -878,7 +920,7 @@ def sweep_page(
     axes = "; ".join(f"{esc(k)}: {f.text('axes', k)}" for k, _ in f.items("axes"))
     page.table("Sweep", None, [("kind", f.text("kind")), ("rounds", f.num("rounds")),
                                ("axes", axes or "-")])  # fmt: skip
-    published = _aggregate_points(points, sweep_dir)
+    published = sum(s.get("aggregate_only") is True for s in summaries)
     if published:
         page.banner("warn", f"{published} of {len(points)} points are {esc(AGGREGATE_LINE)}: "
                     "their figures have no interval (n/a: aggregate-only)")  # fmt: skip
@@ -889,18 +931,72 @@ def sweep_page(
     return page
 
 
-def _aggregate_points(points: Sequence[Mapping[str, Any]], sweep_dir: Path) -> int:
-    """How many of the points are aggregate-only runs (their summary.json says so)."""
-    count = 0
+def _point_summaries(points: Sequence[Mapping[str, Any]], sweep_dir: Path) -> list[dict[str, Any]]:
+    """The summary.json of each point that has one readable (the first ``MAX_TABLE_ROWS``),
+    kept in the fields the page reads: settings, the server's identity, aggregate-only."""
+    out = []
     for point in points[:MAX_TABLE_ROWS]:
         where = point.get("dir")
         if not (isinstance(where, str) and _SAFE_DIR.match(where) and ".." not in where.split("/")):
             continue
         try:
-            count += read_json(sweep_dir / where / "summary.json").get("aggregate_only") is True
+            summary = read_json(sweep_dir / where / "summary.json")
         except ReportError:
             continue
-    return count
+        settings, server = summary.get("settings"), summary.get("server")
+        out.append({
+            "settings": {k: settings.get(k) for k in _IDENTITY_SETTINGS}
+            if isinstance(settings, dict) else {},
+            "server": {k: server.get(k) for k in ("engine", "version", "hardware", "model",
+                                                  "acceptance")}
+            if isinstance(server, dict) else {},
+            "aggregate_only": summary.get("aggregate_only"),
+        })  # fmt: skip
+    return out
+
+
+_IDENTITY_SETTINGS = ("model", "hardware", "engine", "num_spec_tokens", "method", "gpus")
+
+
+def _identity(f: Fields, summaries: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """The sweep's model, chip, engine and K, as its points' runs state them (each value once;
+    "not recorded" where no run states it)."""
+
+    def values(*getters: Callable[[Mapping[str, Any]], Any]) -> str:
+        found: list[str] = []
+        for summary in summaries:
+            for get in getters:
+                value = get(summary)
+                if isinstance(value, str | int) and not isinstance(value, bool) and value != "":
+                    if str(value) not in found:
+                        found.append(str(value))
+                    break
+        return esc(", ".join(found[:16])) if found else "not recorded"
+
+    def acceptance(s: Mapping[str, Any]) -> Mapping[str, Any]:
+        a = s["server"].get("acceptance")
+        return a if isinstance(a, dict) else {}
+
+    ks = [k for k in f.get("axes", "num_speculative_tokens") or [] if isinstance(k, int)]
+    k_text = (esc(", ".join(map(str, ks))) if ks else
+              values(lambda s: s["settings"].get("num_spec_tokens"),
+                     lambda s: acceptance(s).get("num_speculative_tokens")))  # fmt: skip
+    engine = values(
+        lambda s: " ".join(str(s["server"][k]) for k in ("engine", "version")
+                           if isinstance(s["server"].get(k), str)) or None,
+        lambda s: s["settings"].get("engine"),
+    )  # fmt: skip
+    engines = [str(e) for e in f.get("axes", "engine") or [] if isinstance(e, str)]
+    if engines:
+        engine = esc(", ".join(engines)) + (f" ({engine})" if engine != "not recorded" else "")
+    method = values(lambda s: acceptance(s).get("method"), lambda s: s["settings"].get("method"))
+    return [
+        ("model", values(lambda s: s["settings"].get("model"), lambda s: s["server"].get("model"))),
+        ("chip", values(lambda s: s["settings"].get("hardware"),
+                        lambda s: s["server"].get("hardware"))),
+        ("engine", engine),
+        ("K", k_text + (f" ({method})" if method != "not recorded" else "")),
+    ]  # fmt: skip
 
 
 def _stats_table(page: Page, f: Fields) -> None:
@@ -915,7 +1011,8 @@ def _stats_table(page: Page, f: Fields) -> None:
         if f.get("stats", i, "figures", name, "method")
     })  # fmt: skip
     page.table("Figures per point (mean, 95% interval)",
-               ["engine", "settings", "rounds ok", *(t for _, t, _ in POINT_FIGURES)], rows)  # fmt: skip
+               ["engine", "settings", "rounds ok", *(t for _, t, _ in POINT_FIGURES)], rows,
+               empty="no point has finished yet")  # fmt: skip
     page.note(
         "interval methods: " + esc(", ".join(methods) or "-") + " (t: Student t across "
         "rounds; bootstrap: one round, resampled over its requests; the realized AL uses "
@@ -941,7 +1038,7 @@ def _points_table(page: Page, f: Fields, sweep_dir: Path) -> None:
                      f.num(*p, "round"), f'<span class="{cls}">{esc(status)}</span>',
                      f.num(*p, "exit_code"), report, f.text(*p, "error")))  # fmt: skip
     page.table("Points", ["id", "engine", "settings", "round", "status", "exit", "run", "error"],
-               rows)  # fmt: skip
+               rows, empty="the sweep has run no point yet")  # fmt: skip
 
 
 def _bounds(f: Fields, *parts: str | int) -> tuple[float, float]:
@@ -1010,6 +1107,8 @@ def compare_page(data: dict[str, Any], out_dir: Path) -> Page:
     f = Fields(data)
     labels = [str(f.get("inputs", i, "label")) for i, _ in f.rows("inputs")]
     page = Page("speclens compare: " + " vs ".join(labels[:8]), "compare.json")
+    if isinstance(f.get("decision"), dict):  # the answer first, the tables after
+        _decision(page, f)
     not_comparable = [i for i, _ in f.rows("pairs") if f.get("pairs", i, "comparable") is not True]
     if not_comparable:
         page.banner("fail", f"{len(not_comparable)} of {len(f.get('pairs'))} pairs are not "
@@ -1018,7 +1117,7 @@ def compare_page(data: dict[str, Any], out_dir: Path) -> Page:
         (f.text("inputs", i, "label"), f.text("inputs", i, "kind"), f.text("inputs", i, "model"),
          f.text("inputs", i, "engine"), f.num("inputs", i, "gpus"), f.text("inputs", i, "path"))
         for i, _ in f.rows("inputs")
-    ])  # fmt: skip
+    ], empty="no input")  # fmt: skip
     for i, _ in f.rows("pairs"):
         _pair_section(page, f, i)
     page.heading("Plots")
@@ -1028,7 +1127,8 @@ def compare_page(data: dict[str, Any], out_dir: Path) -> Page:
 
 def _pair_section(page: Page, f: Fields, i: int) -> None:
     p = ("pairs", i)
-    page.heading(f"{f.get(*p, 'a')} against {f.get(*p, 'b')}")
+    a, b = str(f.get(*p, "a")), str(f.get(*p, "b"))
+    page.heading(f"{a} against {b}")
     ok = f.get(*p, "comparable") is True
     label = f.get(*p, "label") or ("comparable" if ok else "not comparable")
     page.banner("pass" if ok else "fail", esc(label))
@@ -1038,11 +1138,11 @@ def _pair_section(page: Page, f: Fields, i: int) -> None:
          results.get(f.get(*p, "checks", j, "ok"), "n/a: not run"),
          f.text(*p, "checks", j, "detail"))
         for j, _ in f.rows(*p, "checks")
-    ])  # fmt: skip
+    ], empty="no check ran")  # fmt: skip
     tag = "" if ok else f" ({label}: not a speed-up)"
     _speculation_table(page, f, i)
     mc = (*p, "deltas", "matched_concurrency")
-    page.table("At matched concurrency" + tag, ["concurrency", "figure", "A", "B", "B / A"], [
+    page.table("At matched concurrency" + tag, ["concurrency", "figure", a, b, f"{b} / {a}"], [
         (f.num(*mc, j, "concurrency"), f.text(*mc, j, "figure"), f.interval(*mc, j, "a"),
          f.interval(*mc, j, "b"),
          f"{f.num(*mc, j, 'ratio', digits=3)} <span class=\"note\">"
@@ -1050,12 +1150,12 @@ def _pair_section(page: Page, f: Fields, i: int) -> None:
             f"({f.num(*mc, j, 'ratio_low', digits=3)} to {f.num(*mc, j, 'ratio_high', digits=3)})")
          + "</span>")
         for j, _ in f.rows(*mc)
-    ])  # fmt: skip
+    ], empty=f"no load that both {a} and {b} ran")  # fmt: skip
     mi = (*p, "deltas", "matched_interactivity")
     # an aggregate-only pair (some check did not run) has no interval to show
     aggregate = any(f.get(*p, "checks", j, "ok") is None for j, _ in f.rows(*p, "checks"))
     page.table("At matched interactivity" + tag,
-               ["tok/s/user", "A tok/s/GPU", "B tok/s/GPU", "delta %", "reading"], [
+               ["tok/s/user", f"{a} tok/s/GPU", f"{b} tok/s/GPU", "delta %", "reading"], [
         (f.num(*mi, j, "tokens_per_s_per_user", digits=1), f.num(*mi, j, "a_tok_s_gpu", digits=1),
          f.num(*mi, j, "b_tok_s_gpu", digits=1),
          f"{f.num(*mi, j, 'delta_pct', digits=1)} <span class=\"note\">"
@@ -1065,7 +1165,7 @@ def _pair_section(page: Page, f: Fields, i: int) -> None:
          f.text(*mi, j, "sentence") if ok or aggregate  # its sentence says it already
          else f"not comparable: {f.text(*mi, j, 'sentence')}")
         for j, _ in f.rows(*mi)
-    ])  # fmt: skip
+    ], empty=str(f.get(*p, "deltas", "interactivity_note") or "no interactivity both reach"))  # fmt: skip
     _fidelity_table(page, f, i)
 
 
@@ -1080,16 +1180,18 @@ def _fidelity_table(page: Page, f: Fields, i: int) -> None:
         return
     a, b = f.get("pairs", i, "a"), f.get("pairs", i, "b")
     tag = "" if f.get("pairs", i, "comparable") is True else " (NOT COMPARABLE)"
+    err = f"|{b} - {a}| / {a}"
     page.table(f"Fidelity of {b} against {a}, request by request" + tag,
-               ["figure", "requests", "median |B-A|/A", "P90 |B-A|/A", "MAPE", "bias (B-A)/A"], [
+               ["figure", "requests", f"median {err}", f"P90 {err}", "MAPE",
+                f"bias ({b} - {a}) / {a}"], [
         (esc(name.upper()), f.num(*fid, "figures", name, "requests"),
          *(f.num(*fid, "figures", name, key, digits=4)
            for key in ("median_ape", "p90_ape", "mape", "bias")))
         for name, _ in f.items(*fid, "figures")
-    ])  # fmt: skip
+    ], empty="no figure was compared")  # fmt: skip
     page.note(f"{f.num(*fid, 'matched')} requests matched by index, {f.num(*fid, 'unmatched')} "
-              "left out; errors are fractions of A's value (0.05 is 5%), bias the median signed "
-              "error. Throughput (output tokens/s) error (B-A)/A: "
+              f"left out; errors are fractions of {esc(a)}'s value (0.05 is 5%), bias the median signed "
+              f"error. Throughput (output tokens/s) error ({esc(b)} - {esc(a)}) / {esc(a)}: "
               f"{f.num(*fid, 'throughput_error', digits=4)}.")  # fmt: skip
 
 
@@ -1113,7 +1215,8 @@ def _prediction_table(page: Page, f: Fields, i: int) -> None:
                              for name, _, d in _PREDICTED
                              for w in ("predicted", "measured", "error"))))  # fmt: skip
     page.table(f"Prediction {f.get(*fid, 'predicted')} against measurement "
-               f"{f.get(*fid, 'measured')}", header, rows)  # fmt: skip
+               f"{f.get(*fid, 'measured')}", header, rows,
+               empty="no load that both the prediction and the measurement ran")  # fmt: skip
     page.note("error: predicted / measured - 1, as a fraction (0.05 is 5%); median |error| "
               "over the points: " + ", ".join(
                   f"{esc(t)} {f.num(*fid, 'median_abs_error', name, digits=4)}"
@@ -1140,14 +1243,14 @@ def _speculation_table(page: Page, f: Fields, i: int) -> None:
          f.num(*ab, "table", j, "on_tok_s_gpu", digits=1),
          f.num(*ab, "table", j, "delta_pct", digits=1), f.text(*ab, "table", j, "sentence"))
         for j, _ in f.rows(*ab, "table")
-    ])  # fmt: skip
+    ], empty=str(f.get(*ab, "note") or "no interactivity both sides reach"))  # fmt: skip
     page.table("TPOT speedup (median TPOT off / on)",
                ["concurrency", "off TPOT ms", "on TPOT ms", "speedup", "reading"], [
         (f.num(*ab, "speedup", j, "concurrency"), f.num(*ab, "speedup", j, "off_tpot_ms", digits=2),
          f.num(*ab, "speedup", j, "on_tpot_ms", digits=2),
          f.num(*ab, "speedup", j, "speedup", digits=3), f.text(*ab, "speedup", j, "sentence"))
         for j, _ in f.rows(*ab, "speedup")
-    ])  # fmt: skip
+    ], empty="no concurrency at which both sides published a median TPOT")  # fmt: skip
     if f.get(*ab, "note"):
         page.note(f.text(*ab, "note"))
 
@@ -1174,8 +1277,12 @@ def input_series(f: Fields, i: int, out_dir: Path) -> list[Any]:
     label = str(f.get("inputs", i, "label") or i)
     try:
         if (where / "sweep.json").is_file():
-            sweep = Fields(read_json(where / "sweep.json"))
-            return stats_series(sweep, "tokens_per_s_per_user", "output_tokens_per_s", label, gpus)
+            sweep = read_json(where / "sweep.json")
+            select = f.get("inputs", i, "select")
+            if isinstance(select, dict) and isinstance(sweep.get("stats"), list):
+                sweep["stats"] = [s for s in sweep["stats"] if _selected(s, select)]
+            return stats_series(Fields(sweep), "tokens_per_s_per_user", "output_tokens_per_s",
+                                label, gpus)  # fmt: skip
         run = Fields(read_json(where / "summary.json"))
     except ReportError:
         return []
@@ -1184,6 +1291,20 @@ def input_series(f: Fields, i: int, out_dir: Path) -> list[Any]:
     if not (_number(tpot) and tpot > 0 and _number(tput)):
         return []
     return [Series(label, [1000.0 / tpot], [tput / gpus], line=False)]
+
+
+def _selected(stat: Any, select: Mapping[str, Any]) -> bool:
+    """A sweep's stats entry is the choice a compared input selects (``compare SWEEP_DIR``):
+    its engine and settings equal the selection's."""
+    if not isinstance(stat, dict):
+        return False
+    settings = stat.get("settings")
+    settings = settings if isinstance(settings, dict) else {}
+    return all(
+        (stat.get("engine") or "") == (value or "") if key == "engine"
+        else settings.get(key) == value
+        for key, value in select.items()
+    )  # fmt: skip
 
 
 def _compare_plots(f: Fields, out_dir: Path) -> list[str]:

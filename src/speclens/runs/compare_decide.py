@@ -1,0 +1,270 @@
+"""``speclens compare --at-interactivity X`` and ``speclens compare SWEEP_DIR``.
+
+The decision: each input's output tok/s per GPU at X tok/s/user, read off the input's own Pareto
+curve (``compare.pareto``, linear between the curve's two neighbours around X,
+``compare.interpolate``, never extrapolated) with its 95% interval, and which input delivers the
+most; its gain over the first input is a ratio with its interval (``compare.ratio``). An input
+whose curve does not span X has no figure there and says which range it spans. The sentence is
+the one ``speclens sim --at-interactivity`` prints (``speclens.runs.decision``).
+
+One sweep given alone is compared whole: its points are grouped by what the sweep varies
+besides the load (K above all, and the engine and forced AL where those vary too); each group
+is an input whose points over concurrency form its curve, labelled "K 4" (or "vllm K 4", "K 4
+AL 2.5"). A sweep that varies only the load has nothing to compare within it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+from scipy import stats as _stats
+
+from speclens.runs import compare as cmp
+from speclens.runs.decision import Choice, headline, k_name, k_span
+from speclens.runs.rundir import InputError
+
+#: Bounds of ``--at-interactivity`` (tokens/s per user).
+MAX_TARGET = 1e6
+
+#: The settings of a sweep point that name a choice within one sweep (the load does not).
+_CHOICE_KEYS = ("num_speculative_tokens", "acceptance_length")
+
+#: The settings a sweep's points must share to be one workload when they record no
+#: ``prompts_sha256`` (the simulator's points): everything but the load and K.
+_WORKLOAD_SKIP = frozenset({"concurrency", "request_rate", "num_spec_tokens", "num_requests",
+                            "duration", "host", "shard", "url", "urls"})  # fmt: skip
+
+NEEDS_CHOICES = ("expected a sweep over K (num_speculative_tokens), engines or AL to compare its "
+                 "points, or two or more run or sweep directories")  # fmt: skip
+
+
+def split_sweep(items: Sequence[cmp.Input]) -> list[cmp.Input]:
+    """The inputs of one sweep (one per engine, as ``compare.read_inputs`` reads it) split
+    into one input per choice (engine, K, AL), each with its points over the load. An
+    InputError (exit 2) when the sweep varies only the load."""
+    groups: dict[tuple[Any, ...], list[cmp.Point]] = {}
+    for item in items:
+        for point in item.points:
+            key = (point.engine or "", *(point.settings.get(k) for k in _CHOICE_KEYS))
+            groups.setdefault(key, []).append(point)
+    path = items[0].path
+    if len(groups) < 2:
+        raise InputError([f"{path}: {NEEDS_CHOICES}; its points vary only "
+                          f"{_load_axes(items)}"], 2)  # fmt: skip
+    keys = sorted(groups, key=lambda k: tuple((v is None, v) for v in k))
+    varied = [len({k[i] for k in keys}) > 1 for i in range(3)]
+    out = []
+    for key in keys:
+        engine, k, al = key
+        parts = [str(engine)] if varied[0] and engine else []
+        if varied[1] or not (varied[0] or varied[2]):
+            parts.append(k_name(k) if k is not None else "K unknown")
+        if varied[2]:
+            parts.append(f"AL {al:g}" if al is not None else "natural AL")
+        skipped = items[0].skipped
+        out.append(cmp.Input(" ".join(parts), path, "sweep", groups[key], items[0].gpus, skipped))
+    return out
+
+
+def whole_sweep(
+    items: Sequence[cmp.Input], named: Sequence[str]
+) -> tuple[list[cmp.Input], list[str]]:
+    """One sweep compared whole: its choices as inputs (``split_sweep``), its points' shared
+    workload as their prompts digest where they record none (``workload_digest``), and K named
+    as a difference (``--differ k``) where the sweep varies it: by design, not by accident."""
+    split = split_sweep(items)
+    workload_digest(split)
+    ks = {p.settings.get("num_speculative_tokens") for item in split for p in item.points}
+    return split, [*named, *(["k"] if len(ks) > 1 and "k" not in named else [])]
+
+
+def selection(item: cmp.Input) -> dict[str, Any]:
+    """Which points of its sweep an input of ``split_sweep`` holds: its engine and choice
+    settings (compare.json's ``inputs[].select``; the report plots those points only)."""
+    point = item.points[0]
+    return {"engine": point.engine, **{k: point.settings.get(k) for k in _CHOICE_KEYS}}
+
+
+def _load_axes(items: Sequence[cmp.Input]) -> str:
+    loads = sorted({p.load[0] for item in items for p in item.points if p.load is not None})
+    return " and ".join(name.replace("_", " ") for name in loads) or "nothing"
+
+
+def workload_digest(items: Sequence[cmp.Input]) -> str | None:
+    """A digest of the workload settings a sweep's points share, given to each point's runs
+    that record no ``prompts_sha256`` (so the prompts check compares the points' workloads, not
+    "unknown"); None when they do not share one (the check then says so, as for any run)."""
+    found = set()
+    runs = [run for item in items for run in item.runs]
+    for run in runs:
+        shared = {k: v for k, v in run.settings.items() if k not in _WORKLOAD_SKIP}
+        found.add(hashlib.sha256(orjson.dumps(shared, option=orjson.OPT_SORT_KEYS)).hexdigest())
+    if len(found) != 1:
+        return None
+    digest = found.pop()
+    for run in runs:
+        if run.settings.get("prompts_sha256") is None:
+            run.summary["settings"] = {**run.settings, "prompts_sha256": digest}
+    return digest
+
+
+def _bounds(est: cmp.Estimate) -> tuple[float | None, float | None]:
+    if not math.isfinite(est.se):
+        return None, None
+    tail = 0.975
+    q = float(_stats.norm.ppf(tail) if math.isinf(est.df) else _stats.t.ppf(tail, est.df))
+    return est.mean - q * est.se, est.mean + q * est.se
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _basis(item: cmp.Input) -> str:
+    """ "rounds" when every point repeated (Student t across rounds), else "requests"."""
+    methods = [p.figures.get("output_tokens_per_s") for p in item.points]
+    rounds = all(m is not None and m.method == "t" and m.n > 1 for m in methods)
+    return "rounds" if rounds else "requests"
+
+
+def _single_k(item: cmp.Input) -> int | None:
+    found = {p.settings.get("num_speculative_tokens") for p in item.points}
+    found |= {k for run in item.runs for k in run.ks()}
+    ks = {int(k) for k in found if k is not None}
+    return next(iter(ks)) if len(ks) == 1 else None
+
+
+def decide(inputs: Sequence[cmp.Input], target: float, *, by_k: bool = False) -> dict[str, Any]:
+    """The decision at ``target`` tok/s/user over ``inputs`` (their figures computed: after
+    ``compare.compare``). ``by_k``: the inputs are the Ks of one sweep (the sentence names K)."""
+    entries: list[dict[str, Any]] = []
+    estimates: list[cmp.Estimate | None] = []
+    for item in inputs:
+        curve = cmp.pareto(item)
+        est = cmp.interpolate(curve, target)
+        low, high = _bounds(est) if est is not None else (None, None)
+        entry: dict[str, Any] = {
+            "label": item.label, "num_spec_tokens": _single_k(item), "gpus": item.gpus,
+            "tok_s_gpu": est.mean if est else None, "low": low, "high": high,
+            "interval_basis": _basis(item) if est else None,
+            "curve": [{"tok_s_user": c.x, "tok_s_gpu": c.y.mean} for c in curve],
+        }  # fmt: skip
+        if est is None:
+            entry["reason"] = _reason(item, curve, target)
+        entries.append(entry)
+        estimates.append(est)
+    reached = [i for i, e in enumerate(estimates) if e is not None]
+    best = max(reached, key=lambda i: estimates[i].mean) if reached else None  # type: ignore[union-attr]
+    for i, entry in enumerate(entries):
+        r, low, high = (cmp.ratio(estimates[best], estimates[i]) if best is not None
+                        and estimates[i] is not None else (math.nan,) * 3)  # fmt: skip
+        entry.update(ratio_to_best=_finite(r), ratio_low=_finite(low), ratio_high=_finite(high))
+    gain = None
+    if best is not None and best != 0 and estimates[0] is not None:
+        gain = cmp.ratio(estimates[0], estimates[best])
+    choices = [Choice(e["label"], e["tok_s_gpu"], e["low"], e["high"]) for e in entries]
+    if by_k and all(e["num_spec_tokens"] is not None for e in entries) and \
+            len({e["label"] for e in entries}) == len({e["num_spec_tokens"] for e in entries}):  # fmt: skip
+        span = k_span([e["num_spec_tokens"] for e in entries])
+    else:
+        span = ", ".join(e["label"] for e in entries)
+    too_fast = bool(entries) and all(
+        e["curve"] and e["curve"][0]["tok_s_user"] > target for e in entries
+    )
+    basis = {e["interval_basis"] for e in entries} - {None}
+    out = {
+        "tok_s_user": target,
+        "figure": "output tokens/s per GPU",
+        "best": entries[best]["label"] if best is not None else None,
+        "best_tok_s_gpu": entries[best]["tok_s_gpu"] if best is not None else None,
+        "gain_over_first": _gain(gain),
+        "choices": entries,
+        "headline": headline(choices, target, span, noun="K" if by_k else "input",
+                             gain=_gain_tuple(gain), too_fast=too_fast),
+        "interval": ("95% intervals across rounds (Student t)" if basis == {"rounds"}
+                     else cmp.ONE_RUN_EACH if basis else "no interval: no input reaches the "
+                     "target"),
+    }  # fmt: skip
+    lead = _lead(entries, estimates, best)
+    if lead:
+        out["lead"] = lead
+    return out
+
+
+def _gain(gain: tuple[float, float, float] | None) -> dict[str, float | None] | None:
+    if gain is None:
+        return None
+    return {"ratio": _finite(gain[0]), "low": _finite(gain[1]), "high": _finite(gain[2])}
+
+
+def _gain_tuple(gain: tuple[float, float, float] | None) -> Any:
+    if gain is None or not math.isfinite(gain[0]):
+        return None
+    return gain[0], _finite(gain[1]), _finite(gain[2])
+
+
+def _lead(
+    entries: list[dict[str, Any]], estimates: list[cmp.Estimate | None], best: int | None
+) -> str | None:
+    """The best's lead over the runner-up, and whether its interval clears 1."""
+    if best is None:
+        return None
+    others = [i for i, e in enumerate(estimates) if e is not None and i != best]
+    if not others:
+        return None
+    second = max(others, key=lambda i: estimates[i].mean)  # type: ignore[union-attr]
+    r, low, high = cmp.ratio(estimates[second], estimates[best])
+    a, b = entries[best]["label"], entries[second]["label"]
+    if not math.isfinite(low):
+        return f"{a} leads {b} by {r - 1:+.1%} (no interval)"
+    text = f"{a} leads {b} by {r - 1:+.1%} (95% CI {low - 1:+.1%} to {high - 1:+.1%})"
+    if low <= 1:
+        return text + ": inside the interval, not a clear win"
+    if {entries[best]["interval_basis"], entries[second]["interval_basis"]} != {"rounds"}:
+        return text + ": one run each, so not significant on that alone"
+    return text
+
+
+def _reason(item: cmp.Input, curve: Sequence[cmp.CurvePoint], target: float) -> str:
+    if not curve:
+        if item.aggregate_only:
+            return "aggregate-only: no output tok/s/GPU with an interval"
+        return "no point with TPOT and throughput"
+    if len(curve) == 1:
+        return f"its one point is at {curve[0].x:,.1f} tok/s/user, not {target:g}"
+    return f"its curve spans {curve[0].x:,.1f} to {curve[-1].x:,.1f} tok/s/user, not {target:g}"
+
+
+def decision_lines(decision: dict[str, Any]) -> list[str]:
+    """The decision in the terminal: its sentence, the lead, then one line a choice."""
+    lines = [decision["headline"]]
+    if decision.get("lead"):
+        lines.append(decision["lead"])
+    for e in decision["choices"]:
+        if e["tok_s_gpu"] is None:
+            lines.append(f"  {e['label']}: {e['reason']}")
+            continue
+        ci = _ci(e["low"], e["high"], ",.0f")
+        ratio = ("" if e["ratio_to_best"] is None else
+                 f", {e['ratio_to_best']:.3f}x of the best{_ci(e['ratio_low'], e['ratio_high'], '.3f', 'x')}")  # fmt: skip
+        lines.append(f"  {e['label']}: {e['tok_s_gpu']:,.0f} tok/s/GPU{ci}{ratio}")
+    lines.append(f"  ({decision['figure']}; {decision['interval']})")
+    return lines
+
+
+def _ci(low: float | None, high: float | None, fmt: str, unit: str = "") -> str:
+    if low is None or high is None:
+        return ""
+    return f" (95% CI {low:{fmt}}{unit} to {high:{fmt}}{unit})"
+
+
+def sweep_dir_path(paths: Sequence[Path]) -> Path | None:
+    """The one sweep directory given alone, else None."""
+    if len(paths) == 1 and (paths[0] / "sweep.json").is_file():
+        return paths[0]
+    return None

@@ -129,6 +129,7 @@ def demo(
             max_tokens=max_tokens, ignore_eos=True, warmup=min(4, num_requests),
         )  # fmt: skip
         from speclens.bench.host import host_load
+        from speclens.runs.rundir import SETTINGS_SCHEMA
 
         prompts = random_prompts(num_requests + 4, 32, max_tokens, seed=0)
         expectation = Expectation(res.acceptance_length, num_spec_tokens, res.model_dump())
@@ -139,7 +140,8 @@ def demo(
             "max_failure_rate": 0.0, "num_speculative_tokens": num_spec_tokens, "workers": 1,
             "shard": None, "prompts_sha256": prompts_digest(prompts),
             "demo": True, "resolution": res.model_dump(), "server_command": command[3:],
-            "host": host_load(),
+            "host": host_load(), "acceptance_source": (res.source or "")[:256] or None,
+            "acceptance_profile": res.profile, "settings_schema": SETTINGS_SCHEMA,
         }  # fmt: skip
         with records_out:
             outcome = asyncio.run(

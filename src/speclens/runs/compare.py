@@ -32,6 +32,7 @@ fidelity block, point by point). Otherwise "published figures only", which is no
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import math
@@ -253,7 +254,8 @@ def read_inputs(
     paths: Sequence[Path], labels: Sequence[str], gpus: Sequence[int | None]
 ) -> list[Input]:
     """Every input, read and checked, one per path (a sweep of several engines: one per engine,
-    labelled ``A/engine``). GPUs None: an aggregate-only input's own ``settings.gpus``, else 1."""
+    labelled ``A/engine``). GPUs None: the input's own ``settings.gpus`` (an aggregate-only
+    run's, a simulated run's deployment) where its runs state one, else 1."""
     out: list[Input] = []
     budget = Budget()
     for path, label, n in zip(paths, labels, gpus, strict=True):
@@ -271,8 +273,9 @@ def read_inputs(
 
 
 def _own_gpus(item: Input) -> int:
-    """The GPUs an aggregate-only input's settings state (one value for all its runs), else 1."""
-    stated = {r.settings.get("gpus") for r in item.runs if r.aggregate_only}
+    """The GPUs its runs' settings state (one value for all its runs: an aggregate-only run's,
+    or a simulated run's deployment), else 1."""
+    stated = {r.settings.get("gpus") for r in item.runs}
     one = _one(stated)
     return int(one) if rundir.is_int(one) and one > 0 else 1
 
@@ -377,8 +380,7 @@ def check_prompts(a: Input, b: Input) -> Check:
     (ha, sa), (hb, sb) = _prompt_ids(a), _prompt_ids(b)
     for item, hashes in ((a, ha), (b, hb)):
         if None in hashes:
-            return Check("prompts", False, f"unknown: {item.label} records no "
-                         "settings.prompts_sha256 (runs before speclens bench recorded it)")  # fmt: skip
+            return Check("prompts", False, f"unknown: {item.label} {_no_digest(item)}")
         if len(hashes) > 1:
             return Check("prompts", False, f"{item.label}'s runs drew from {len(hashes)} "
                          "different datasets (prompts_sha256)")  # fmt: skip
@@ -394,6 +396,26 @@ def check_prompts(a: Input, b: Input) -> Check:
                  f"{len(_one(sa))} measured requests at the same indices and categories")  # fmt: skip
 
 
+def _no_digest(item: Input) -> str:
+    """Why an input records no ``settings.prompts_sha256``: a run written before runs recorded
+    it is named as such (``rundir.predates``); a fresh one never is."""
+    run = next(r for r in item.runs if r.settings.get("prompts_sha256") is None)
+    where = f"({run.path})" if len(item.runs) > 1 else ""
+    if rundir.predates(run.settings):
+        who = "speclens sim" if _predicted(run) else "speclens bench"
+        return (
+            f"records no settings.prompts_sha256: a run written before {who} recorded it {where}"
+        ).rstrip()
+    return (
+        f"records no settings.prompts_sha256 {where}".rstrip() + ": its settings say "
+        f"{rundir.SETTINGS_SCHEMA} but leave the digest null (its workload is unknown)"
+    )
+
+
+def _simulated(settings: dict[str, Any]) -> bool:
+    return settings.get("sampling") == rundir.SAMPLING[0]
+
+
 def check_sampling(a: Input, b: Input) -> Check:
     """What each request asked for and how it was sent: max_tokens, ignore_eos, temperature,
     and the client's stream and endpoint (a streamed run times its tokens as they come, a
@@ -402,22 +424,33 @@ def check_sampling(a: Input, b: Input) -> Check:
 
     def sampling(item: Input) -> set[tuple[Any, ...]]:
         return {(r.settings["max_tokens"], r.settings["ignore_eos"],
-                 float(r.settings["temperature"]), r.settings.get("stream"),
-                 r.settings.get("endpoint")) for r in item.runs}  # fmt: skip
+                 float(r.settings["temperature"]),
+                 *((rundir.SAMPLING[0], None) if _simulated(r.settings)
+                   else (r.settings.get("stream"), r.settings.get("endpoint"))))
+                for r in item.runs}  # fmt: skip
 
     def show(s: tuple[Any, ...]) -> str:
+        asked = f"max_tokens {s[0]}, ignore_eos {str(s[1]).lower()}, temperature {s[2]:g}, "
+        if s[3] == rundir.SAMPLING[0]:
+            return asked + "simulated (no request sent)"
         stream = "unknown" if s[3] is None else str(s[3]).lower()
-        return (f"max_tokens {s[0]}, ignore_eos {str(s[1]).lower()}, temperature {s[2]:g}, "
-                f"stream {stream}, endpoint {s[4] or 'none'}")  # fmt: skip
+        return asked + f"stream {stream}, endpoint {s[4] or 'none'}"
 
     sa, sb = sampling(a), sampling(b)
     for item, s in ((a, sa), (b, sb)):
         if len(s) > 1:
             return Check("sampling", False, f"{item.label}'s runs differ: "
                          + "; ".join(sorted(map(show, s))))  # fmt: skip
-    if sa != sb:
-        return Check("sampling", False, f"{show(_one(sa))} vs {show(_one(sb))}")
-    return Check("sampling", True, f"{show(_one(sa))} in both")
+    if sa == sb:
+        return Check("sampling", True, f"{show(_one(sa))} in both")
+    sim_a, sim_b = (_one(s)[3] == rundir.SAMPLING[0] for s in (sa, sb))
+    if sim_a != sim_b and _one(sa)[:3] == _one(sb)[:3]:
+        # a simulation against a measurement: what the requests asked for must agree; how the
+        # client sent them is the measurement's alone
+        return Check("sampling", True, f"{a.label} {show(_one(sa))}; {b.label} "
+                     f"{show(_one(sb))}: the same requests, a prediction against a "
+                     "measurement")  # fmt: skip
+    return Check("sampling", False, f"{show(_one(sa))} vs {show(_one(sb))}")
 
 
 def _lengths(item: Input, name: str) -> list[int]:
@@ -509,6 +542,11 @@ def check_acceptance(a: Input, b: Input, named: Sequence[str]) -> Check:
     ala, alb = pooled_al(a), pooled_al(b)
     both = f"{_show_al(a.label, ala)}; {_show_al(b.label, alb)}"
     modes = {_mode(a), _mode(b)}
+    if modes != {"forced"} and modes != {"natural"} and a.prediction != b.prediction:
+        # a prediction's acceptance is its input (forced, or replayed from the trace): stated
+        # against the observed one, its difference part of the prediction's error
+        return Check("acceptance", True, f"a prediction against a measurement: {_show_mode(a)}, "
+                     f"{_show_mode(b)}: {both}{_difference(ala, alb, b.label, a.label)}")  # fmt: skip
     if modes != {"forced"} and modes != {"natural"}:
         return Check("acceptance", False, f"{_show_mode(a)}, {_show_mode(b)}: a forced "
                      f"acceptance is not comparable with a natural one: {both}")  # fmt: skip
@@ -643,11 +681,17 @@ def _ratio_text(r: float, low: float, high: float) -> str:
 
 
 def matched_concurrency(a: Input, b: Input) -> list[dict[str, Any]]:
-    """Ratio B / A of each delta figure at every load setting both inputs ran."""
+    """Ratio B / A of each delta figure at every load setting both inputs ran; where the two
+    run on different GPU counts, the output tokens/s per GPU too (``PER_GPU``)."""
     out = []
+    names = [*DELTA_FIGURES, *([PER_GPU] if a.gpus != b.gpus else [])]
     for key, pa, pb in _matched_points(a, b):
-        for name in DELTA_FIGURES:
-            ia, ib = pa.figures[name], pb.figures[name]
+        for name in names:
+            if name == PER_GPU:
+                ia, ib = (_per_gpu(p.figures[DELTA_FIGURES[0]], x.gpus)
+                          for p, x in ((pa, a), (pb, b)))  # fmt: skip
+            else:
+                ia, ib = pa.figures[name], pb.figures[name]
             r, low, high = ratio(Estimate.of(ia), Estimate.of(ib))
             row: dict[str, Any] = {"concurrency": None, "request_rate": None}
             row[key[0]] = int(key[1]) if key[0] == "concurrency" else key[1]
@@ -656,6 +700,16 @@ def matched_concurrency(a: Input, b: Input) -> list[dict[str, Any]]:
                        interval_basis=_basis(ia, ib))  # fmt: skip
             out.append(row)
     return out
+
+
+#: The per-GPU delta figure, for inputs on different GPU counts.
+PER_GPU = "output_tokens_per_s_per_gpu"
+
+
+def _per_gpu(interval: Interval, gpus: int) -> Interval:
+    """An output tokens/s interval over ``gpus`` GPUs."""
+    return dataclasses.replace(interval, mean=interval.mean / gpus, low=interval.low / gpus,
+                               high=interval.high / gpus)  # fmt: skip
 
 
 def _matched_points(a: Input, b: Input) -> list[tuple[tuple[str, float], Point, Point]]:
@@ -859,18 +913,24 @@ def compare_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
     found = checks(a, b, named)
     failed = [c for c in found if not c.ok]
     comparable = not failed
+    predicted = [x for x in (a, b) if x.prediction]
+    verdict = "comparable" if comparable else "not comparable"
     label = (
         "comparable"
         if comparable
         else "not comparable: " + "; ".join(f"{c.name} ({c.detail})" for c in failed)
     )
+    if comparable and len(predicted) == 1:  # a simulation against a measurement
+        verdict = "prediction"
+        measured = b if predicted[0] is a else a
+        label = (f"comparable as a prediction against a measurement: {predicted[0].label} "
+                 f"predicts {measured.label}")  # fmt: skip
     prefix = "" if comparable else f"NOT COMPARABLE ({', '.join(c.name for c in failed)}): "
     interactivity, note = matched_interactivity(a, b, prefix)
     rows = matched_concurrency(a, b)
     one_run = any(row["interval_basis"] == "requests" for row in rows)
     return {
-        "a": a.label, "b": b.label, "comparable": comparable,
-        "verdict": "comparable" if comparable else "not comparable",
+        "a": a.label, "b": b.label, "comparable": comparable, "verdict": verdict,
         "checks": [c.to_json() for c in found],
         "deltas": {"matched_concurrency": rows,
                    "matched_interactivity": interactivity, "interactivity_note": note,

@@ -25,6 +25,8 @@ import orjson
 
 from speclens.runs.record import MAX_COUNT, MAX_LINE_BYTES, parse_row
 
+#: The most GPUs a run's settings may state.
+MAX_GPUS = 4096
 #: Bounds on what is read: one file, rows per run.
 MAX_FILE_BYTES = 64 * 2**20
 MAX_ROWS = 2**20
@@ -34,6 +36,13 @@ MAX_ROWS = 2**20
 MAX_KEPT_BYTES = 256 * 2**20
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+
+#: ``settings.settings_schema`` of a run that records every setting compare checks (the
+#: workload's digest, sampling, K, the acceptance's source, the GPUs). A run without it was
+#: written before that: a field it lacks is named as one it predates, never as missing.
+SETTINGS_SCHEMA = "speclens.settings/2"
+#: ``settings.sampling`` values: a simulated run sent no request (``speclens sim``).
+SAMPLING = ("simulated",)
 
 #: What a reader keeps of a checked row (or summary): the fields it reads.
 Keep = Callable[[dict[str, Any]], dict[str, Any]]
@@ -167,7 +176,21 @@ _SETTINGS = (
     ("stream", lambda v: v is None or isinstance(v, bool), "null or true or false"),
     ("endpoint", lambda v: v is None or (isinstance(v, str) and 0 < len(v) <= 64),
      "null or an endpoint name"),
+    ("sampling", lambda v: v is None or v in SAMPLING,
+     "null or " + " or ".join(repr(s) for s in SAMPLING)),
+    ("gpus", lambda v: v is None or (is_int(v) and 0 < v <= MAX_GPUS),
+     f"null or an integer in [1, {MAX_GPUS}]"),
+    ("acceptance_source", lambda v: _name(v), "null or a name (at most 256 characters)"),
+    ("acceptance_profile", lambda v: _name(v), "null or a name (at most 256 characters)"),
+    ("settings_schema", lambda v: v is None or (isinstance(v, str) and 0 < len(v) <= 64),
+     f"null or a schema name ({SETTINGS_SCHEMA!r})"),
 )  # fmt: skip
+
+
+def predates(settings: dict[str, Any]) -> bool:
+    """The run was written before runs recorded every setting compare checks (no
+    ``settings.settings_schema``): a field it lacks is one it predates."""
+    return settings.get("settings_schema") is None
 
 
 def summary_problems(summary: object, where: str) -> list[str]:

@@ -13,17 +13,20 @@ prompt tokens the server did not take from its prefix cache (``cached_tokens``, 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from speclens.cost import Pricing
 from speclens.runs.request import RequestRecord
+from speclens.runs.rundir import SETTINGS_SCHEMA
 from speclens.runs.trace import Trace, TraceRequest
 from speclens.sim import fast
-from speclens.sim.run_output import from_trace
+from speclens.sim.run_output import SIMULATED, from_trace
 from speclens.sim.sketch import Tally, Totals
 
 #: The stream of a replay's draws (the order of a request's verify steps).
@@ -147,6 +150,23 @@ def settings(trace: Trace, cost_source: str | None, seed: int, k: int) -> dict[s
         "executor": "sim", "loop": "fast", "fallback": None, "shard": None,
         "trace": str(trace.source), "trace_kind": trace.kind, "trace_sha256": trace.identity,
         "step_cost": cost_source, "num_spec_tokens": k or None,
-        "prompts_sha256": observed.get("prompts_sha256"),
+        "prompts_sha256": observed.get("prompts_sha256") or trace_sha256(trace),
+        "sampling": SIMULATED, "acceptance_source": "trace", "acceptance_profile": None,
+        "gpus": None, "settings_schema": SETTINGS_SCHEMA,
     })  # fmt: skip
     return out
+
+
+#: What a trace's own workload digest is prefixed with (never equal to a dataset's).
+_TRACE_DIGEST = b"speclens.sim.trace/1\n"
+
+
+def trace_sha256(trace: Trace) -> str:
+    """``settings.prompts_sha256`` of a replay of a trace that records none (a trace from
+    another tool, or a run written before bench recorded it): its requests (index, category,
+    prompt and completion tokens), in index order. The observed run's own digest is kept where it
+    records one, so the replay compares with the run it replays."""
+    digest = hashlib.sha256(_TRACE_DIGEST)
+    for r in sorted(trace.requests, key=lambda r: r.index):
+        digest.update(orjson.dumps([r.index, r.category, r.input_tokens, r.output_tokens]) + b"\n")
+    return digest.hexdigest()

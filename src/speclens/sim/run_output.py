@@ -212,21 +212,64 @@ def run_settings(
     """summary.json's ``settings`` for a simulated run: bench's keys where they mean the same
     (the load, the lengths, sampling: greedy, ignoring EOS as the simulator does), and what
     says it was simulated (``executor``, the scenario file, the seed, the loop that ran)."""
+    from speclens.runs.rundir import SETTINGS_SCHEMA
+
     workload = scenario.workload
     closed = concurrency or workload.concurrency
     outputs = workload.output_tokens
+    resolution = row.get("resolution")
+    resolution = resolution if isinstance(resolution, dict) else {}
     return {
         "url": None, "model": scenario.model, "endpoint": None, "backend": None,
         "num_requests": workload.requests, "duration": None, "concurrency": closed,
         "request_rate": None if closed else workload.rate, "burstiness": workload.burstiness,
         "warmup": 0, "max_tokens": outputs if isinstance(outputs, int) else outputs.max,
-        "ignore_eos": True, "temperature": 0.0, "seed": seed, "stream": True,
-        "dataset": "sim", "dataset_path": None,
+        "ignore_eos": True, "temperature": 0.0, "seed": seed, "stream": None,
+        "sampling": SIMULATED, "dataset": "sim", "dataset_path": None,
         "categories": [workload.category] if workload.category else [],
         "input_tokens": _lengths(workload.input_tokens), "output_tokens": _lengths(outputs),
+        "prompts_sha256": workload_sha256(scenario),
         "executor": "sim", "scenario": source, "num_spec_tokens": num_spec_tokens,
+        "acceptance_source": _text(resolution.get("source")),
+        "acceptance_profile": _text(resolution.get("profile")),
+        "hardware": scenario.hardware, "gpus": scenario_gpus(scenario),
         "loop": row["loop"], "fallback": row["fallback"], "shard": None,
+        "settings_schema": SETTINGS_SCHEMA,
     }  # fmt: skip
+
+
+#: ``settings.sampling`` of a simulated run: no request was sent, no client streamed.
+SIMULATED = "simulated"
+#: What a workload digest is prefixed with, so it never equals a dataset's (bench's).
+_WORKLOAD_DIGEST = b"speclens.sim.workload/1\n"
+#: The workload fields that are the load or the acceptance, not the requests: not digested.
+_NOT_REQUESTS = frozenset({"rate", "concurrency", "burstiness", "acceptance"})
+
+
+def workload_sha256(scenario: Scenario) -> str:
+    """``settings.prompts_sha256`` of a simulated run: the scenario's workload section (its
+    requests: category, thinking, lengths, count) canonicalised, without the load (rate,
+    concurrency, burstiness: compare matches those point by point) or the acceptance (checked
+    on its own). The deployment and hardware never enter it: one workload on two chips has one
+    digest."""
+    import hashlib
+
+    import orjson
+
+    fields = scenario.workload.model_dump(mode="json")
+    kept = {k: v for k, v in fields.items() if k not in _NOT_REQUESTS}
+    return hashlib.sha256(
+        _WORKLOAD_DIGEST + orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)
+    ).hexdigest()
+
+
+def scenario_gpus(scenario: Scenario) -> int:
+    """The GPUs the scenario's deployment runs on: every pool's parallel x replicas."""
+    return sum(pool.parallel * pool.replicas for pool in scenario.deployment.pools)
+
+
+def _text(value: object) -> str | None:
+    return value[:256] if isinstance(value, str) and value else None
 
 
 def _lengths(spec: int | Lengths) -> int | dict[str, int]:

@@ -1,0 +1,183 @@
+"""``compare --at-interactivity X``: each input's tok/s/GPU at X read off its own Pareto curve,
+with its interval, and which input wins; the same sentence as ``sim --at-interactivity``; the
+decision first on the page; tables headed by the run labels; empty tables that say why; the
+sweep page's model, chip, engine and K."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from comparekit import write_run
+from ksweepkit import k_sweep, load_sweep
+from speclens.runs import compare as cmp
+from speclens.runs import compare_decide as cd
+from speclens.runs.decision import Choice, headline, k_name
+from speclens.runs.html import Page, write_compare_report, write_sweep_report
+from speclens.sim import decide as sim_decide
+
+
+def _linear(points: list[tuple[float, float]], x: float) -> float | None:
+    """The Pareto front's y at x, computed apart from compare.py: sort by x; keep a point when
+    no point at higher x has a higher y; linear between neighbours."""
+    front = [p for p in points if not any(q[0] >= p[0] and q[1] > p[1] for q in points)]
+    front.sort()
+    for (x0, y0), (x1, y1) in itertools.pairwise(front):
+        if x0 <= x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return None
+
+
+def _points(item: cmp.Input) -> list[tuple[float, float]]:
+    return [(p.figures["tokens_per_s_per_user"].mean,
+             p.figures["output_tokens_per_s"].mean / item.gpus) for p in item.points]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[cmp.Input], dict[str, Any]]:
+    root = tmp_path_factory.mktemp("two")
+    paths = [load_sweep(root / "h200", 1.0), load_sweep(root / "b300", 1.6)]
+    inputs = cmp.read_inputs(paths, ["h200", "b300"], [1, 1])
+    return inputs, cmp.compare(inputs)
+
+
+def _inside(inputs: list[cmp.Input]) -> float:
+    """An interactivity both inputs' curves span, between points (so it is interpolated)."""
+    spans = [sorted(x for x, _ in _points(item)) for item in inputs]
+    low, high = max(s[0] for s in spans), min(s[-1] for s in spans)
+    assert low < high
+    return low + 0.37 * (high - low)
+
+
+def test_each_input_is_read_on_its_own_curve_with_its_interval(two: Any) -> None:
+    inputs, _ = two
+    x = _inside(inputs)
+    decision = cd.decide(inputs, x)
+    for item, entry in zip(inputs, decision["choices"], strict=True):
+        expected = _linear(_points(item), x)
+        assert expected is not None
+        assert entry["label"] == item.label
+        assert entry["tok_s_gpu"] == pytest.approx(expected, rel=1e-9)
+        assert entry["low"] < entry["tok_s_gpu"] < entry["high"]
+    h200, b300 = decision["choices"]
+    assert decision["best"] == "b300" and b300["ratio_to_best"] == pytest.approx(1.0)
+    assert h200["ratio_to_best"] == pytest.approx(h200["tok_s_gpu"] / b300["tok_s_gpu"])
+    gain = decision["gain_over_first"]
+    assert gain["ratio"] == pytest.approx(b300["tok_s_gpu"] / h200["tok_s_gpu"])
+    assert gain["low"] < gain["ratio"] < gain["high"]
+    assert decision["headline"].startswith(
+        f"at {x:g} tok/s/user, b300 delivers {b300['tok_s_gpu']:,.0f} tok/s/GPU (95% CI "
+    )
+    assert f"{gain['ratio'] - 1:+.1%} (95% CI " in decision["headline"]
+    assert "over h200 (best of h200, b300)" in decision["headline"]
+    # one round a point: the interval is request-to-request only, and said so
+    assert decision["interval"] == cmp.ONE_RUN_EACH
+
+
+def test_an_input_whose_curve_misses_the_target_says_what_it_spans(two: Any) -> None:
+    inputs, _ = two
+    xs = sorted(x for x, _ in _points(inputs[0]))
+    beyond = xs[-1] * 1.5
+    decision = cd.decide(inputs, beyond)
+    h200 = decision["choices"][0]
+    assert h200["tok_s_gpu"] is None and h200["ratio_to_best"] is None
+    assert h200["reason"].startswith("its curve spans ") and f"not {beyond:g}" in h200["reason"]
+    if decision["best"] is None:
+        assert decision["headline"].startswith(f"at {beyond:g} tok/s/user, no input reaches")
+    else:
+        assert "h200 do not reach" in decision["headline"]
+
+
+def test_the_sentence_is_the_one_sim_prints() -> None:
+    """One wording: sim's decide.headline and the shared headline agree, word for word."""
+    cases = [
+        [(1, 300.0), (2, 410.0), (3, None)],
+        [(0, 250.0), (1, 300.0), (4, 280.0)],
+        [(1, None), (2, None)],
+        [(2, 500.0)],
+    ]
+    for case in cases:
+        ks = [{"num_spec_tokens": k, "tok_s_gpu": v, "curve": [{"tok_s_user": 90.0}]}
+              for k, v in case]  # fmt: skip
+        reached = [e for e in ks if e["tok_s_gpu"] is not None]
+        best = max(reached, key=lambda e: e["tok_s_gpu"]) if reached else None
+        ours = headline([Choice(k_name(k), v) for k, v in case], 40, cd.k_span([k for k, _ in case]),
+                        too_fast=True)  # fmt: skip
+        assert ours == sim_decide.headline(ks, best, 40)
+
+
+def test_a_headline_with_intervals_states_them() -> None:
+    line = headline([Choice("K 1", 100.0, 90.0, 110.0), Choice("K 2", 150.0, 140.0, 160.0)],
+                    40, "K 1..2", gain=(1.5, 1.3, 1.7))  # fmt: skip
+    assert line == ("at 40 tok/s/user, K 2 delivers 150 tok/s/GPU (95% CI 140 to 160), +50.0% "
+                    "(95% CI +30.0% to +70.0%) over K 1 (best of K 1..2)")  # fmt: skip
+
+
+def test_the_page_leads_with_the_decision_and_heads_tables_with_labels(
+    two: Any, tmp_path: Path
+) -> None:
+    inputs, result = two
+    result = dict(result, decision=cd.decide(inputs, _inside(inputs)))
+    page = write_compare_report(tmp_path, result).read_text()
+    assert page.index("<h2>") == page.index("<h2>Decision</h2>")
+    assert page.index("<h2>Decision</h2>") < page.index("<caption>Inputs</caption>")
+    assert result["decision"]["headline"].replace("'", "&#x27;") in page
+    for j, entry in enumerate(result["decision"]["choices"]):
+        assert f'data-field="decision.choices[{j}].tok_s_gpu"' in page
+        assert f'data-field="decision.choices[{j}].low"' in page, entry
+    headers = re.findall(r"<th>([^<]*)</th>", page)
+    assert "h200" in headers and "b300" in headers and "b300 / h200" in headers
+    assert "h200 tok/s/GPU" in headers and "b300 tok/s/GPU" in headers
+    assert not {"A", "B", "B / A", "A tok/s/GPU", "B tok/s/GPU"} & set(headers)
+
+
+def test_an_empty_table_says_why() -> None:
+    page = Page("t", "x.json")
+    page.table("At matched concurrency", ["concurrency", "a", "b"], [],
+               empty="no load that both a and b ran")  # fmt: skip
+    html = page.render()
+    assert "<table>" not in html
+    assert "At matched concurrency" in html and "no load that both a and b ran" in html
+
+
+def test_a_pair_with_no_common_load_says_so_instead_of_an_empty_table(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "a", concurrency=2, requests=8)
+    b = write_run(tmp_path / "b", concurrency=4, requests=8, seed=1)
+    result = cmp.compare(cmp.read_inputs([a, b], ["h200", "b300"], [1, 1]))
+    page = write_compare_report(tmp_path / "out", result).read_text()
+    assert "no load that both h200 and b300 ran" in page
+    captions = re.findall(r"<caption>([^<]*)</caption>", page)
+    assert not any(c.startswith("At matched concurrency") for c in captions)
+
+
+def test_the_sweep_page_shows_model_chip_engine_and_k(tmp_path: Path) -> None:
+    sweep = k_sweep(tmp_path / "s", {1: 1.0, 3: 1.2})
+    for point in (sweep / "points").iterdir():
+        summary = orjson.loads((point / "summary.json").read_bytes())
+        summary["server"]["hardware"] = "b300"
+        (point / "summary.json").write_bytes(orjson.dumps(summary))
+    page = write_sweep_report(sweep).read_text()
+    identity = re.search(r'<p class="identity">(.*?)</p>', page)
+    assert identity is not None
+    text = re.sub(r"<[^>]+>", "", identity.group(1))
+    assert text == "model dummy · chip b300 · engine speclens · K 1, 3 (draft_model)"
+    assert page.index('class="identity"') < page.index("<table>")
+
+
+def test_a_sweep_page_without_a_chip_says_it_is_not_recorded(tmp_path: Path) -> None:
+    page = write_sweep_report(k_sweep(tmp_path / "s", {2: 1.0})).read_text()
+    assert "chip <strong>not recorded</strong>" in page
+
+
+def test_interval_bounds_are_finite_and_ordered(two: Any) -> None:
+    inputs, _ = two
+    decision = cd.decide(inputs, _inside(inputs))
+    for entry in decision["choices"]:
+        assert all(math.isfinite(entry[k]) for k in ("low", "high", "ratio_low", "ratio_high"))
+        assert entry["ratio_low"] <= entry["ratio_to_best"] <= entry["ratio_high"]

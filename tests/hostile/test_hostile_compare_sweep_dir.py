@@ -10,6 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from comparekit import DIGEST
 from ksweepkit import k_sweep
 from speclens.runs import compare as cmp
 from speclens.runs import compare_decide as cd
@@ -43,6 +44,14 @@ def test_a_recorded_digest_is_never_overwritten(tmp_path: Path) -> None:
     assert "f" * 64 in digests and len(digests) == 2
     pair = cmp.compare(inputs, named)["pairs"][0]
     assert next(c for c in pair["checks"] if c["name"] == "prompts")["ok"] is False
+
+
+def test_a_digest_every_point_records_is_the_one_the_check_shows(tmp_path: Path) -> None:
+    sweep = k_sweep(tmp_path / "k", {1: 1.0, 2: 1.2})
+    inputs, named = cd.whole_sweep(cmp.read_inputs([sweep], ["A"], [1]), [])
+    pair = cmp.compare(inputs, named)["pairs"][0]
+    prompts = next(c for c in pair["checks"] if c["name"] == "prompts")
+    assert prompts["ok"] is True and DIGEST[:12] in prompts["detail"]
 
 
 def test_markup_in_a_label_or_reason_is_escaped_on_the_page(tmp_path: Path) -> None:

@@ -181,3 +181,25 @@ def test_interval_bounds_are_finite_and_ordered(two: Any) -> None:
     for entry in decision["choices"]:
         assert all(math.isfinite(entry[k]) for k in ("low", "high", "ratio_low", "ratio_high"))
         assert entry["ratio_low"] <= entry["ratio_to_best"] <= entry["ratio_high"]
+
+
+def test_each_k_of_a_compared_sweep_plots_its_own_points_only(tmp_path: Path) -> None:
+    from speclens.runs.html import Fields, input_series
+
+    sweep = tmp_path / "s"
+    sweep.mkdir()
+
+    def stat(k: int, c: int) -> dict[str, Any]:
+        figures = {"tokens_per_s_per_user": {"mean": 100.0 / c}, "output_tokens_per_s": {
+            "mean": 10.0 * c * k}}  # fmt: skip
+        return {"engine": None, "rounds_ok": 1, "figures": figures,
+                "settings": {"concurrency": c, "request_rate": None,
+                             "num_speculative_tokens": k, "acceptance_length": None}}  # fmt: skip
+
+    doc = {"schema": "speclens.sweep/1", "points": [],
+           "stats": [stat(k, c) for k in (1, 2) for c in (1, 2, 4)]}  # fmt: skip
+    (sweep / "sweep.json").write_bytes(orjson.dumps(doc))
+    select = {"engine": None, "num_speculative_tokens": 2, "acceptance_length": None}
+    data = {"inputs": [{"label": "K 2", "path": str(sweep), "gpus": 1, "select": select}]}
+    (series,) = input_series(Fields(data), 0, tmp_path)
+    assert series.y == [20.0, 40.0, 80.0]

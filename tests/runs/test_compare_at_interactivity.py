@@ -203,3 +203,13 @@ def test_each_k_of_a_compared_sweep_plots_its_own_points_only(tmp_path: Path) ->
     data = {"inputs": [{"label": "K 2", "path": str(sweep), "gpus": 1, "select": select}]}
     (series,) = input_series(Fields(data), 0, tmp_path)
     assert series.y == [20.0, 40.0, 80.0]
+
+
+def test_a_lead_from_one_run_each_is_never_called_significant(two: Any) -> None:
+    inputs, _ = two
+    decision = cd.decide(inputs, _inside(inputs))
+    gain = decision["gain_over_first"]
+    assert gain["low"] > 1  # clear of 1 on request-to-request variation alone
+    assert (
+        decision["lead"] == "b300's lead over h200: one run each, so not significant on that alone"
+    )

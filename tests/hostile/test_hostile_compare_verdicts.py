@@ -12,6 +12,9 @@ import pytest
 
 from comparekit import write_run
 
+#: The labels these tests read (default labels are the directory names).
+AB = ("--label", "A", "--label", "B")
+
 
 def _settings(run: Path, **settings: object) -> Path:
     path = run / "summary.json"
@@ -29,7 +32,7 @@ def _tagged(out: str) -> None:
 def test_forced_at_4_against_natural_at_1_exits_1(run_cli, tmp_path: Path) -> None:
     a = write_run(tmp_path / "a", seed=1, k=3, rates=(1.0, 1.0, 1.0))
     b = write_run(tmp_path / "b", seed=2, k=3, rates=(0.0,), forced=False)
-    code, out, err = run_cli("compare", a, b)
+    code, out, err = run_cli("compare", a, b, *AB)
     assert code == 1, out + err
     assert "A vs B: not comparable: acceptance (A forced (AL 4), B natural: " in out
     assert "FAIL acceptance: A forced (AL 4), B natural: a forced acceptance is not comparable" \

@@ -20,6 +20,9 @@ from speclens.runs import rundir
 from speclens.runs.html import AGGREGATE_LINE, write_run_report, write_sweep_report
 from speclens.runs.points import summarize
 
+#: The labels these tests read (default labels are the directory names).
+AB = ("--label", "A", "--label", "B")
+
 
 def _compare(*paths: Path) -> dict:
     inputs = cmp.read_inputs(list(paths), cmp.labels_for(len(paths), []), [None] * len(paths))
@@ -134,7 +137,7 @@ def test_compare_of_published_figures_only_says_which_checks_did_not_run(tmp_pat
 def test_cli_prints_not_run_checks_and_exits_1_when_unchecked(run_cli, tmp_path: Path) -> None:
     a = write_point(tmp_path / "a", summary(tpot_p50=10.0))
     b = write_point(tmp_path / "b", summary(tpot_p50=12.0, date="2026-05-27"))
-    code, out, err = run_cli("compare", a, b)
+    code, out, err = run_cli("compare", a, b, *AB)
     assert code == 1, err
     assert "published figures only" in out
     assert "n/a  prompts: needs per-request data: A and B are aggregate-only" in out

@@ -14,6 +14,9 @@ from comparekit import write_run, write_sweep
 from speclens.runs import compare as cmp
 from speclens.runs.stats import Interval
 
+#: The labels these tests read (default labels are the directory names).
+AB = ("--label", "A", "--label", "B")
+
 
 def _compare(*paths: Path, differ: tuple[str, ...] = (), gpus: list[int] | None = None) -> dict:
     labels = cmp.labels_for(len(paths), [])
@@ -211,7 +214,7 @@ def test_cli_json_and_output_dir(run_cli, tmp_path: Path) -> None:
 def test_cli_console_and_exit_1_when_not_comparable(run_cli, tmp_path: Path) -> None:
     a = write_run(tmp_path / "a", seed=1)
     b = write_run(tmp_path / "b", seed=2, max_tokens=32)
-    code, out, _ = run_cli("compare", a, b)
+    code, out, _ = run_cli("compare", a, b, *AB)
     assert code == 1
     assert "A vs B: not comparable: sampling (" in out
     assert "FAIL sampling: max_tokens 64" in out

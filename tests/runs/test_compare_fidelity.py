@@ -15,6 +15,9 @@ from comparekit import timed_row, write_rows, write_run, write_sweep
 from reportkit import field_mismatches, scan
 from speclens.runs import compare as cmp
 
+#: The labels these tests read (default labels are the directory names).
+AB = ("--label", "A", "--label", "B")
+
 #: Signed errors (B - A) / A, request by request (indices 0..4); None: A has no value there.
 E2E = [0.10, -0.20, 0.05, 0.40, -0.02]
 TTFT = [None, -0.50, 0.10, 0.30, -0.20]  # A's TTFT of request 0 is 0: nothing to divide by
@@ -166,7 +169,7 @@ def test_two_measured_runs_of_the_same_requests_get_one_too(tmp_path: Path) -> N
 
 
 def test_cli_console_prints_the_block_after_the_deltas(run_cli, tmp_path: Path) -> None:
-    code, out, err = run_cli("compare", *_pair(tmp_path))
+    code, out, err = run_cli("compare", *_pair(tmp_path), *AB)
     assert code == 0, out + err
     lines = out.splitlines()
     start = lines.index(CONSOLE[0])
@@ -177,7 +180,7 @@ def test_cli_console_prints_the_block_after_the_deltas(run_cli, tmp_path: Path) 
 def test_cli_console_tags_the_block_of_a_pair_not_comparable(run_cli, tmp_path: Path) -> None:
     a, _ = _pair(tmp_path)
     b = write_rows(tmp_path / "b2", [_replayed(i) for i in (0, 1, 2, 3)], duration_s=12.5)
-    code, out, _ = run_cli("compare", a, b)
+    code, out, _ = run_cli("compare", a, b, *AB)
     assert code == 1
     block = [line for line in out.splitlines() if "NOT COMPARABLE: " in line]
     assert "  NOT COMPARABLE: fidelity of B against A, request by request: 4 matched by index, "\
@@ -196,7 +199,7 @@ def test_cli_console_says_when_no_request_reports_a_figure(run_cli, tmp_path: Pa
 
 def test_cli_json_and_report(run_cli, tmp_path: Path) -> None:
     a, b = _pair(tmp_path)
-    code, out, err = run_cli("compare", a, b, "--json", "--output-dir", tmp_path / "out")
+    code, out, err = run_cli("compare", a, b, *AB, "--json", "--output-dir", tmp_path / "out")
     assert code == 0, err
     fidelity = orjson.loads(out)["pairs"][0]["fidelity"]
     assert (fidelity["matched"], fidelity["unmatched"]) == (5, 0)

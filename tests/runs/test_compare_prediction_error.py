@@ -14,6 +14,9 @@ import pytest
 from aggregatekit import summary, write_point, write_sweep
 from speclens.runs import compare as cmp
 
+#: The labels these tests read (default labels are the directory names).
+AB = ("--label", "A", "--label", "B")
+
 #: (concurrency, median TPOT ms, median TTFT ms, total tok/s/GPU): measured, then predicted.
 MEASURED = [(4, 10.0, 90.0, 400.0), (16, 17.0, 150.0, 1100.0), (64, 36.0, 280.0, 2500.0)]
 PREDICTED = [(4, 5.5, 120.0, 800.0), (16, 12.2, 400.0, 1300.0), (64, 25.3, 1045.0, 2300.0)]
@@ -92,7 +95,7 @@ def test_a_prediction_of_another_chip_is_not_comparable(tmp_path: Path) -> None:
 
 def test_cli_prints_the_table_and_writes_it(run_cli, sweeps: tuple[Path, Path], tmp_path: Path) -> None:  # fmt: skip
     out_dir = tmp_path / "cmp"
-    code, out, err = run_cli("compare", *sweeps, "--output-dir", out_dir)
+    code, out, err = run_cli("compare", *sweeps, *AB, "--output-dir", out_dir)
     assert code == 0, err
     assert "comparable as a prediction against a measurement: B predicts A" in out
     assert ("concurrency 4: median TPOT ms 5.50/10.00 (-45.0%); median TTFT ms 120.00/90.00 "

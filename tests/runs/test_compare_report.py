@@ -16,12 +16,15 @@ from comparekit import write_sweep
 from reportkit import field_mismatches, scan
 from speclens.runs import compare as cmp
 
+#: The labels these tests read (default labels are the directory names).
+AB = ("--label", "A", "--label", "B")
+
 
 def test_the_compare_page_shows_compares_own_numbers(run_cli, tmp_path: Path) -> None:
     a = write_sweep(tmp_path / "a", [(c, r, {"seed": 10 * c + r}) for c in (1, 4) for r in (0, 1)])
     b = write_sweep(tmp_path / "b", [(c, r, {"seed": 20 * c + r, "speed": 1.5})
                                      for c in (1, 4) for r in (0, 1)])  # fmt: skip
-    code, out, err = run_cli("compare", a, b, "--gpus", "2", "--output-dir", tmp_path / "out")
+    code, out, err = run_cli("compare", a, b, *AB, "--gpus", "2", "--output-dir", tmp_path / "out")
     assert code == 0, out + err
     data = orjson.loads((tmp_path / "out" / "compare.json").read_bytes())
     expected = cmp.compare(cmp.read_inputs([a, b], ["A", "B"], [2, 2]))

@@ -14,6 +14,9 @@ import pytest
 from aggregatekit import summary, write_point, write_sweep
 from speclens.runs import compare as cmp
 
+#: The labels these tests read (default labels are the directory names).
+AB = ("--label", "A", "--label", "B")
+
 #: (concurrency, interactivity, total tok/s/GPU, median TPOT ms) of each side's points.
 OFF = [(4, 250.0, 300.0, 4.0), (8, 120.0, 700.0, 8.0), (16, 70.0, 1100.0, 14.0),
        (32, 30.0, 1800.0, 33.0)]  # fmt: skip
@@ -133,7 +136,7 @@ def test_different_concurrency_is_not_a_speculation_ab(tmp_path: Path) -> None:
 
 def test_cli_prints_the_sentence_and_writes_it(run_cli, sweeps: tuple[Path, Path], tmp_path: Path) -> None:  # fmt: skip
     out_dir = tmp_path / "cmp"
-    code, out, err = run_cli("compare", *sweeps, "--output-dir", out_dir)
+    code, out, err = run_cli("compare", *sweeps, *AB, "--output-dir", out_dir)
     assert code == 0, err
     assert "A vs B: comparable as a speculation A/B" in out
     assert "at 200 tok/s/user, MTP delivers +44% tok/s/GPU (no interval: aggregate-only)" in out

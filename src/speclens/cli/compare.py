@@ -41,7 +41,9 @@ def compare(
         "or sweep directories, two or more.",
     ),
     label: list[str] = typer.Option(
-        [], "--label", help="A name for each input, in order (default A, B, C, ...)."
+        [],
+        "--label",
+        help="A name for each input, in order (default: the directory names, or A, B, C, ... where they repeat).",
     ),
     gpus: list[int] = typer.Option(
         [], "--gpus", help="GPUs behind each input, for tok/s/GPU: once for all, or once per input."
@@ -88,7 +90,7 @@ def compare(
              f"got {at_interactivity:g}", 2)  # fmt: skip
     counts = _gpus(gpus, len(inputs))
     try:
-        labels = cmp.labels_for(len(inputs), label)
+        labels = cmp.labels_for(len(inputs), label, inputs)
         read = cmp.read_inputs(inputs, labels, counts)
         named = list(differ)
         if whole is not None:

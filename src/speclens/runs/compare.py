@@ -1337,8 +1337,14 @@ def compare(inputs: Sequence[Input], named: Sequence[str] = (), seed: int = 0) -
     return {"schema": SCHEMA, "inputs": [item.to_json() for item in inputs], "pairs": pairs}
 
 
-def labels_for(count: int, given: Sequence[str]) -> list[str]:
-    """A, B, ... or the user's ``--label`` values (one per input, distinct, non-empty)."""
+#: Longest directory name taken as an input's label; a longer one falls back to A, B, ...
+MAX_DEFAULT_LABEL = 32
+
+
+def labels_for(count: int, given: Sequence[str], paths: Sequence[Path] = ()) -> list[str]:
+    """The user's ``--label`` values (one per input, distinct, non-empty); else the inputs'
+    directory names when they are distinct, short and printable (tables read "h200 / b300");
+    else A, B, ..."""
     if given:
         if len(given) != count:
             raise ValidationError([Problem("command line", "--label", f"expected one per input "
@@ -1347,4 +1353,13 @@ def labels_for(count: int, given: Sequence[str]) -> list[str]:
             raise ValidationError([Problem("command line", "--label",
                                            f"expected distinct non-empty labels, got {list(given)}")])  # fmt: skip
         return list(given)
+    names = [Path(p).resolve().name for p in paths]
+    if (
+        len(names) == count
+        and len(set(names)) == count
+        and all(
+            0 < len(n) <= MAX_DEFAULT_LABEL and n.isprintable() and n.strip() == n for n in names
+        )
+    ):
+        return names
     return [chr(ord("A") + i) for i in range(count)]

@@ -220,9 +220,13 @@ def _lead(
     second = max(others, key=lambda i: estimates[i].mean)  # type: ignore[union-attr]
     r, low, high = cmp.ratio(estimates[second], estimates[best])
     a, b = entries[best]["label"], entries[second]["label"]
+    text = f"{a}'s lead over {b}"
+    if second != 0:  # the headline states the gain over the first input only
+        text += f", {r - 1:+.1%}"
+        if math.isfinite(low):
+            text += f" (95% CI {low - 1:+.1%} to {high - 1:+.1%})"
     if not math.isfinite(low):
-        return f"{a} leads {b} by {r - 1:+.1%} (no interval)"
-    text = f"{a} leads {b} by {r - 1:+.1%} (95% CI {low - 1:+.1%} to {high - 1:+.1%})"
+        return text + ": no interval"
     if low <= 1:
         return text + ": inside the interval, not a clear win"
     if {entries[best]["interval_basis"], entries[second]["interval_basis"]} != {"rounds"}:

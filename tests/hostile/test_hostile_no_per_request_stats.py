@@ -113,3 +113,6 @@ def test_zero_completed_requests_never_agree(run_cli: Any, tmp_path: Path) -> No
     assert "agree" not in row
     assert "no request completed: nothing to compare" in row
     assert json.loads((out / "summary.json").read_text())["server_check"]["compared"] is False
+    page = (out / "report.html").read_text()
+    assert "no request completed: nothing to compare" in page
+    assert "server AL" not in page  # no counters row that reads as a comparison

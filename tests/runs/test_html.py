@@ -379,7 +379,7 @@ def run_layout(summary: dict[str, Any], al_interval: str) -> dict[str, _Table]:
     if j.get(*a, "inconsistent_requests"):
         rows.append(["inconsistent requests", str(len(j.get(*a, "inconsistent_requests")))])
     c = ("server_check",)
-    if j.get(*c, "available"):
+    if j.get(*c, "available") and j.get(*c, "compared") is not False:
         state = "agree" if j.get(*c, "consistent") else j.t(*c, "flags")
         counters = f"{state} ({j.t(*c, 'source')}); server AL {j.n(*c, 'server_al')}"
     else:

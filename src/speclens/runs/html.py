@@ -665,7 +665,7 @@ def _al_interval(samples: Samples) -> str:
 
 def _server_counters(f: Fields) -> str:
     c = ("server_check",)
-    if f.get(*c, "available"):
+    if f.get(*c, "available") and f.get(*c, "compared") is not False:
         state = "agree" if f.get(*c, "consistent") else f.text(*c, "flags")
         return f"{state} ({f.text(*c, 'source')}); server AL {f.num(*c, 'server_al', digits=4)}"
     return f.text(*c, "note")

@@ -227,3 +227,34 @@ def _lines(path: Path) -> Iterator[tuple[int, str | Problem]]:
                 yield number, text.rstrip("\r\n")
     except OSError as exc:
         raise refuse("(file)", f"cannot be read: {exc}") from None
+
+
+#: The orders ``sample_prompts`` takes a prompt set in (``--sampling``).
+SAMPLINGS = ("category-round-robin", "shuffle", "in-order")
+
+
+def sample_prompts(prompts: list[Prompt], sampling: str, seed: int) -> list[Prompt]:
+    """``prompts`` in the order a run sends them. ``category-round-robin``: each category's
+    prompts shuffled (seeded), then one of each category in turn (the categories in a seeded
+    order), so the first requests cover every category; ``shuffle``: all of them shuffled
+    (seeded); ``in-order``: as the file has them. Raises ValueError on another name."""
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"sampling: expected one of {', '.join(SAMPLINGS)}, got {sampling!r}")
+    if sampling == "in-order":
+        return list(prompts)
+    rng = random.Random(seed)
+    if sampling == "shuffle":
+        out = list(prompts)
+        rng.shuffle(out)
+        return out
+    groups: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        groups.setdefault(p.category, []).append(p)
+    order = list(groups)
+    rng.shuffle(order)
+    for name in order:
+        rng.shuffle(groups[name])
+    out = []
+    for turn in range(max(len(g) for g in groups.values()) if groups else 0):
+        out.extend(groups[name][turn] for name in order if turn < len(groups[name]))
+    return out

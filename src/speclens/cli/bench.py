@@ -14,7 +14,11 @@ run (``run``); and the report (``report``), shared with ``bench merge``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -92,6 +96,17 @@ def checked_url(url: str, api_key: str | None) -> tuple[str | None, str, str | N
             None,
         )
     path = parts.path.rstrip("/")
+    from speclens.bench.preflight import endpoint_suffix
+
+    suffix = endpoint_suffix(path)
+    if suffix is not None:
+        base = urlunsplit(parts._replace(path=path.removesuffix(suffix).removesuffix("/v1")))
+        return (
+            f"command line: --url: {shown!r} ends in the endpoint path {suffix}; drop it and "
+            f"give the base URL {redact(base)!r} (the client adds the routes)",
+            url,
+            None,
+        )
     if not path.endswith("/v1"):
         return None, url, None
     base = urlunsplit(parts._replace(path=path.removesuffix("/v1")))
@@ -148,6 +163,12 @@ class BackendChoice(StrEnum):
     openai = "openai"
     sglang = "sglang"
     llamacpp = "llamacpp"
+
+
+class SamplingChoice(StrEnum):
+    category_round_robin = "category-round-robin"
+    shuffle = "shuffle"
+    in_order = "in-order"
 
 
 class RoutingChoice(StrEnum):
@@ -243,6 +264,13 @@ class BenchOptions:
     output_dir: Path | None
     timeout: float
     max_failure_rate: float
+    sampling: SamplingChoice = None  # type: ignore[assignment]
+    preflight: bool = True
+
+    @property
+    def sampling_name(self) -> str:
+        """``--sampling`` (category-round-robin when not given, as in library use)."""
+        return (self.sampling or SamplingChoice.category_round_robin).value
 
     @property
     def part(self) -> tuple[int, int]:
@@ -324,14 +352,20 @@ class BenchOptions:
         return replace(self, url=[base for _, base, _ in urls])
 
     def prompts(self) -> list[Prompt]:
-        from speclens.bench.datasets import jsonl_prompts, random_prompts, trace_prompts
+        from speclens.bench.datasets import (
+            jsonl_prompts,
+            random_prompts,
+            sample_prompts,
+            trace_prompts,
+        )
         from speclens.runs.trace import TraceError
 
         with reported():
             if self.dataset == "jsonl":
                 if self.dataset_path is None:
                     fail("--dataset jsonl needs --dataset-path", code=2)
-                return jsonl_prompts(self.dataset_path, self.category or None)
+                rows = jsonl_prompts(self.dataset_path, self.category or None)
+                return sample_prompts(rows, self.sampling_name, self.seed)
             if self.dataset == "trace":
                 if self.dataset_path is None:
                     fail(
@@ -408,7 +442,8 @@ class BenchOptions:
         """The run's settings as summary.json records them: no API key, no URL password; the
         dataset's digest (``prompts_sha256``), so ``compare`` can tell runs of other prompts."""
         fields = {"dataset": self.dataset, "dataset_path": self.dataset_path,
-                  "categories": self.category, "slo": self.slo}  # fmt: skip
+                  "categories": self.category, "slo": self.slo,
+                  "prompt_sampling": self.sampling_name if self.dataset == "jsonl" else None}  # fmt: skip
         settings = load_settings(config)
         settings.update({k: (str(v) if isinstance(v, Path) else v) for k, v in fields.items()})
         settings["backend_requested"] = self.backend.value
@@ -558,6 +593,18 @@ def bench(
     ),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds per request."),
     max_failure_rate: float = MAX_FAILURE_RATE_OPTION,
+    sampling: SamplingChoice = typer.Option(
+        SamplingChoice.category_round_robin,
+        "--sampling",
+        help="jsonl: the order prompts are taken in: category-round-robin (seeded by --seed, "
+        "so a few requests cover every category), shuffle (seeded), or in-order (file order).",
+    ),
+    preflight: bool = typer.Option(
+        True,
+        "--preflight/--no-preflight",
+        help="Before the run, ask /v1/models and send one 1-token request (not counted): an "
+        "unreachable server or an unserved --model fails at once (exit 1).",
+    ),
 ) -> None:
     """Benchmark an OpenAI-compatible server and its speculative decoding."""
     flags = {k: v for k, v in locals().items() if k != "ctx"}
@@ -571,6 +618,8 @@ def bench(
     except ValueError as exc:
         fail(str(exc), code=2)
     prompts = options.prompts()
+    if options.preflight:
+        check_servers(options)
     expectation = options.expectation()
     chosen, evidence = resolve_backend(options.backend, options.endpoint, options.url, api_key)
     config = options.load_config(chosen)
@@ -578,6 +627,30 @@ def bench(
         options, config, prompts, expectation, slos, options.settings(config, evidence, prompts)
     )
     report(outcome, records_out)
+
+
+def check_servers(options: BenchOptions) -> None:
+    """The preflight of every ``--url`` (``speclens.bench.preflight``): exit 1 with one line when
+    one cannot be measured, before anything is measured or written."""
+    from speclens.bench.preflight import PreflightError, preflight_all
+
+    try:
+        notes = asyncio.run(
+            preflight_all(
+                options.url, str(options.model), options.endpoint.value, options.api_key,
+                min(options.timeout, PREFLIGHT_REQUEST_TIMEOUT_S),
+            )
+        )  # fmt: skip
+    except PreflightError as exc:
+        fail(str(exc))
+    for note in notes:
+        err_console.print(note, markup=False, highlight=False)
+
+
+#: The most seconds the preflight's 1-token request may take (or ``--timeout``, when less).
+PREFLIGHT_REQUEST_TIMEOUT_S = 120.0
+#: Seconds between progress lines when stderr is not a terminal.
+PROGRESS_EVERY_S = 10.0
 
 
 def run(
@@ -605,20 +678,24 @@ def run(
             TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=err_console, transient=True,
         ) as progress:  # fmt: skip
-            task = progress.add_task("requests", total=options.expected_records())
+            total = options.expected_records()
+            task = progress.add_task("requests", total=total)
+            finished = [0]
 
             def done(record: RequestRecord) -> None:
                 progress.advance(task)
+                finished[0] += 1
                 if records_out is not None:
                     records_out.write(record)
 
-            outcome = asyncio.run(
-                run_bench(
-                    config, prompts, expectation, slos, expect_spec=expectation is not None,
-                    on_done=done, settings=settings, max_failure_rate=options.max_failure_rate,
-                    workers=options.workers,
-                )
-            )  # fmt: skip
+            with progress_lines(lambda: finished[0], total, not err_console.is_terminal):
+                outcome = asyncio.run(
+                    run_bench(
+                        config, prompts, expectation, slos, expect_spec=expectation is not None,
+                        on_done=done, settings=settings, max_failure_rate=options.max_failure_rate,
+                        workers=options.workers,
+                    )
+                )  # fmt: skip
     except WorkerFailed as exc:
         fail(redactor.text(str(exc).splitlines()[0]))
     except KeyboardInterrupt:  # a second Ctrl-C, or one outside the load phase
@@ -628,7 +705,58 @@ def run(
         if records_out is not None:
             records_out.close()
     outcome.summary = redactor.data(outcome.summary)
+    outcome.summary.setdefault("warnings", []).extend(thin_categories(outcome.summary))
     return outcome, records_out
+
+
+def thin_categories(summary: dict[str, Any]) -> list[str]:
+    """One warning per category whose AL rests on fewer than ``MIN_VERIFY_STEPS`` verify steps
+    (none when only one category was sent: the verdict's own evidence line says it)."""
+    from speclens.runs.verify import MIN_VERIFY_STEPS
+
+    rows = summary.get("figures", {}).get("acceptance", {}).get("al_by_category") or {}
+    if len(rows) < 2:
+        return []
+    thin = sorted(
+        (c, row["verify_steps"]) for c, row in rows.items()
+        if row.get("al") is not None and row.get("verify_steps", 0) < MIN_VERIFY_STEPS
+    )  # fmt: skip
+    if not thin:
+        return []
+    shown = ", ".join(f"{c} ({n})" for c, n in thin)
+    return [
+        f"{len(thin)} of {len(rows)} categories have an AL resting on fewer than "
+        f"{MIN_VERIFY_STEPS} verify steps: {shown}; send more requests to read them"
+    ]
+
+
+@contextlib.contextmanager
+def progress_lines(
+    finished: Callable[[], int], total: int | None, enabled: bool, every: float = PROGRESS_EVERY_S
+) -> Iterator[None]:
+    """While the run goes, a line on stderr every ``every`` seconds (``bench: 40/100 requests
+    finished, 20 s``) when stderr is not a terminal (a log, CI), where the bar shows nothing."""
+    if not enabled:
+        yield
+        return
+    stop = threading.Event()
+    start = time.monotonic()
+
+    def tick() -> None:
+        while not stop.wait(every):
+            of = f"/{total}" if total else ""
+            err_console.print(
+                f"bench: {finished()}{of} requests finished, {time.monotonic() - start:.0f} s",
+                markup=False, highlight=False,
+            )  # fmt: skip
+
+    thread = threading.Thread(target=tick, name="speclens-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=every)
 
 
 @app.command("merge")

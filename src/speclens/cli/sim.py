@@ -127,6 +127,18 @@ def sim(
         help="With --sweep concurrency=...: each K's output tok/s/GPU at this many tok/s/user, "
         "and which K wins.",
     ),
+    context: str | None = typer.Option(
+        None,
+        "--context",
+        help="1k,8k,32k (k = 1024 tokens): the K schedule, best K by concurrency (or at "
+        "--at-interactivity) x context length, against no speculation.",
+    ),
+    emit: str | None = typer.Option(
+        None,
+        "--emit",
+        help="With --context: the engine flags for the schedule's Ks: vllm, "
+        "sglang, trtllm or atom.",
+    ),
     seed: int = typer.Option(0, "--seed", help=f"Seed of every draw, 0..{MAX_SEED}."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     plot: Path | None = typer.Option(
@@ -235,6 +247,13 @@ def sim(
              "concurrency", code=2)  # fmt: skip
     if at_interactivity is not None and not 0 < at_interactivity < float("inf"):
         fail(f"--at-interactivity: expected tok/s/user > 0, got {at_interactivity:g}", code=2)
+    if emit is not None and context is None:
+        fail("--emit needs --context: it writes the flags of the K schedule", code=2)
+    if context is not None:
+        _schedule_command(scenario_path, context, emit, grid, axes, at_interactivity, seed,
+                          precision, registry, plot, output_dir, as_json, jobs,
+                          (acceptance_length, acceptance_rate, per_position_rates))  # fmt: skip
+        return
     if plot is not None:
         _check_plot(plot, name or None)
     ks: list[int | None] = (
@@ -326,6 +345,147 @@ def sim(
                 state.record(state.points[i], 0)
         if state is not None:
             _write_sweep(state, console, decision)
+
+
+def _schedule_command(
+    scenario_path: Path, context: str, emit: str | None, grid: list[dict[str, int]],
+    axes: list[str], target: float | None, seed: int, precision: str | None,
+    registry: list[Path], plot: Path | None, output_dir: Path | None, as_json: bool,
+    jobs: int | None, values: tuple[Any, Any, Any],
+) -> None:  # fmt: skip
+    """``--context``: the K x concurrency grid, K 0 added, once per context length; the
+    schedule table first, then each K's loss at long context named by its term, then the
+    engine flags with ``--emit``."""
+    from speclens.acceptance import WorkloadAcceptance, resolve
+    from speclens.sim import schedule as sc
+    from speclens.sim.scenario import load_scenario, roofline
+    from speclens.sim.simulate import fast_fallback
+
+    if axes != ["num_spec_tokens", "concurrency"]:
+        fail("--context needs --sweep num_spec_tokens=... and --sweep concurrency=...: the "
+             "schedule picks K at each concurrency", code=2)  # fmt: skip
+    try:
+        contexts = sc.parse_contexts(context)
+    except ValueError as exc:
+        fail(f"--context: {exc}", code=2)
+    if emit is not None and emit not in sc.ENGINES:
+        fail(f"--emit: expected one of {', '.join(sc.ENGINES)}, got {emit!r}", code=2)
+    if plot is not None:
+        fail("--plot does not go with --context (the schedule is a table)", code=2)
+    ks = sorted({g["num_spec_tokens"] for g in grid})
+    concurrencies = sorted({g["concurrency"] for g in grid})
+    size = len(contexts) * (len(ks) + 1) * len(concurrencies)
+    if size > sc.MAX_SCHEDULE_POINTS:
+        fail(f"--context: {len(contexts)} contexts x {len(ks) + 1} K (K 0 included) x "
+             f"{len(concurrencies)} concurrencies = {size} points, over the limit of "
+             f"{sc.MAX_SCHEDULE_POINTS}", code=2)  # fmt: skip
+    with reported():
+        base_scenario = load_scenario(scenario_path, precision)
+        pools = base_scenario.speculating
+        if not pools:
+            fail(f"{scenario_path}: deployment.pools: --context needs a speculating pool to "
+                 "schedule K for")  # fmt: skip
+        spec = pools[0].engine.speculative
+        assert spec is not None
+        reg = load_registry(registry)
+        resolved = {}
+        for k in ks:
+            workload = base_scenario.workload
+            resolved[k] = resolve(
+                model=base_scenario.model, method=spec.method, num_spec_tokens=k,
+                hardware=base_scenario.hardware, registry=reg,
+                workload=WorkloadAcceptance(thinking=workload.thinking, category=workload.category, acceptance=workload.acceptance),
+                scenario=base_scenario.acceptance, cli=cli_value(k, *values),
+            )  # fmt: skip
+    calls: list[dict[str, Any]] = []
+    keys: list[tuple[int, int, int]] = []
+    fast = True
+    for c in contexts:
+        scenario = sc.with_context(base_scenario, c)
+        with reported():
+            for n in concurrencies:
+                own = sc.at_concurrency(scenario, n)
+                fast = fast and not any(fast_fallback(own, [], k) for k in ks)
+    budget = MAX_FAST_REQUEST_STEPS if fast else MAX_REQUEST_STEPS
+    for c in contexts:
+        scenario = sc.with_context(base_scenario, c)
+        with reported():
+            check(scenario, str(scenario_path), ks, budget, runs=len(grid),
+                  base=scenario_path.parent)  # fmt: skip
+        for k in [0, *ks]:
+            for n in concurrencies:
+                res = resolved.get(k)
+                own = sc.at_concurrency(scenario, n)
+                calls.append(dict(
+                    scenario=sc.without_speculation(own) if k == 0 else own,
+                    base=scenario_path.parent,
+                    rates=res.per_position_rates if res else None, seed=seed, concurrency=n,
+                    num_spec_tokens=None if k == 0 else k, max_request_steps=budget,
+                    source=str(scenario_path),
+                    draft_coverage=res.draft_coverage if res else 1.0, fast=True,
+                    keep_records=False,
+                ))  # fmt: skip
+                keys.append((c, k, n))
+    with reported():
+        rows = _run(calls, jobs or _cores(), torch=not fast)
+    gpus = sum(p.parallel * p.replicas for p in base_scenario.deployment.pools)
+    sched = sc.schedule([(c, k, n, r) for (c, k, n), r in zip(keys, rows, strict=True)],
+                        gpus, target)  # fmt: skip
+    with reported():
+        roof = roofline(base_scenario, pools[0], scenario_path.parent, str(scenario_path))
+    sched["losses"] = sc.attribute(sched, roof, base_scenario.workload.concurrency or
+                                   concurrencies[0])  # fmt: skip
+    sched["points"] = [
+        {"context": c, "num_spec_tokens": k, "concurrency": n,
+         "tok_s_gpu": r["throughput"]["output_tokens_per_s"] / gpus,
+         "tpot_p50_ms": (r["latency_ms"].get("tpot") or {}).get("p50")}
+        for (c, k, n), r in zip(keys, rows, strict=True)
+    ]  # fmt: skip
+    if emit is not None:
+        sched["emit"] = {"engine": emit, "lines": sc.emit_lines(sched, emit, spec.method)}
+    if as_json:
+        typer.echo(json.dumps({"schedule": sched}, indent=2))
+    else:
+        _print_schedule(sched)
+    if output_dir is not None:
+        target_file = output_dir / "k_schedule.json"
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            target_file.write_text(json.dumps(sched, indent=2) + "\n")
+        except OSError as exc:
+            fail(f"{exc.filename or output_dir}: cannot write: {exc.strerror or exc}")
+        (err_console if as_json else out_console).print(f"wrote {target_file}", markup=False)
+
+
+def _print_schedule(sched: dict[str, Any]) -> None:
+    """The schedule table first (best K and its gain over no speculation), then each loss at
+    long context and its term, then the engine flags."""
+    from speclens.sim import schedule as sc
+
+    say = lambda text: out_console.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    target = sched["tok_s_user"]
+    table = Table(title="best K (gain over no speculation) by "
+                  + ("interactivity" if target is not None else "concurrency") + " x context, "
+                  f"{sched['gpus']} GPUs")  # fmt: skip
+    table.add_column("tok/s/user" if target is not None else "concurrency", justify="right")
+    for c in sched["contexts"]:
+        table.add_column(f"context {sc.tokens(c)}", justify="right")
+    for row in sched["rows"]:
+        head = f"{row['tok_s_user']:g}" if target is not None else str(row["concurrency"])
+        table.add_row(head, *(sc.cell_text(cell) for cell in row["cells"]))
+    out_console.print(table)
+    say(f"each context fixes every request's input at that many tokens (k = "
+        f"{sc.CONTEXT_UNIT}); K 0 is no speculation")  # fmt: skip
+    for row in sched["rows"]:
+        for cell in row["cells"]:
+            if cell.get("reason"):
+                say(cell["reason"])
+    for loss in sched["losses"]:
+        say(loss["line"])
+    if not sched["losses"]:
+        say("no context's best K is below the shortest context's")
+    for line in sched.get("emit", {}).get("lines", []):
+        say(line)
 
 
 def _open_output(

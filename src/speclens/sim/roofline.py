@@ -627,6 +627,29 @@ class Roofline:
         )
         return _plain(verify + drafter)
 
+    def terms(
+        self, query_tokens: float, requests: float, context_tokens: float, drafting: float, k: int
+    ) -> dict[str, float]:
+        """A decode step's price split into the terms ``decode``'s formula adds (their sum is
+        that formula's price; nothing here changes a price): ``verify_width`` the verify
+        forward's weights, matmuls, collectives and overheads for its ``query_tokens``;
+        ``kv_reads`` its attention over ``context_tokens`` (KV read or pair FLOPs, the larger);
+        ``drafter`` the K drafter forwards."""
+        kk, e = self._k, self.efficiency
+        q, r, c = float(query_tokens), float(requests), float(context_tokens)
+        peak = self._peak(q)
+        linear = self._linear(q, kk.flops, kk.expert_flops, kk.dense_read, kk.expert_read, peak)
+        attention = np.maximum(
+            kk.pair * q * (c / max(r, 1.0)) / (peak * kk.compute), kk.kv_bytes * c / kk.kv_memory
+        )
+        width = e.overhead + e.per_sequence * r + e.per_token * q + linear + self._collectives(q)
+        drafter = self._drafter_formula(r, c, drafting, k)
+        return {
+            "verify_width": float(width),
+            "kv_reads": float(attention),
+            "drafter": float(drafter),
+        }
+
     # ------------------------------------------------------------ priced by table
     @functools.cached_property
     def _cache(self) -> list[_Tables]:

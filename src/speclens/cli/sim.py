@@ -464,9 +464,11 @@ def _print_schedule(sched: dict[str, Any]) -> None:
 
     say = lambda text: out_console.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     target = sched["tok_s_user"]
-    table = Table(title="best K (gain over no speculation) by "
-                  + ("interactivity" if target is not None else "concurrency") + " x context, "
-                  f"{sched['gpus']} GPUs")  # fmt: skip
+    axis = f"at {target:g} tok/s/user" if target is not None else "by concurrency"
+    say(f"K schedule {axis} x context "
+        f"{', '.join(sc.tokens(c) for c in sched['contexts'])}: best K and its gain over no "
+        f"speculation (tok/s/GPU, {sched['gpus']} GPUs)")  # fmt: skip
+    table = Table()
     table.add_column("tok/s/user" if target is not None else "concurrency", justify="right")
     for c in sched["contexts"]:
         table.add_column(f"context {sc.tokens(c)}", justify="right")

@@ -41,7 +41,7 @@ def parse_contexts(text: str) -> list[int]:
             continue
         scale = CONTEXT_UNIT if part.lower().endswith("k") else 1
         digits = part[:-1] if scale != 1 else part
-        if not digits.isdigit() or int(digits) < 1:
+        if not (digits.isascii() and digits.isdigit()) or int(digits) < 1:
             raise ValueError(f"expected token counts like 1k,8k,32k or 1024,8192, got {part!r}")
         values.append(int(digits) * scale)
     if not values:

@@ -65,6 +65,8 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
         return "no answer"
     if isinstance(exc, aiohttp.ClientConnectorError):
+        if isinstance(exc.os_error, ConnectionRefusedError):
+            return "cannot connect (connection refused)"
         return f"cannot connect ({exc.os_error.strerror or exc.os_error})"
     return f"{type(exc).__name__}: {exc}".rstrip(": ")
 

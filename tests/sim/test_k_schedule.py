@@ -110,3 +110,16 @@ def test_engine_flags_one_line_per_distinct_k() -> None:
         "atom: --method mtp --num-speculative-tokens 2  # 1k: concurrency 64; 8k: concurrency 8",
         "atom: --method mtp --num-speculative-tokens 4  # 1k: concurrency 8",
     ]
+
+
+def test_vllm_takes_k_by_batch_size_one_server_per_context() -> None:
+    sched = sc.schedule(_points(), gpus=2)
+    assert sc.batch_ranges(sched, 0) == [[1, 8, 4], [9, 64, 2]]
+    assert sc.batch_ranges(sched, 1) == [[1, 8, 2], [9, 64, 0]]
+    lines = sc.emit_lines(sched, "vllm", "mtp")
+    assert lines[0].startswith("vllm picks K by batch size, not by context")
+    assert lines[1] == (
+        'vllm: --speculative-config \'{"method": "mtp", "num_speculative_tokens": 4, '
+        '"num_speculative_tokens_per_batch_size": [[1, 8, 4], [9, 64, 2]]}\'  # 1k'
+    )
+    assert lines[2].endswith("[[1, 8, 2], [9, 64, 0]]}'  # 8k")

@@ -462,7 +462,9 @@ def _print_schedule(sched: dict[str, Any]) -> None:
     long context and its term, then the engine flags."""
     from speclens.sim import schedule as sc
 
-    say = lambda text: out_console.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    def say(text: str) -> None:
+        out_console.print(text, markup=False, highlight=False, soft_wrap=True)
+
     target = sched["tok_s_user"]
     axis = f"at {target:g} tok/s/user" if target is not None else "by concurrency"
     say(f"K schedule {axis} x context "

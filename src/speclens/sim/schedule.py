@@ -221,6 +221,45 @@ def flags(engine: str, method: str, k: int) -> str:
     raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
 
 
+def batch_ranges(sched: dict[str, Any], index: int) -> list[list[int]]:
+    """Context ``index``'s K by batch size as vLLM's ``num_speculative_tokens_per_batch_size``
+    entries, ``[first, last, K]`` inclusive: each concurrency row covers the batch sizes above
+    the previous row's, up to its own; neighbours with the same K merge."""
+    ranges: list[list[int]] = []
+    low = 1
+    for row in sched["rows"]:
+        k = row["cells"][index]["num_spec_tokens"]
+        if ranges and ranges[-1][2] == k:
+            ranges[-1][1] = row["concurrency"]
+        else:
+            ranges.append([low, row["concurrency"], k])
+        low = row["concurrency"] + 1
+    return ranges
+
+
+def _vllm_dynamic(sched: dict[str, Any], method: str) -> list[str]:
+    """vLLM's dynamic K (``vllm/config/speculative.py``, ``num_speculative_tokens_per_batch_size``:
+    inclusive ``(first, last, K)`` batch-size ranges, K 0 allowed, ``num_speculative_tokens``
+    the largest; ``vllm/v1/spec_decode/dynamic/utils.py``): one line per context, since vLLM
+    has no context axis (vLLM RFC #48627 proposes one)."""
+    lines = []
+    for i, c in enumerate(sched["contexts"]):
+        ranges = batch_ranges(sched, i)
+        top = max(r[2] for r in ranges)
+        if top == 0:
+            lines.append(f"vllm: {flags('vllm', method, 0)}  # {tokens(c)}")
+            continue
+        config = {"method": method, "num_speculative_tokens": top}
+        if len({r[2] for r in ranges}) > 1:
+            config["num_speculative_tokens_per_batch_size"] = ranges
+        line = f"--speculative-config {shlex.quote(json.dumps(config))}"
+        lines.append(f"vllm: {line}  # {tokens(c)}")
+    if len(set(lines)) > 1:
+        lines.insert(0, "vllm picks K by batch size, not by context: one server per context "
+                        "length (routed by prompt length)")  # fmt: skip
+    return lines
+
+
 def emit_lines(sched: dict[str, Any], engine: str, method: str) -> list[str]:
     """One line per distinct K of the schedule, naming where it wins (an engine serves one K
     a server)."""
@@ -235,6 +274,8 @@ def emit_lines(sched: dict[str, Any], engine: str, method: str) -> list[str]:
     by = "concurrency " if sched["tok_s_user"] is None else ""
     w = {k: [f"{tokens(c)}: {by}{', '.join(heads)}" for c, heads in sorted(ctx.items())]
          for k, ctx in where.items()}  # fmt: skip
+    if engine == "vllm" and sched["tok_s_user"] is None:
+        return _vllm_dynamic(sched, method)
     lines = [f"{engine}: {flags(engine, method, k)}  # {'; '.join(w[k])}" for k in sorted(w)]
     if len(where) > 1:
         lines.insert(0, f"{engine} serves one K a server: the schedule wants {len(where)} "

@@ -135,6 +135,7 @@ def test_native_with_backend_openai_is_a_usage_error(run_cli) -> None:
 def test_native_with_auto_and_no_engine_found_is_a_usage_error(run_cli) -> None:
     code, _, err = run_cli(
         "bench", "--url", "http://127.0.0.1:9", "--model", "m", "--endpoint", "native",
+        "--no-preflight",
     )  # fmt: skip
     assert code == 2
     assert err.startswith("command line: --endpoint: native needs an SGLang or llama.cpp server")

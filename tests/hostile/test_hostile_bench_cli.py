@@ -184,12 +184,16 @@ def test_unwritable_output_dir_exits_2_before_any_request(
 
 @pytest.mark.timeout(60)
 def test_nothing_listening_exits_3_and_never_passes(run_cli: Any) -> None:
-    code, stdout, _ = run_cli("bench", "--url", nowhere(), "--model", "m", "--num-requests", "5")
+    """With the preflight skipped, the run itself fails (the preflight's own line is tested in
+    test_hostile_preflight.py)."""
+    code, stdout, _ = run_cli(
+        "bench", "--url", nowhere(), "--model", "m", "--num-requests", "5", "--no-preflight"
+    )  # fmt: skip
     assert code == 3
     assert "run FAIL: 5 of 5 requests failed (max 0%)" in stdout
     code, stdout, _ = run_cli(
         "bench", "--url", nowhere(), "--model", "m", "--num-requests", "5",
-        "--expect-acceptance-length", "3.78", "--num-spec-tokens", "7",
+        "--expect-acceptance-length", "3.78", "--num-spec-tokens", "7", "--no-preflight",
     )  # fmt: skip
     assert code == 3
     assert "verification PASS" not in stdout
@@ -217,10 +221,22 @@ def test_max_failure_rate_1_lets_a_failing_run_exit_0(run_cli: Any, stub500: Stu
 
 @pytest.mark.timeout(120)
 @pytest.mark.integration
-def test_wrong_model_exits_3(run_cli: Any, slow_server: ServerProcess) -> None:
+def test_wrong_model_is_refused_before_the_run_or_fails_it(
+    run_cli: Any, slow_server: ServerProcess, tmp_path: Path
+) -> None:
+    code, stdout, err = run_cli(
+        "bench", "--url", slow_server.url, "--model", "no-such-model", "--num-requests", "4",
+        "--expect-acceptance-length", "3.78", "--output-dir", tmp_path / "run",
+    )  # fmt: skip
+    assert code == 1 and stdout == ""
+    assert err.strip().splitlines() == [err.strip()]
+    assert err.startswith(
+        f"bench: --model: {slow_server.url} does not serve 'no-such-model'; it serves "
+    )
+    assert not (tmp_path / "run").exists()
     code, stdout, _ = run_cli(
         "bench", "--url", slow_server.url, "--model", "no-such-model", "--num-requests", "4",
-        "--expect-acceptance-length", "3.78",
+        "--expect-acceptance-length", "3.78", "--no-preflight",
     )  # fmt: skip
     assert code == 3
     assert "verification FAIL: 4 of 4 requests failed (max 0%)" in stdout

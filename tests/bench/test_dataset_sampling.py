@@ -93,6 +93,8 @@ def test_the_options_default_to_round_robin_and_settings_record_the_sampling(
     b = in_order.settings(config, None, in_order.prompts())
     assert (a["prompt_sampling"], b["prompt_sampling"]) == ("category-round-robin", "in-order")
     assert a["prompts_sha256"] != b["prompts_sha256"]  # compare tells them apart
+    # a fresh run says it records every field compare checks, so none is called "old"
+    assert a["settings_schema"] == "speclens.settings/2"
 
 
 def summary(steps: dict[str, int]) -> dict[str, Any]:

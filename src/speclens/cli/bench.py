@@ -458,6 +458,9 @@ class BenchOptions:
         from speclens.bench.host import host_load
 
         settings["host"] = host_load()  # compare shows it: a loaded machine moves a run
+        from speclens.runs.rundir import SETTINGS_SCHEMA
+
+        settings["settings_schema"] = SETTINGS_SCHEMA  # records every field compare checks
         return settings
 
     def expected_records(self) -> int | None:

@@ -123,3 +123,8 @@ def test_vllm_takes_k_by_batch_size_one_server_per_context() -> None:
         '"num_speculative_tokens_per_batch_size": [[1, 8, 4], [9, 64, 2]]}\'  # 1k'
     )
     assert lines[2].endswith("[[1, 8, 2], [9, 64, 0]]}'  # 8k")
+
+
+def test_a_context_that_keeps_k_names_no_term() -> None:
+    same = [(c, k, 8, _row(v)) for c in (1024, 8192) for k, v in ((0, 100), (2, 150), (4, 180))]
+    assert sc.attribute(sc.schedule(same, gpus=2), _Roof(), fallback_batch=8) == []

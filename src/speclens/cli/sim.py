@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -300,13 +301,37 @@ def sim(
             draft_coverage=resolution.draft_coverage if resolution else 1.0, fast=not exact,
             keep_records=out is not None,
         ))  # fmt: skip
-    with reported():
-        rows = _run(calls, jobs or _cores(), torch=not fast)
-    kept = [result.pop("records", []) for result in rows]
-    for result, resolution, point in zip(rows, resolutions, grid, strict=True):
+    workers = jobs or _cores()
+    written: list[Path] = []
+
+    def finish(i: int, result: dict[str, Any]) -> dict[str, Any]:
+        """A point's result as printed; with --output-dir its files are written now and its
+        records dropped, so a sweep holds only the points in flight."""
+        records = result.pop("records", [])
+        resolution = resolutions[i]
         result["resolution"] = resolution.model_dump() if resolution else None
         if name:
-            result["sweep"] = dict(point)
+            result["sweep"] = dict(grid[i])
+        if out is not None:
+            state, streams = out
+            k = calls[i]["num_spec_tokens"] or (spec.num_spec_tokens if spec else None)
+            written.extend(_write_run(streams[i], scenario, str(scenario_path), seed, calls[i],
+                                      result, records, k))  # fmt: skip
+            if state is not None:
+                state.record(state.points[i], 0)
+        return result
+
+    in_flight = workers
+    if out is not None:
+        from speclens.sim import run_output
+        from speclens.sim.limits import longest
+
+        lengths = scenario.workload
+        in_flight = run_output.points_in_flight(
+            lengths.requests, longest(lengths.output_tokens), workers
+        )
+    with reported():
+        rows = _run(calls, workers, torch=not fast, on_result=finish, in_flight=in_flight)
     decision = None
     if at_interactivity is not None:
         from speclens.sim.decide import decide
@@ -330,20 +355,12 @@ def sim(
         _plot(rows, axes, plot)
         (err_console if as_json else out_console).print(f"wrote {plot}")
     if out is not None:
-        state, streams = out
+        state, _ = out
         console = err_console if as_json else out_console
-        own_k = spec.num_spec_tokens if spec else None
-        for i, (stream, call, row, records) in enumerate(
-            zip(streams, calls, rows, kept, strict=True)
-        ):
-            k = call["num_spec_tokens"] or own_k
-            paths = _write_run(stream, scenario, str(scenario_path), seed, call, row, records, k)
-            if state is None:
-                for path in paths:
-                    console.print(f"wrote {path}", markup=False)
-            else:
-                state.record(state.points[i], 0)
-        if state is not None:
+        if state is None:
+            for path in written:
+                console.print(f"wrote {path}", markup=False)
+        else:
             _write_sweep(state, console, decision)
 
 
@@ -506,9 +523,7 @@ def _open_output(
     state = run_output.grid_state(output_dir, axes, grid, seed) if axes else None
     problem = (
         run_output.sweep_problem(state) if state else run_output.output_problem(output_dir)
-    ) or run_output.recorded_steps_problem(
-        workload.requests, longest(workload.output_tokens), len(grid)
-    )
+    ) or run_output.recorded_steps_problem(workload.requests, longest(workload.output_tokens))
     if problem:
         fail(problem, code=2)
     dirs = [output_dir / p.dir for p in state.points] if state else [output_dir]
@@ -577,22 +592,42 @@ def _simulate(call: dict[str, Any]) -> dict[str, Any]:
     return simulate(**call)
 
 
-def _run(calls: list[dict[str, Any]], jobs: int, torch: bool) -> list[dict[str, Any]]:
+def _run(
+    calls: list[dict[str, Any]], jobs: int, torch: bool,
+    on_result: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None,
+    in_flight: int | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
     """Every sweep point, in order: in this process, or in ``jobs`` fresh processes (spawned:
     each point is a pure function of its arguments, so the results are the same). ``torch``:
-    the step-exact loop runs, so torch loads first (with Ctrl-C held)."""
-    workers = min(jobs, len(calls))
+    the step-exact loop runs, so torch loads first (with Ctrl-C held). ``on_result(i, result)``
+    takes each point as it finishes (in any order) and returns what is kept; at most
+    ``in_flight`` points run or wait for it at once."""
+    take = on_result or (lambda _i, result: result)
+    results: list[dict[str, Any]] = [{} for _ in calls]
+    workers = min(jobs, len(calls), in_flight or jobs)
     if workers <= 1:
         if torch:
             with interrupt_deferred():
                 import speclens.sim.coverage  # noqa: F401
-        return [_simulate(call) for call in calls]
+        for i, call in enumerate(calls):
+            results[i] = take(i, _simulate(call))
+        return results
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
     context = multiprocessing.get_context("spawn")
+    todo = list(enumerate(calls))[::-1]
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        return list(pool.map(_simulate, calls))
+        running: dict[Future[dict[str, Any]], int] = {}
+        while todo or running:
+            while todo and len(running) < workers:
+                i, call = todo.pop()
+                running[pool.submit(_simulate, call)] = i
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                i = running.pop(future)
+                results[i] = take(i, future.result())
+    return results
 
 
 def _print_decision(decision: dict[str, Any]) -> None:

@@ -35,9 +35,10 @@ DEFAULT_CATEGORY = "default"
 #: "detected" it: a reader tells a prediction from a measurement by either.
 ENGINE = "speclens-sim"
 ADAPTER = "sim"
-#: Most request-steps (requests x the longest output, over every sweep point) a run with
-#: ``--output-dir`` may take: each keeps its inter-token gaps until the files are written
-#: (about 100 bytes a decode step in memory, 25 in records.jsonl).
+#: Most request-steps (requests x the longest output) held at once by a run with
+#: ``--output-dir``: a point keeps its inter-token gaps until its files are written (about 100
+#: bytes a decode step in memory, 25 in records.jsonl), so one point may take at most this many,
+#: and a sweep keeps only as many points in flight as fit in it (``points_in_flight``).
 MAX_RECORDED_REQUEST_STEPS = 2_000_000
 
 
@@ -187,18 +188,25 @@ def output_problem(out_dir: Path) -> str | None:
     return None
 
 
-def recorded_steps_problem(requests: int, longest_output: int, points: int) -> str | None:
-    """Why a run with ``--output-dir`` would keep too much (its per-request gaps), or None."""
-    steps = requests * longest_output * points
+def recorded_steps_problem(requests: int, longest_output: int) -> str | None:
+    """Why one point of a run with ``--output-dir`` would keep too much (its per-request gaps),
+    or None."""
+    steps = requests * longest_output
     if steps <= MAX_RECORDED_REQUEST_STEPS:
         return None
-    sweep = f" x {points} sweep points" if points > 1 else ""
     return (
         f"command line: --output-dir: {requests:,} requests x up to {longest_output:,} output "
-        f"tokens{sweep} = {steps:,} request-steps, over the {MAX_RECORDED_REQUEST_STEPS:,} a run "
+        f"tokens = {steps:,} request-steps, over the {MAX_RECORDED_REQUEST_STEPS:,} a run "
         "keeps per request for its records: lower workload.requests or workload.output_tokens, "
         "or drop --output-dir"
     )
+
+
+def points_in_flight(requests: int, longest_output: int, workers: int) -> int:
+    """How many sweep points may be simulated or awaiting their files at once, so that the
+    records held stay within ``MAX_RECORDED_REQUEST_STEPS`` (at least one)."""
+    per_point = max(1, requests * longest_output)
+    return max(1, min(workers, MAX_RECORDED_REQUEST_STEPS // per_point))
 
 
 def run_settings(

@@ -633,7 +633,7 @@ def _run(
 def _print_decision(decision: dict[str, Any]) -> None:
     """The decision's line first, then one table: each K's AL, tok/s/GPU at the target and its
     ratio to the best."""
-    from speclens.sim.decide import label
+    from speclens.runs.decision import k_name as label
 
     out_console.print(decision["headline"], markup=False, highlight=False, soft_wrap=True)
     target = decision["tok_s_user"]

@@ -13,6 +13,10 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+from speclens.runs.decision import Choice, k_span
+from speclens.runs.decision import headline as sentence
+from speclens.runs.decision import k_name as label
+
 #: Said of every figure: the simulator runs each point once (a pure function of its seed).
 NO_INTERVAL = "no interval: one simulated run a point"
 
@@ -79,31 +83,9 @@ def decide(rows: Sequence[tuple[int, dict[str, Any]]], target: float, gpus: int)
     }
 
 
-def label(k: int) -> str:
-    return f"K {k}" if k else "no speculation"
-
-
 def headline(ks: list[dict[str, Any]], best: dict[str, Any] | None, target: float) -> str:
-    """The decision in one line (the first of the terminal output)."""
-    spec = [e["num_spec_tokens"] for e in ks if e["num_spec_tokens"]]
-    span = ", ".join(
-        ([label(0)] if len(spec) < len(ks) else [])
-        + ([f"K {spec[0]}..{spec[-1]}" if len(spec) > 1 else f"K {spec[0]}"] if spec else [])
-    )
-    if best is None:
-        line = f"at {target:g} tok/s/user, no K reaches that interactivity ({span})"
-        if ks and all(e["curve"] and e["curve"][0]["tok_s_user"] > target for e in ks):
-            line += (": every curve's slowest point is faster (the batch stops growing: raise "
-                     "the concurrency or max_num_seqs)")  # fmt: skip
-        return line
-    line = f"at {target:g} tok/s/user, {label(best['num_spec_tokens'])} delivers " \
-        f"{best['tok_s_gpu']:,.0f} tok/s/GPU"  # fmt: skip
-    lowest = ks[0]
-    if lowest is not best and lowest["tok_s_gpu"]:
-        gain = best["tok_s_gpu"] / lowest["tok_s_gpu"] - 1
-        line += f", {gain:+.1%} over {label(lowest['num_spec_tokens'])}"
-    line += f" (best of {span})"
-    missing = [label(e["num_spec_tokens"]) for e in ks if e["tok_s_gpu"] is None]
-    if missing:
-        line += f"; {', '.join(missing)} do not reach {target:g} tok/s/user (see the table)"
-    return line
+    """The decision in one line (the first of the terminal output), worded as compare's
+    (``runs.decision``); ``best`` is implied by ``ks`` and kept for the callers."""
+    too_fast = bool(ks) and all(e["curve"] and e["curve"][0]["tok_s_user"] > target for e in ks)
+    choices = [Choice(label(e["num_spec_tokens"]), e["tok_s_gpu"]) for e in ks]
+    return sentence(choices, target, k_span([e["num_spec_tokens"] for e in ks]), too_fast=too_fast)

@@ -1,9 +1,10 @@
 """Best K at a target interactivity, from a simulated grid over K and concurrency.
 
 Each K's points (one per concurrency) give output tok/s per GPU against tok/s per user
-(1000 / TPOT p50 in ms). The K's Pareto curve keeps the points no other point of that K beats on
-both; the figure at interactivity X is linear between the curve's two neighbours around X. A
-curve that does not span X has no figure there (no extrapolation): it says which range it spans.
+(1000 / mean TPOT in ms, as compare reads a run: one definition). The K's Pareto curve keeps
+the points no other point of that K beats on both; the figure at interactivity X is linear
+between the curve's two neighbours around X. A curve that does not span X has no figure there
+(no extrapolation): it says which range it spans.
 A simulated point is one run, so the figures carry no interval.
 """
 
@@ -51,7 +52,7 @@ def decide(rows: Sequence[tuple[int, dict[str, Any]]], target: float, gpus: int)
     for k, group in sorted(by_k.items()):
         points = []
         for row in group:
-            tpot = (row["latency_ms"].get("tpot") or {}).get("p50")
+            tpot = (row["latency_ms"].get("tpot") or {}).get("mean")
             if tpot and tpot > 0:
                 points.append((1000.0 / tpot, row["throughput"]["output_tokens_per_s"] / gpus))
         curve = pareto(points)

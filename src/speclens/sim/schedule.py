@@ -90,7 +90,7 @@ def tokens(n: int) -> str:
 
 def _tpot_point(row: dict[str, Any], gpus: int) -> tuple[float, float]:
     return row["throughput"]["output_tokens_per_s"] / gpus, (
-        (row["latency_ms"].get("tpot") or {}).get("p50") or 0.0
+        (row["latency_ms"].get("tpot") or {}).get("mean") or 0.0
     )
 
 

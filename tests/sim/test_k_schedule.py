@@ -128,3 +128,13 @@ def test_vllm_takes_k_by_batch_size_one_server_per_context() -> None:
 def test_a_context_that_keeps_k_names_no_term() -> None:
     same = [(c, k, 8, _row(v)) for c in (1024, 8192) for k, v in ((0, 100), (2, 150), (4, 180))]
     assert sc.attribute(sc.schedule(same, gpus=2), _Roof(), fallback_batch=8) == []
+
+
+def test_the_example_takes_the_readmes_longest_context() -> None:
+    """README shows ``--context 1k,8k,32k`` on the example: 32k of input plus its longest
+    output fits the pool's max_model_len (else the command exits 1)."""
+    scenario = load_scenario(EXAMPLE, None)
+    fitted = sc.with_context(scenario, sc.parse_contexts("32k")[0])
+    longest = fitted.workload.output_tokens.max
+    for pool in fitted.deployment.pools:
+        assert 32 * 1024 + longest <= pool.engine.max_model_len

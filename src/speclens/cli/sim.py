@@ -720,25 +720,46 @@ def _pricing(p: dict[str, Any]) -> str:
     )
 
 
-def _plot(rows: list[dict[str, Any]], axes: list[str], path: Path) -> None:
-    import matplotlib
+#: How a point's label names each axis on the plot ("K=4 c=64").
+SHORT_AXIS = {"num_spec_tokens": "K", "concurrency": "c"}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    xs = [r["latency_ms"]["tpot"]["p50"] if r["latency_ms"]["tpot"] else float("nan") for r in rows]
-    ys = [r["throughput"]["output_tokens_per_s"] for r in rows]
-    ax.plot(xs, ys, marker="o")
-    for r, x, y in zip(rows, xs, ys, strict=True):
-        ax.annotate(",".join(f"{a}={r['sweep'][a]}" for a in axes), (x, y), fontsize=8)
+def _figure(rows: list[dict[str, Any]], axes: list[str]) -> Any:
+    """Throughput against TPOT, one line per K of a K x concurrency grid; each point labelled
+    beside itself, with margins so no marker or label is cut at the axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.5))
+    FigureCanvasAgg(fig)  # no pyplot: no global state
+    ax = fig.add_subplot()
+    series: dict[Any, list[dict[str, Any]]] = {}
+    for r in rows:
+        key = r["sweep"][axes[0]] if len(axes) > 1 else None
+        series.setdefault(key, []).append(r)
+    for key, group in series.items():
+        xs = [r["latency_ms"]["tpot"]["p50"] if r["latency_ms"]["tpot"] else float("nan")
+              for r in group]  # fmt: skip
+        ys = [r["throughput"]["output_tokens_per_s"] for r in group]
+        name = None if key is None else f"{SHORT_AXIS.get(axes[0], axes[0])}={key}"
+        ax.plot(xs, ys, marker="o", label=name)
+        for r, x, y in zip(group, xs, ys, strict=True):
+            text = " ".join(f"{SHORT_AXIS.get(a, a)}={r['sweep'][a]}" for a in axes)
+            ax.annotate(text, (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7)
+    ax.margins(x=0.08, y=0.1)
     ax.set_xlabel("TPOT p50 (ms)")
     ax.set_ylabel("output tokens/s")
-    ax.set_title(f"Throughput against latency, sweeping {' x '.join(axes)}")
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
+    ax.set_title("Throughput against latency\nsweeping " + " x ".join(axes), fontsize=10)
+    if len(series) > 1:
+        from speclens.runs.html_plots import legend_outside
+
+        legend_outside(fig, ax)
+    return fig
+
+
+def _plot(rows: list[dict[str, Any]], axes: list[str], path: Path) -> None:
+    fig = _figure(rows, axes)
+    try:  # tight: a label past the axes stays in the image
+        fig.savefig(path, dpi=110, bbox_inches="tight")
     except OSError as exc:
         fail(f"--plot: {path}: cannot write: {exc.strerror or exc}")
-    finally:
-        plt.close(fig)

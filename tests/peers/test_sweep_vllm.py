@@ -190,7 +190,8 @@ def test_a_server_axes_sweep_starts_vllm_per_k_and_the_other_k_is_not_comparable
     assert code == 1 and pair["comparable"] is False, pair
     assert found["k"]["ok"] is False and found["k"]["detail"].startswith("K 2 vs K 4"), found["k"]
     assert pair["label"].startswith("not comparable: k (K 2 vs K 4"), pair["label"]
-    assert "B - A" in found["acceptance"]["detail"], found["acceptance"]
+    a, b = (item["label"] for item in result["inputs"])  # the directory names
+    assert f"{b} - {a}" in found["acceptance"]["detail"], found["acceptance"]
 
 
 def _point_dir(sweep: Path, concurrency: int) -> str:

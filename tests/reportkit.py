@@ -60,7 +60,7 @@ def make_dirs(root: Path) -> ReportDirs:
 def make_sweep(sweep_dir: Path, runs: dict[int, Path]) -> Path:
     """A one-round load sweep over concurrency from finished runs, and its report (a run whose
     verification failed is a failed point, exit code 1)."""
-    from speclens.runs.html import write_sweep_report
+    from speclens.runs.html_sweep import write_sweep_report
 
     points, stats = [], []
     for c, run in runs.items():
@@ -88,7 +88,7 @@ def make_compare(out_dir: Path, sweep: Path, run: Path) -> Path:
     records over 0.8 of its duration), and its report: one comparable pair, a ratio at matched
     concurrency and a delta at matched interactivity, none of them written by hand."""
     from speclens.runs import compare as cmp
-    from speclens.runs.html import write_compare_report
+    from speclens.runs.html_compare import write_compare_report
 
     faster = out_dir.parent / f"{out_dir.name}-b"
     shutil.copytree(run, faster)

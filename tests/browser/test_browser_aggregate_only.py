@@ -16,12 +16,10 @@ from chromium_env import ensure_chromium
 from aggregatekit import summary, write_point, write_sweep
 from reportkit import field_mismatches
 from speclens.runs import compare as cmp
-from speclens.runs.html import (
-    AGGREGATE_LINE,
-    write_compare_report,
-    write_run_report,
-    write_sweep_report,
-)
+from speclens.runs.html_aggregate import AGGREGATE_LINE
+from speclens.runs.html_compare import write_compare_report
+from speclens.runs.html_run import write_run_report
+from speclens.runs.html_sweep import write_sweep_report
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from comparekit import DIGEST
 from ksweepkit import k_sweep
 from speclens.runs import compare as cmp
 from speclens.runs import compare_decide as cd
-from speclens.runs.html import write_compare_report
+from speclens.runs.html_compare import write_compare_report
 
 
 def test_points_with_different_workloads_are_not_made_comparable(run_cli, tmp_path: Path) -> None:

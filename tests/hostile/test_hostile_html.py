@@ -14,13 +14,11 @@ import orjson
 import pytest
 
 from reportkit import external_references, field_mismatches, scan
-from speclens.runs import html
-from speclens.runs.html import (
-    ReportError,
-    write_compare_report,
-    write_run_report,
-    write_sweep_report,
-)
+from speclens.runs import html, html_run
+from speclens.runs.html import ReportError
+from speclens.runs.html_compare import write_compare_report
+from speclens.runs.html_run import write_run_report
+from speclens.runs.html_sweep import write_sweep_report
 
 EVIL = '<script>alert(1)</script><img src="http://198.51.100.1/x.png"><a href="https://e.test">'
 
@@ -103,11 +101,11 @@ def test_records_with_garbage_lines_and_absurd_values(tmp_path: Path) -> None:
 
 
 def test_records_are_read_up_to_a_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(html, "MAX_RECORD_LINES", 5)
+    monkeypatch.setattr(html_run, "MAX_RECORD_LINES", 5)
     _write(tmp_path, "summary.json", _summary())
     row = orjson.dumps({"success": True, "ttft_s": 0.01, "tpot_s": 0.002, "latency_s": 0.1})
     (tmp_path / "records.jsonl").write_bytes((row + b"\n") * 50)
-    samples = html.samples_from_file(tmp_path / "records.jsonl")
+    samples = html_run.samples_from_file(tmp_path / "records.jsonl")
     assert len(samples.ttft) == 5 and "first 5 lines" in str(samples.note)
 
 

@@ -17,7 +17,9 @@ from comparekit import write_run
 from reportkit import external_references, field_mismatches, scan
 from speclens.runs import compare as cmp
 from speclens.runs import rundir
-from speclens.runs.html import AGGREGATE_LINE, write_run_report, write_sweep_report
+from speclens.runs.html_aggregate import AGGREGATE_LINE
+from speclens.runs.html_run import write_run_report
+from speclens.runs.html_sweep import write_sweep_report
 from speclens.runs.points import summarize
 
 #: The labels these tests read (default labels are the directory names).

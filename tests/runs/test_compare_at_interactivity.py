@@ -19,7 +19,9 @@ from ksweepkit import k_sweep, load_sweep
 from speclens.runs import compare as cmp
 from speclens.runs import compare_decide as cd
 from speclens.runs.decision import Choice, headline, k_name
-from speclens.runs.html import Page, write_compare_report, write_sweep_report
+from speclens.runs.html import Page
+from speclens.runs.html_compare import write_compare_report
+from speclens.runs.html_sweep import write_sweep_report
 from speclens.sim import decide as sim_decide
 
 
@@ -184,7 +186,8 @@ def test_interval_bounds_are_finite_and_ordered(two: Any) -> None:
 
 
 def test_each_k_of_a_compared_sweep_plots_its_own_points_only(tmp_path: Path) -> None:
-    from speclens.runs.html import Fields, input_series
+    from speclens.runs.html import Fields
+    from speclens.runs.html_compare import input_series
 
     sweep = tmp_path / "s"
     sweep.mkdir()

@@ -253,7 +253,7 @@ def test_odd_times_are_left_out_or_null_never_a_traceback(run_cli, tmp_path: Pat
 def test_the_report_reads_an_odd_fidelity_object_without_trusting_it(tmp_path: Path) -> None:
     """A compare.json edited by hand: markup in labels and figure names is escaped, a value that
     is not a number is shown as "-", and every number shown is the file's."""
-    from speclens.runs.html import write_compare_report
+    from speclens.runs.html_compare import write_compare_report
 
     evil = '<script>alert(1)</script>"'
     data = {

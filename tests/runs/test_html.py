@@ -20,7 +20,8 @@ import orjson
 import pytest
 
 from reportkit import ReportDirs, external_references, field_mismatches, make_dirs, scan
-from speclens.runs.html import field_path, resolve_field, samples_from_file, write_run_report
+from speclens.runs.html import field_path, resolve_field
+from speclens.runs.html_run import samples_from_file, write_run_report
 from speclens.runs.report import record_row
 from speclens.runs.request import RequestRecord
 

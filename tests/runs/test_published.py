@@ -332,7 +332,7 @@ def test_write_point_refuses_a_directory_that_is_not_empty(tmp_path):
 
 
 def test_a_sweep_that_fails_part_way_leaves_nothing(tmp_path, monkeypatch):
-    import speclens.runs.html as html
+    import speclens.runs.html_sweep as html
 
     def broken(_sweep_dir):
         raise OSError(28, "No space left on device")

@@ -118,7 +118,8 @@ def compare(
 
 def _write(output_dir: Path, result: dict[str, Any]) -> None:
     from speclens.runs.files import open_new
-    from speclens.runs.html import ReportError, write_compare_report
+    from speclens.runs.html import ReportError
+    from speclens.runs.html_compare import write_compare_report
 
     try:
         output_dir.mkdir(parents=True, exist_ok=True)

@@ -540,7 +540,7 @@ def _write_sweep(state: Any, console: Any, decision: dict[str, Any] | None = Non
     """sweep.json and sweep.csv (each point's figures from its run directory, as ``speclens
     sweep`` computes them), decision.json with --at-interactivity (a stale one goes), then the
     sweep's report.html (the decision at its top)."""
-    from speclens.runs.html import write_sweep_report
+    from speclens.runs.html_sweep import write_sweep_report
 
     try:
         written = state.write()

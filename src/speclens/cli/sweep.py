@@ -348,7 +348,7 @@ class Runner:
 
 
 def _html(root: Path) -> None:
-    from speclens.runs.html import write_sweep_report
+    from speclens.runs.html_sweep import write_sweep_report
 
     try:
         out_console.print(f"wrote {write_sweep_report(root)}", markup=False)

@@ -81,7 +81,7 @@ def _remove(path: Path) -> None:
 
 def _fill_point(run_dir: Path, summary: Mapping[str, Any]) -> None:
     """summary.json and report.html into the (new, empty) ``run_dir``."""
-    from speclens.runs.html import write_run_report
+    from speclens.runs.html_run import write_run_report
 
     run_dir.mkdir(parents=True, exist_ok=True)
     with open_new(run_dir / "summary.json") as fh:
@@ -112,7 +112,7 @@ def _engine(summaries: Sequence[Mapping[str, Any]]) -> str | None:
 def _fill_sweep(root: Path, points: Sequence[Mapping[str, Any]]) -> None:
     """The points' run directories, then sweep.json and sweep.csv as ``Sweep`` writes them
     (each point read back through ``points.summarize``), then the sweep's report.html."""
-    from speclens.runs.html import write_sweep_report
+    from speclens.runs.html_sweep import write_sweep_report
 
     ids = [point_id(p) for p in points]
     seen = {i for i in ids if ids.count(i) > 1}

@@ -367,7 +367,7 @@ def write_files(out_dir: Path, summary: dict[str, Any], records: list[RequestRec
             )
     written.append(path)
     written += plots(out_dir, summary, records)
-    from speclens.runs.html import write_run_report
+    from speclens.runs.html_run import write_run_report
 
     written.append(write_run_report(out_dir, records))
     return written

@@ -20,7 +20,14 @@ from speclens.cost import StepCost
 from speclens.runs.report import RecordStream
 from speclens.runs.trace import Trace, TraceError, TraceRequest, read_trace
 from speclens.sim import catalog, run_output
-from speclens.sim.calibrate import CalibrationError, fit, fit_roofline, observe, read_cost_file
+from speclens.sim.calibrate import (
+    CalibrationError,
+    _misfit,
+    fit,
+    fit_roofline,
+    observe,
+    read_cost_file,
+)
 from speclens.sim.catalog import ChipSpec
 from speclens.sim.replay import replay, settings
 from speclens.sim.roofline import Efficiency, Roofline
@@ -771,3 +778,17 @@ def test_host_measures_this_machine_as_a_chip_entry(tmp_path: Path) -> None:
     assert chip.tflops["bf16"] == max(curve.values())
     # A CPU's matmul reaches its peak only at the widest batches: the curve rises.
     assert curve["256"] > 2 * curve["1"]
+
+
+def test_a_roofline_pinned_at_full_efficiency_and_worse_than_linear_is_a_misfit() -> None:
+    """llama.cpp on the peer tier: the linear fit's error 15.6%, so the 1.3x + 3 points bar is
+    23.3%, and the roofline's error swung around it over runs (25.8% in one). Its memory
+    efficiency sat at 100% (the runs went faster than a bf16 SmolLM2's bytes allow): with that,
+    a roofline worse than the linear fit does not describe the engine, under the bar too. At
+    100% and better than the linear fit, or worse within the bar and below 100%, it stands."""
+    said = _misfit(0.22, 0.156, ["memory"])
+    assert said is not None and "memory efficiency at 100%" in said and "22.0%" in said
+    assert _misfit(0.22, 0.156, []) is None
+    assert _misfit(0.14, 0.156, ["memory"]) is None
+    over = _misfit(0.258, 0.156, [])  # over the bar, wherever the efficiencies are
+    assert over is not None and "100%" not in over

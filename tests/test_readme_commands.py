@@ -7,7 +7,8 @@ resolved level by level and each level's context is made from its arguments, so 
 subcommand or option, a missing or extra positional argument, a missing required option and a
 value outside an option's choices or type all fail. Then the same argv with ``--help`` appended
 must print its help. The cheap ones (``profiles resolve``: it only reads the registry) are run,
-and the output the document shows under them is checked against what they print.
+and the output the document shows under them is checked against what they print. Every
+relative link in the documents names a file that exists, and a heading in it after ``#``.
 """
 
 from __future__ import annotations
@@ -186,3 +187,35 @@ def test_shown_resolve_prints_what_the_document_says(shown: Shown) -> None:
         result = CliRunner().invoke(app, argv)
         assert result.exit_code == 0, f"{shown.where}: --emit {other[1]}: {result.output}"
         assert result.stdout.strip() == other[2], f"{shown.where}: --emit {other[1]}"
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives ``path``'s headings (lower case, punctuation dropped)."""
+    anchors: set[str] = set()
+    in_fence = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip().startswith("```"):
+            in_fence = not in_fence
+        elif not in_fence and (heading := re.match(r"#{1,6} (.*)", line)):
+            slug = re.sub(r"[^\w\- ]", "", heading[1].strip().lower()).replace(" ", "-")
+            anchors.add(slug)
+    return anchors
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=[p.name for p in DOCUMENTS])
+def test_relative_links_resolve(path: Path) -> None:
+    """Every relative link names a file that exists and, after ``#``, one of its headings."""
+    broken = []
+    for target in LINK.findall(path.read_text(encoding="utf-8")):
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s):, mailto:
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(f"{target}: no heading #{anchor} in {linked.name}")
+    assert not broken, f"{path.relative_to(ROOT)}: " + "; ".join(broken)

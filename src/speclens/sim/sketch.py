@@ -60,7 +60,9 @@ class Sketch:
         if not v.size:
             return
         self.count += float(w.sum())
-        self.total += float(v @ w)
+        # numpy's own pairwise sum: a BLAS dot's order depends on its threads, and the total
+        # would change in the last digit with the cores (a process against a Ray worker)
+        self.total += float(np.sum(v * w))
         self.min = min(self.min, float(v.min()))
         self.max = max(self.max, float(v.max()))
         self._values.append(v)

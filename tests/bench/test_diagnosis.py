@@ -163,18 +163,12 @@ BENCH_CODES = {EXIT_OK, EXIT_VERDICT_FAILED, 2, EXIT_TOO_MANY_FAILURES, EXIT_INC
                EXIT_INTERRUPTED}  # fmt: skip
 
 
-def test_designs_exit_code_table_is_the_codes_bench_uses() -> None:
-    rows = _table((ROOT / "DESIGN.md").read_text(encoding="utf-8"), "## Exit codes")
+def test_the_exit_code_table_is_the_codes_bench_uses() -> None:
+    text = (ROOT / "docs" / "exit-codes.md").read_text(encoding="utf-8")
+    rows = _table(text, "# Exit codes")
     assert set(rows) == BENCH_CODES
     assert "inconclusive" in rows[EXIT_INCONCLUSIVE] and "K unknown" in rows[EXIT_INCONCLUSIVE]
     assert "--max-failure-rate" in rows[EXIT_TOO_MANY_FAILURES]
     assert "failed verdict" in rows[EXIT_VERDICT_FAILED]
     assert "interrupted" in rows[EXIT_INTERRUPTED]
-
-
-def test_readmes_bench_exit_table_is_the_codes_bench_uses() -> None:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    rows = _table(text, "| exit | meaning |")
-    assert set(rows) == BENCH_CODES
-    assert "inconclusive" in rows[EXIT_INCONCLUSIVE].lower()
     assert "INCONCLUSIVE (exit 1)" not in text

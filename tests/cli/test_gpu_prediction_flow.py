@@ -1,4 +1,4 @@
-"""What speculation buys on real GPUs, end to end on InferenceX's published runs (the README's
+"""What speculation buys on real GPUs, end to end on InferenceX's published runs (docs/calibrate.md's
 "What will speculation buy on my GPUs?"): import them, calibrate on MTP-off points, infer the AL
 of an MTP run from its lowest concurrency, predict that run at its other concurrencies, and
 compare the prediction with the measurement.

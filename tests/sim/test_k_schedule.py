@@ -130,8 +130,8 @@ def test_a_context_that_keeps_k_names_no_term() -> None:
     assert sc.attribute(sc.schedule(same, gpus=2), _Roof(), fallback_batch=8) == []
 
 
-def test_the_example_takes_the_readmes_longest_context() -> None:
-    """README shows ``--context 1k,8k,32k`` on the example: 32k of input plus its longest
+def test_the_example_takes_the_docs_longest_context() -> None:
+    """docs/sim.md shows ``--context 1k,8k,32k`` on the example: 32k of input plus its longest
     output fits the pool's max_model_len (else the command exits 1)."""
     scenario = load_scenario(EXAMPLE, None)
     fitted = sc.with_context(scenario, sc.parse_contexts("32k")[0])

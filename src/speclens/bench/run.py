@@ -269,7 +269,7 @@ def add_derivation(acceptance: dict[str, Any], check: dict[str, Any]) -> None:
         )
 
 
-#: Per engine: how to get per-request speculative-decoding stats out of it (README's engine table).
+#: Per engine: how to get per-request speculative-decoding stats out of it (docs/engines.md's table).
 STATS_HINTS = {
     "speclens": "start `speclens serve` with --per-request-spec-decode-stats summary",
     "vllm": "start vLLM with --per-request-spec-decode-metrics summary "

@@ -51,7 +51,8 @@ from speclens.engine import (
 from speclens.engine.export import write_hf_dir
 from speclens.engine.model import LlamaModel
 from speclens.engine.tokenizer import Tokenizer
-from speclens.engine.weights import load_model, save_hf_dir
+from speclens.engine.weights import load_model
+from speclens.engine.weights_hf import save_hf_dir
 
 K = 7
 LENGTHS = (1.0, 2.0, 3.78, 8.0)

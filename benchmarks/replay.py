@@ -83,7 +83,7 @@ def command(engine: str, model: str, port: int, work: Path) -> tuple[list[str], 
             export_smollm2(exported)
         return vllm_env.command(exported, port, vllm_env.NGRAM), vllm_env.environment()
     if engine == "llamacpp":
-        from speclens.engine.weights import smollm2_gguf_path
+        from speclens.engine.weights_gguf import smollm2_gguf_path
 
         if not llamacpp_env.ready():
             raise RuntimeError("llama.cpp is not built: python tests/peers/llamacpp_env.py")

@@ -24,7 +24,8 @@ from speclens.engine import Engine, EngineConfig, SamplingParams
 from speclens.engine.export import export_model, write_hf_dir
 from speclens.engine.model import LlamaModel
 from speclens.engine.tokenizer import ByteTokenizer, Tokenizer
-from speclens.engine.weights import load_model, smollm2_gguf_path
+from speclens.engine.weights import load_model
+from speclens.engine.weights_gguf import smollm2_gguf_path
 
 transformers = pytest.importorskip("transformers")
 

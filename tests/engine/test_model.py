@@ -18,7 +18,8 @@ from speclens.engine.model import (
     lazy_zeros,
     parameter_shapes,
 )
-from speclens.engine.weights import dummy_model, load_hf_dir, save_hf_dir
+from speclens.engine.weights_dummy import dummy_model
+from speclens.engine.weights_hf import load_hf_dir, save_hf_dir
 
 transformers = pytest.importorskip("transformers")
 

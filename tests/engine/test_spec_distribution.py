@@ -23,7 +23,7 @@ from enginekit import config
 from speclens.engine import Engine, SamplingParams, SpeculativeConfig
 from speclens.engine.model import LlamaModel, ModelConfig
 from speclens.engine.tokenizer import ByteTokenizer
-from speclens.engine.weights import dummy_model
+from speclens.engine.weights_dummy import dummy_model
 
 VOCAB = 8
 K = 3

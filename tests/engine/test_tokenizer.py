@@ -17,7 +17,7 @@ from speclens.engine.tokenizer import (
     Tokenizer,
     gguf_tokenizer,
 )
-from speclens.engine.weights import smollm2_gguf_path
+from speclens.engine.weights_gguf import smollm2_gguf_path
 
 TEXTS = ["", "hello", "naïve café", "東京 🙂 👩‍💻", "tabs\tand\nnewlines  \n", "<|user|> literal"]
 MESSAGES = [

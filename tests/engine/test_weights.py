@@ -15,16 +15,10 @@ from safetensors.torch import load_file, save_file
 from enginekit import prefill_logits
 from speclens.engine.model import LlamaModel, ModelConfig
 from speclens.engine.tokenizer import ByteTokenizer, HFTokenizer, bytes_to_unicode
-from speclens.engine.weights import (
-    DUMMY_DRAFT,
-    DUMMY_TARGET,
-    dummy_model,
-    load_gguf,
-    load_hf_dir,
-    load_model,
-    save_hf_dir,
-    smollm2_gguf_path,
-)
+from speclens.engine.weights import load_model
+from speclens.engine.weights_dummy import DUMMY_DRAFT, DUMMY_TARGET, dummy_model
+from speclens.engine.weights_gguf import load_gguf, smollm2_gguf_path
+from speclens.engine.weights_hf import load_hf_dir, save_hf_dir
 
 
 def small_config(tie: bool = True) -> ModelConfig:

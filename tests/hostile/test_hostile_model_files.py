@@ -25,15 +25,10 @@ import launch
 from serverkit import child_env, free_port, serve_command
 from speclens.engine.config import ConfigError, EngineConfig
 from speclens.engine.model import ModelConfig
-from speclens.engine.weights import (
-    check_models,
-    dummy_model,
-    load_gguf,
-    load_hf_dir,
-    load_model,
-    model_config,
-    save_hf_dir,
-)
+from speclens.engine.weights import check_models, load_model, model_config
+from speclens.engine.weights_dummy import dummy_model
+from speclens.engine.weights_gguf import load_gguf
+from speclens.engine.weights_hf import load_hf_dir, save_hf_dir
 
 #: A refusal must come well within this (the checks read a few kilobytes).
 BOUND_S = 5.0

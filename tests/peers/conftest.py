@@ -184,7 +184,7 @@ llamacpp_command = llamacpp_env.command
 @contextlib.contextmanager
 def running_llamacpp(log_dir: Path, spec_args: Sequence[str]) -> Iterator[Peer]:
     """``llama-server`` on a free loopback port, healthy and warmed up, stopped on exit."""
-    from speclens.engine.weights import smollm2_gguf_path
+    from speclens.engine.weights_gguf import smollm2_gguf_path
 
     port, log = _prepare(llamacpp_env, "the llama.cpp peer", log_dir, "llama-server")
     gguf = smollm2_gguf_path()

@@ -26,7 +26,8 @@ import torch
 from speclens.engine.config import ConfigError
 from speclens.engine.model import LlamaModel
 from speclens.engine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
-from speclens.engine.weights import load_model, save_hf_dir
+from speclens.engine.weights import load_model
+from speclens.engine.weights_hf import save_hf_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from speclens.runs.compare import prompts_sha256
+from speclens.runs.compare_inputs import prompts_sha256
 
 DIGEST = prompts_sha256([("random", 64, "hello world")])
 

@@ -88,6 +88,7 @@ def make_compare(out_dir: Path, sweep: Path, run: Path) -> Path:
     records over 0.8 of its duration), and its report: one comparable pair, a ratio at matched
     concurrency and a delta at matched interactivity, none of them written by hand."""
     from speclens.runs import compare as cmp
+    from speclens.runs.compare_inputs import read_inputs
     from speclens.runs.html_compare import write_compare_report
 
     faster = out_dir.parent / f"{out_dir.name}-b"
@@ -95,7 +96,7 @@ def make_compare(out_dir: Path, sweep: Path, run: Path) -> Path:
     summary = orjson.loads((faster / "summary.json").read_bytes())
     summary["figures"]["duration_s"] *= 0.8
     (faster / "summary.json").write_bytes(orjson.dumps(summary))
-    data = cmp.compare(cmp.read_inputs([sweep, faster], ["A", "B"], [1, 1]))
+    data = cmp.compare(read_inputs([sweep, faster], ["A", "B"], [1, 1]))
     out_dir.mkdir(parents=True)
     (out_dir / "compare.json").write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
     write_compare_report(out_dir, data)

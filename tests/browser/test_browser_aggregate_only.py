@@ -16,6 +16,7 @@ from chromium_env import ensure_chromium
 from aggregatekit import summary, write_point, write_sweep
 from reportkit import field_mismatches
 from speclens.runs import compare as cmp
+from speclens.runs.compare_inputs import labels_for, read_inputs
 from speclens.runs.html_aggregate import AGGREGATE_LINE
 from speclens.runs.html_compare import write_compare_report
 from speclens.runs.html_run import write_run_report
@@ -32,7 +33,7 @@ def browser() -> Iterator[Browser]:
 
 
 def _compare(out: Path, *paths: Path) -> Path:
-    inputs = cmp.read_inputs(list(paths), cmp.labels_for(len(paths), []), [None] * len(paths))
+    inputs = read_inputs(list(paths), labels_for(len(paths), []), [None] * len(paths))
     out.mkdir()
     (out / "compare.json").write_bytes(orjson.dumps(cmp.compare(inputs)))
     write_compare_report(out, out / "compare.json")

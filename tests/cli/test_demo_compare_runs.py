@@ -23,6 +23,7 @@ def test_two_demo_runs_compare(
     from hostile.garbage_server import GarbageServer, Reply
     from speclens.cli import demo as demo_module
     from speclens.runs import compare as cmp
+    from speclens.runs.compare_inputs import read_inputs
 
     fake = types.SimpleNamespace(
         Popen=_Server, STDOUT=subprocess.STDOUT, TimeoutExpired=subprocess.TimeoutExpired
@@ -40,7 +41,7 @@ def test_two_demo_runs_compare(
     settings = json.loads((outs[0] / "summary.json").read_text())["settings"]
     assert settings["settings_schema"] == "speclens.settings/2"
     assert settings["acceptance_profile"] and settings["acceptance_source"]
-    inputs = cmp.read_inputs(outs, ["A", "B"], [None, None])
+    inputs = read_inputs(outs, ["A", "B"], [None, None])
     pair = cmp.compare(inputs)["pairs"][0]
     assert pair["verdict"] == "comparable", pair["label"]
     prompts = next(c for c in pair["checks"] if c["name"] == "prompts")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from speclens.bench.client import RequestRecord, Tally, finish_record
-from speclens.runs.compare import read_run
+from speclens.runs.compare_inputs import read_run
 from speclens.runs.report import RecordStream, record_row
 from speclens.runs.rundir import InputError
 from speclens.sim import run_output

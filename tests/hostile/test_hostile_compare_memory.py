@@ -13,6 +13,7 @@ import pytest
 from comparekit import write_run
 from speclens.runs import compare as cmp
 from speclens.runs import rundir
+from speclens.runs.compare_inputs import read_inputs, read_run
 
 #: A streamed response's events, as bench keeps them in ``raw``: many small objects.
 EVENT = {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "a",
@@ -36,7 +37,7 @@ def test_the_raw_payloads_are_not_kept(tmp_path: Path) -> None:
     assert (a / "records.jsonl").stat().st_size > 2**20
     tracemalloc.start()
     try:
-        inputs = cmp.read_inputs([a, b], ["A", "B"], [1, 1])
+        inputs = read_inputs([a, b], ["A", "B"], [1, 1])
         held, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -56,10 +57,10 @@ def test_what_is_kept_of_all_inputs_together_is_bounded(
     the file where the bound was passed."""
     a = write_run(tmp_path / "a", seed=1)
     b = write_run(tmp_path / "b", seed=2)
-    one = cmp.read_run(a)
+    one = read_run(a)
     size = sum(len(orjson.dumps(r, option=orjson.OPT_NON_STR_KEYS)) for r in one.rows)
     monkeypatch.setattr(rundir, "MAX_KEPT_BYTES", int(size * 1.5))
-    cmp.read_run(a)  # one run fits
+    read_run(a)  # one run fits
     code, out, err = run_cli("compare", a, b)
     assert code == 1 and "Traceback" not in out + err, (code, out, err)
     (line,) = err.strip().splitlines()

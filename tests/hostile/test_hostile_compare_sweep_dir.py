@@ -14,6 +14,7 @@ from comparekit import DIGEST
 from ksweepkit import k_sweep
 from speclens.runs import compare as cmp
 from speclens.runs import compare_decide as cd
+from speclens.runs.compare_inputs import read_inputs
 from speclens.runs.html_compare import write_compare_report
 
 
@@ -38,7 +39,7 @@ def test_a_recorded_digest_is_never_overwritten(tmp_path: Path) -> None:
     summary = orjson.loads(point.read_bytes())
     summary["settings"]["prompts_sha256"] = "f" * 64
     point.write_bytes(orjson.dumps(summary))
-    inputs, named = cd.whole_sweep(cmp.read_inputs([sweep], ["A"], [1]), [])
+    inputs, named = cd.whole_sweep(read_inputs([sweep], ["A"], [1]), [])
     assert named == ["k"]
     digests = {run.settings["prompts_sha256"] for item in inputs for run in item.runs}
     assert "f" * 64 in digests and len(digests) == 2
@@ -48,7 +49,7 @@ def test_a_recorded_digest_is_never_overwritten(tmp_path: Path) -> None:
 
 def test_a_digest_every_point_records_is_the_one_the_check_shows(tmp_path: Path) -> None:
     sweep = k_sweep(tmp_path / "k", {1: 1.0, 2: 1.2})
-    inputs, named = cd.whole_sweep(cmp.read_inputs([sweep], ["A"], [1]), [])
+    inputs, named = cd.whole_sweep(read_inputs([sweep], ["A"], [1]), [])
     pair = cmp.compare(inputs, named)["pairs"][0]
     prompts = next(c for c in pair["checks"] if c["name"] == "prompts")
     assert prompts["ok"] is True and DIGEST[:12] in prompts["detail"]
@@ -56,7 +57,7 @@ def test_a_digest_every_point_records_is_the_one_the_check_shows(tmp_path: Path)
 
 def test_markup_in_a_label_or_reason_is_escaped_on_the_page(tmp_path: Path) -> None:
     sweep = k_sweep(tmp_path / "k", {1: 1.0, 2: 1.2})
-    inputs, named = cd.whole_sweep(cmp.read_inputs([sweep], ["A"], [1]), [])
+    inputs, named = cd.whole_sweep(read_inputs([sweep], ["A"], [1]), [])
     inputs[0].label = "<script>alert(1)</script>"
     result = cmp.compare(inputs, named)
     result["decision"] = cd.decide(inputs, 1e5)  # beyond every curve: each says its span
@@ -75,7 +76,7 @@ def test_a_sweep_over_engines_and_k_labels_each_choice_by_both(
     for i, point in enumerate(doc["points"]):
         point["engine"] = engines[i % 2]
     (sweep / "sweep.json").write_bytes(orjson.dumps(doc))
-    inputs, named = cd.whole_sweep(cmp.read_inputs([sweep], ["A"], [1]), [])
+    inputs, named = cd.whole_sweep(read_inputs([sweep], ["A"], [1]), [])
     assert [i.label for i in inputs] == ["sglang K 1", "sglang K 2", "vllm K 1", "vllm K 2"]
     cmp.compare(inputs, named)
     decision = cd.decide(inputs, 1e5, by_k=True)

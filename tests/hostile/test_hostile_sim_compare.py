@@ -47,14 +47,14 @@ def test_a_bad_value_is_named(field: str, value: Any, expected: str) -> None:
 
 
 def test_compare_refuses_a_run_with_a_bad_gpu_count(tmp_path: Path) -> None:
-    from speclens.runs import compare as cmp
+    from speclens.runs.compare_inputs import read_run
 
     run = tmp_path / "run"
     run.mkdir()
     (run / "summary.json").write_text(json.dumps(_summary(gpus=-3)))
     (run / "records.jsonl").write_text("")
     with pytest.raises(InputError) as err:
-        cmp.read_run(run)
+        read_run(run)
     assert err.value.lines == [
         f"{run / 'summary.json'}: settings.gpus: expected null or an integer in [1, 4096], got -3"
     ]

@@ -17,6 +17,7 @@ from comparekit import write_run
 from reportkit import external_references, field_mismatches, scan
 from speclens.runs import compare as cmp
 from speclens.runs import rundir
+from speclens.runs.compare_inputs import kind_of, labels_for, read_inputs, read_run
 from speclens.runs.html_aggregate import AGGREGATE_LINE
 from speclens.runs.html_run import write_run_report
 from speclens.runs.html_sweep import write_sweep_report
@@ -27,12 +28,12 @@ AB = ("--label", "A", "--label", "B")
 
 
 def _compare(*paths: Path) -> dict:
-    inputs = cmp.read_inputs(list(paths), cmp.labels_for(len(paths), []), [None] * len(paths))
+    inputs = read_inputs(list(paths), labels_for(len(paths), []), [None] * len(paths))
     return cmp.compare(inputs)
 
 
 def test_read_run_takes_the_summary_and_no_rows(tmp_path: Path) -> None:
-    run = cmp.read_run(write_point(tmp_path / "a", summary(tpot_p50=12.5)))
+    run = read_run(write_point(tmp_path / "a", summary(tpot_p50=12.5)))
     assert run.rows == [] and run.aggregate_only and run.notes == []
     assert run.summary["figures"]["latency_ms"]["tpot"]["p50"] == 12.5
     assert run.settings["hardware"] == "mi355x"
@@ -43,7 +44,7 @@ def test_a_run_without_the_marker_and_without_records_is_still_refused(tmp_path:
     del data["aggregate_only"]
     path = write_point(tmp_path / "a", data)
     with pytest.raises(rundir.InputError) as caught:
-        cmp.kind_of(path)
+        kind_of(path)
     assert caught.value.code == 2 and "records.jsonl missing" in caught.value.lines[0]
     with pytest.raises(rundir.InputError):  # the reader alone refuses it too
         rundir.read_run(path, rundir.fields(()), rundir.fields(("settings",)))

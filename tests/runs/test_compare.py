@@ -12,6 +12,17 @@ import pytest
 
 from comparekit import write_run, write_sweep
 from speclens.runs import compare as cmp
+from speclens.runs import compare_deltas
+from speclens.runs.compare_checks import CHECKS
+from speclens.runs.compare_deltas import (
+    CurvePoint,
+    Estimate,
+    interpolate,
+    matched_interactivity,
+    pareto,
+    ratio,
+)
+from speclens.runs.compare_inputs import Input, Point, labels_for, read_inputs
 from speclens.runs.stats import Interval
 
 #: The labels these tests read (default labels are the directory names).
@@ -19,8 +30,8 @@ AB = ("--label", "A", "--label", "B")
 
 
 def _compare(*paths: Path, differ: tuple[str, ...] = (), gpus: list[int] | None = None) -> dict:
-    labels = cmp.labels_for(len(paths), [])
-    inputs = cmp.read_inputs(list(paths), labels, gpus or [1] * len(paths))
+    labels = labels_for(len(paths), [])
+    inputs = read_inputs(list(paths), labels, gpus or [1] * len(paths))
     return cmp.compare(inputs, differ)
 
 
@@ -35,7 +46,7 @@ def test_same_work_is_comparable(tmp_path: Path) -> None:
     pair = result["pairs"][0]
     assert pair["comparable"], pair["label"]
     assert pair["label"] == "comparable"
-    assert [c["name"] for c in pair["checks"]] == list(cmp.CHECKS)
+    assert [c["name"] for c in pair["checks"]] == list(CHECKS)
     assert result["schema"] == "speclens.compare/1"
     row = next(r for r in pair["deltas"]["matched_concurrency"]
                if r["figure"] == "output_tokens_per_s")  # fmt: skip
@@ -160,42 +171,42 @@ def test_interactivity_outside_either_curve_is_said_not_extrapolated(tmp_path: P
 
 
 def test_pareto_front_drops_dominated_points_and_interpolates_linearly() -> None:
-    def point(x: float, y: float) -> cmp.Point:
-        p = cmp.Point({"concurrency": 1}, None, [])
+    def point(x: float, y: float) -> Point:
+        p = Point({"concurrency": 1}, None, [])
         p.figures = {"tokens_per_s_per_user": Interval(x, x, x, 2, "t"),
                      "output_tokens_per_s": Interval(y, y - 1, y + 1, 2, "t")}  # fmt: skip
         return p
 
-    item = cmp.Input("A", Path("."), "sweep", [point(10, 100), point(20, 50), point(15, 40)])
-    curve = cmp.pareto(item)
+    item = Input("A", Path("."), "sweep", [point(10, 100), point(20, 50), point(15, 40)])
+    curve = pareto(item)
     assert [(c.x, c.y.mean) for c in curve] == [(10, 100), (20, 50)]
-    mid = cmp.interpolate(curve, 15)
+    mid = interpolate(curve, 15)
     assert mid is not None and mid.mean == pytest.approx(75)
     # a quarter of the way from 10 to 20: weight 0.75 on the left point, 0.25 on the right
-    quarter = cmp.interpolate(curve, 12.5)
+    quarter = interpolate(curve, 12.5)
     se = 1 / 12.706204736174707  # each point's SE: a 2-round t half-width of 1
     assert quarter is not None and quarter.mean == pytest.approx(0.75 * 100 + 0.25 * 50)
     assert quarter.se == pytest.approx(math.hypot(0.75 * se, 0.25 * se), rel=1e-9)
-    assert cmp.interpolate(curve, 25) is None
+    assert interpolate(curve, 25) is None
 
 
 def test_ratio_interval_on_the_log_scale() -> None:
     """Two bootstrap figures (normal): the log ratio's SE is the root sum of relative SEs."""
-    a, b = cmp.Estimate(100.0, 2.0, math.inf), cmp.Estimate(200.0, 4.0, math.inf)
-    r, low, high = cmp.ratio(a, b)
+    a, b = Estimate(100.0, 2.0, math.inf), Estimate(200.0, 4.0, math.inf)
+    r, low, high = ratio(a, b)
     spread = 1.959964 * math.sqrt(0.02**2 + 0.02**2)
     assert r == 2.0
     assert low == pytest.approx(2 * math.exp(-spread), rel=1e-6)
     assert high == pytest.approx(2 * math.exp(spread), rel=1e-6)
-    assert cmp.ratio(None, b)[1] != cmp.ratio(None, b)[1]  # NaN: no interval without both
+    assert ratio(None, b)[1] != ratio(None, b)[1]  # NaN: no interval without both
 
 
 def test_estimate_from_a_two_round_t_interval() -> None:
     interval = Interval(10.0, 10.0 - 12.706205, 10.0 + 12.706205, 2, "t")
-    estimate = cmp.Estimate.of(interval)
+    estimate = Estimate.of(interval)
     assert estimate is not None and estimate.se == pytest.approx(1.0, rel=1e-6)
     assert estimate.df == 1
-    assert cmp.Estimate.of(Interval(1.0, math.nan, math.nan, 1, "none")) is None
+    assert Estimate.of(Interval(1.0, math.nan, math.nan, 1, "none")) is None
 
 
 def test_cli_json_and_output_dir(run_cli, tmp_path: Path) -> None:
@@ -227,15 +238,15 @@ def test_matched_rows_that_round_alike_read_apart(monkeypatch: pytest.MonkeyPatc
     no two rows seem to state two deltas at one interactivity."""
     from types import SimpleNamespace
 
-    def curve(*xs: float) -> list[cmp.CurvePoint]:
-        return [cmp.CurvePoint(x, cmp.Estimate(100.0 / x, 1.0, 5.0)) for x in xs]
+    def curve(*xs: float) -> list[CurvePoint]:
+        return [CurvePoint(x, Estimate(100.0 / x, 1.0, 5.0)) for x in xs]
 
     curves = iter([curve(12.0, 15.6, 16.1), curve(12.0, 15.6, 16.1), curve(12.0, 20.0),
                    curve(12.0, 20.0)])  # fmt: skip
-    monkeypatch.setattr(cmp, "pareto", lambda item: next(curves))
+    monkeypatch.setattr(compare_deltas, "pareto", lambda item: next(curves))
     a, b = SimpleNamespace(label="A"), SimpleNamespace(label="B")
-    close, _ = cmp.matched_interactivity(a, b, "")  # type: ignore[arg-type]
+    close, _ = matched_interactivity(a, b, "")  # type: ignore[arg-type]
     assert [m["sentence"].split(" tok/s/user")[0] for m in close] == ["at 12.0", "at 15.6",
                                                                       "at 16.1"]  # fmt: skip
-    apart, _ = cmp.matched_interactivity(a, b, "")  # type: ignore[arg-type]
+    apart, _ = matched_interactivity(a, b, "")  # type: ignore[arg-type]
     assert [m["sentence"].split(" tok/s/user")[0] for m in apart] == ["at 12", "at 20"]

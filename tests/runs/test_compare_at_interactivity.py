@@ -18,6 +18,8 @@ from comparekit import write_run
 from ksweepkit import k_sweep, load_sweep
 from speclens.runs import compare as cmp
 from speclens.runs import compare_decide as cd
+from speclens.runs.compare_deltas import ONE_RUN_EACH
+from speclens.runs.compare_inputs import Input, read_inputs
 from speclens.runs.decision import Choice, headline, k_name
 from speclens.runs.html import Page
 from speclens.runs.html_compare import write_compare_report
@@ -36,20 +38,20 @@ def _linear(points: list[tuple[float, float]], x: float) -> float | None:
     return None
 
 
-def _points(item: cmp.Input) -> list[tuple[float, float]]:
+def _points(item: Input) -> list[tuple[float, float]]:
     return [(p.figures["tokens_per_s_per_user"].mean,
              p.figures["output_tokens_per_s"].mean / item.gpus) for p in item.points]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def two(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[cmp.Input], dict[str, Any]]:
+def two(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Input], dict[str, Any]]:
     root = tmp_path_factory.mktemp("two")
     paths = [load_sweep(root / "h200", 1.0), load_sweep(root / "b300", 1.6)]
-    inputs = cmp.read_inputs(paths, ["h200", "b300"], [1, 1])
+    inputs = read_inputs(paths, ["h200", "b300"], [1, 1])
     return inputs, cmp.compare(inputs)
 
 
-def _inside(inputs: list[cmp.Input]) -> float:
+def _inside(inputs: list[Input]) -> float:
     """An interactivity both inputs' curves span, between points (so it is interpolated)."""
     spans = [sorted(x for x, _ in _points(item)) for item in inputs]
     low, high = max(s[0] for s in spans), min(s[-1] for s in spans)
@@ -79,7 +81,7 @@ def test_each_input_is_read_on_its_own_curve_with_its_interval(two: Any) -> None
     assert f"{gain['ratio'] - 1:+.1%} (95% CI " in decision["headline"]
     assert "over h200 (best of h200, b300)" in decision["headline"]
     # one round a point: the interval is request-to-request only, and said so
-    assert decision["interval"] == cmp.ONE_RUN_EACH
+    assert decision["interval"] == ONE_RUN_EACH
 
 
 def test_an_input_whose_curve_misses_the_target_says_what_it_spans(two: Any) -> None:
@@ -151,7 +153,7 @@ def test_an_empty_table_says_why() -> None:
 def test_a_pair_with_no_common_load_says_so_instead_of_an_empty_table(tmp_path: Path) -> None:
     a = write_run(tmp_path / "a", concurrency=2, requests=8)
     b = write_run(tmp_path / "b", concurrency=4, requests=8, seed=1)
-    result = cmp.compare(cmp.read_inputs([a, b], ["h200", "b300"], [1, 1]))
+    result = cmp.compare(read_inputs([a, b], ["h200", "b300"], [1, 1]))
     page = write_compare_report(tmp_path / "out", result).read_text()
     assert "no load that both h200 and b300 ran" in page
     captions = re.findall(r"<caption>([^<]*)</caption>", page)

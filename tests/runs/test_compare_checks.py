@@ -13,10 +13,11 @@ import pytest
 
 from comparekit import write_run
 from speclens.runs import compare as cmp
+from speclens.runs.compare_inputs import labels_for, read_inputs
 
 
 def _compare(*paths: Path, differ: tuple[str, ...] = ()) -> dict[str, Any]:
-    inputs = cmp.read_inputs(list(paths), cmp.labels_for(len(paths), []), [1] * len(paths))
+    inputs = read_inputs(list(paths), labels_for(len(paths), []), [1] * len(paths))
     return cmp.compare(inputs, differ)
 
 

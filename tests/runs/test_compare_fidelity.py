@@ -14,6 +14,7 @@ import pytest
 from comparekit import timed_row, write_rows, write_run, write_sweep
 from reportkit import field_mismatches, scan
 from speclens.runs import compare as cmp
+from speclens.runs.compare_inputs import labels_for, read_inputs
 
 #: The labels these tests read (default labels are the directory names).
 AB = ("--label", "A", "--label", "B")
@@ -79,7 +80,7 @@ def _pair(tmp_path: Path, b_order: list[int] | None = None) -> tuple[Path, Path]
 
 
 def _fidelity(*paths: Path) -> Any:
-    inputs = cmp.read_inputs(list(paths), cmp.labels_for(len(paths), []), [1] * len(paths))
+    inputs = read_inputs(list(paths), labels_for(len(paths), []), [1] * len(paths))
     return cmp.compare(inputs)["pairs"][0]["fidelity"]
 
 
@@ -95,7 +96,7 @@ def test_throughput_error_is_the_deltas_figure_not_the_summarys(tmp_path: Path) 
     """Both summaries claim 999 tok/s: the error comes from the runs' requests and durations,
     the same figure the matched-concurrency delta shows."""
     a, b = _pair(tmp_path)
-    inputs = cmp.read_inputs([a, b], ["A", "B"], [1, 1])
+    inputs = read_inputs([a, b], ["A", "B"], [1, 1])
     pair = cmp.compare(inputs)["pairs"][0]
     assert pair["fidelity"]["throughput_error"] == pytest.approx(THROUGHPUT_ERROR, rel=1e-12)
     delta = next(r for r in pair["deltas"]["matched_concurrency"]

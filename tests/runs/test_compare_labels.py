@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from speclens.acceptance import ValidationError
-from speclens.runs.compare import MAX_DEFAULT_LABEL, labels_for
+from speclens.runs.compare_inputs import MAX_DEFAULT_LABEL, labels_for
 
 
 def test_distinct_directory_names_are_the_labels(tmp_path: Path) -> None:

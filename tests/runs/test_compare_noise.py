@@ -11,10 +11,12 @@ from typing import Any
 from comparekit import write_run, write_sweep
 from speclens.bench.host import host_load, steal_percent
 from speclens.runs import compare as cmp
+from speclens.runs.compare_deltas import ONE_RUN_EACH
+from speclens.runs.compare_inputs import labels_for, read_inputs
 
 
 def _compare(*paths: Path) -> dict[str, Any]:
-    inputs = cmp.read_inputs(list(paths), cmp.labels_for(len(paths), []), [None] * len(paths))
+    inputs = read_inputs(list(paths), labels_for(len(paths), []), [None] * len(paths))
     return cmp.compare(inputs)
 
 
@@ -23,10 +25,8 @@ def test_one_run_each_is_named_and_its_interval_is_the_requests(tmp_path: Path) 
     pair = result["pairs"][0]
     rows = pair["deltas"]["matched_concurrency"]
     assert rows and {r["interval_basis"] for r in rows} == {"requests"}
-    assert pair["deltas"]["noise_note"] == cmp.ONE_RUN_EACH
-    assert (
-        "not run-to-run" in cmp.ONE_RUN_EACH and "no difference is significant" in cmp.ONE_RUN_EACH
-    )
+    assert pair["deltas"]["noise_note"] == ONE_RUN_EACH
+    assert "not run-to-run" in ONE_RUN_EACH and "no difference is significant" in ONE_RUN_EACH
 
 
 def test_with_rounds_the_interval_is_the_rounds(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from scipy import stats
 
 from comparekit import row, timed_row, write_rows
 from speclens.runs import compare as cmp
+from speclens.runs.compare_inputs import read_inputs
 
 N = 4
 Z = 1.959963984540054  # the normal's 97.5% quantile
@@ -57,7 +58,7 @@ def _sweep(path: Path, points: dict[int, tuple[float, tuple[float, float]]]) -> 
 
 def _pair(tmp_path: Path, gpus: list[int]) -> dict[str, Any]:
     paths = [_sweep(tmp_path / "a", A), _sweep(tmp_path / "b", B)]
-    result = cmp.compare(cmp.read_inputs(paths, ["A", "B"], gpus))
+    result = cmp.compare(read_inputs(paths, ["A", "B"], gpus))
     pair: dict[str, Any] = result["pairs"][0]
     assert pair["comparable"], pair["label"]
     return pair
@@ -171,7 +172,7 @@ def _al(histograms: list[dict[int, int]]) -> tuple[float, float]:
 
 def test_the_al_difference_and_its_interval(tmp_path: Path) -> None:
     a, b = _natural(tmp_path / "a", A_STEPS), _natural(tmp_path / "b", B_STEPS)
-    result = cmp.compare(cmp.read_inputs([a, b], ["A", "B"], [1, 1]))
+    result = cmp.compare(read_inputs([a, b], ["A", "B"], [1, 1]))
     check = next(c for c in result["pairs"][0]["checks"] if c["name"] == "acceptance")
     assert check["ok"] and check["detail"].startswith("natural acceptance: A AL "), check
     (al_a, se_a), (al_b, se_b) = _al(A_STEPS), _al(B_STEPS)

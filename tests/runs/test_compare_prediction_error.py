@@ -13,6 +13,7 @@ import pytest
 
 from aggregatekit import summary, write_point, write_sweep
 from speclens.runs import compare as cmp
+from speclens.runs.compare_inputs import labels_for, read_inputs
 
 #: The labels these tests read (default labels are the directory names).
 AB = ("--label", "A", "--label", "B")
@@ -29,7 +30,7 @@ def _sweep(path: Path, points: list[tuple[int, float, float, float]], **kw: obje
 
 
 def _pair(*paths: Path) -> dict:
-    inputs = cmp.read_inputs(list(paths), cmp.labels_for(len(paths), []), [None] * len(paths))
+    inputs = read_inputs(list(paths), labels_for(len(paths), []), [None] * len(paths))
     return cmp.compare(inputs)["pairs"][0]
 
 

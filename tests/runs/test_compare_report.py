@@ -15,6 +15,7 @@ import pytest
 from comparekit import write_sweep
 from reportkit import field_mismatches, scan
 from speclens.runs import compare as cmp
+from speclens.runs.compare_inputs import read_inputs
 
 #: The labels these tests read (default labels are the directory names).
 AB = ("--label", "A", "--label", "B")
@@ -27,7 +28,7 @@ def test_the_compare_page_shows_compares_own_numbers(run_cli, tmp_path: Path) ->
     code, out, err = run_cli("compare", a, b, *AB, "--gpus", "2", "--output-dir", tmp_path / "out")
     assert code == 0, out + err
     data = orjson.loads((tmp_path / "out" / "compare.json").read_bytes())
-    expected = cmp.compare(cmp.read_inputs([a, b], ["A", "B"], [2, 2]))
+    expected = cmp.compare(read_inputs([a, b], ["A", "B"], [2, 2]))
     assert data == orjson.loads(orjson.dumps(expected))
 
     pair = data["pairs"][0]

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from speclens.runs import compare as cmp
+from speclens.runs.compare_deltas import PER_GPU
+from speclens.runs.compare_inputs import labels_for, read_inputs
 
 SCENARIO = """model: kimi-k3
 hardware: {hardware}
@@ -66,7 +68,7 @@ def sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _pair(*paths: Path) -> dict[str, Any]:
-    inputs = cmp.read_inputs(list(paths), cmp.labels_for(len(paths), []), [None] * len(paths))
+    inputs = read_inputs(list(paths), labels_for(len(paths), []), [None] * len(paths))
     out = cmp.compare(inputs)
     return {"inputs": out["inputs"], **out["pairs"][0]}
 
@@ -93,7 +95,7 @@ def test_one_workload_on_two_chips_is_comparable_per_gpu(sweeps: dict[str, Path]
         total = next(
             r for r in rows if r["concurrency"] == c and r["figure"] == "output_tokens_per_s"
         )
-        per_gpu = next(r for r in rows if r["concurrency"] == c and r["figure"] == cmp.PER_GPU)
+        per_gpu = next(r for r in rows if r["concurrency"] == c and r["figure"] == PER_GPU)
         assert per_gpu["ratio"] == pytest.approx(total["ratio"] * 8 / 16, rel=1e-9)
         assert per_gpu["a"]["mean"] == pytest.approx(total["a"]["mean"] / 8)
 

@@ -13,6 +13,8 @@ import pytest
 
 from aggregatekit import summary, write_point, write_sweep
 from speclens.runs import compare as cmp
+from speclens.runs.compare_deltas import log_interpolate
+from speclens.runs.compare_inputs import labels_for, read_inputs
 
 #: The labels these tests read (default labels are the directory names).
 AB = ("--label", "A", "--label", "B")
@@ -30,7 +32,7 @@ def _sweep(path: Path, points: list[tuple[int, float, float, float]], **kw: obje
 
 
 def _pair(*paths: Path) -> dict:
-    inputs = cmp.read_inputs(list(paths), cmp.labels_for(len(paths), []), [None] * len(paths))
+    inputs = read_inputs(list(paths), labels_for(len(paths), []), [None] * len(paths))
     return cmp.compare(inputs)["pairs"][0]
 
 
@@ -153,5 +155,5 @@ def test_cli_prints_the_sentence_and_writes_it(run_cli, sweeps: tuple[Path, Path
 def test_log_interpolation_by_hand() -> None:
     curve = [(50.0, 1000.0), (80.0, 650.0)]
     w = (62.5 - 50.0) / 30.0
-    assert cmp.log_interpolate(curve, 62.5) == pytest.approx(1000.0 ** (1 - w) * 650.0**w)
-    assert cmp.log_interpolate(curve, 49.9) is None and cmp.log_interpolate(curve, 80.1) is None
+    assert log_interpolate(curve, 62.5) == pytest.approx(1000.0 ** (1 - w) * 650.0**w)
+    assert log_interpolate(curve, 49.9) is None and log_interpolate(curve, 80.1) is None

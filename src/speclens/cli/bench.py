@@ -483,7 +483,7 @@ def load_settings(config: LoadConfig) -> dict[str, Any]:
 
 def prompts_digest(prompts: list[Prompt]) -> str:
     """The prompts' digest (``prompts_sha256``), so ``compare`` can tell runs of other prompts."""
-    from speclens.runs.compare import prompts_sha256
+    from speclens.runs.compare_inputs import prompts_sha256
 
     return prompts_sha256((p.category, p.max_tokens, p.text) for p in prompts)
 

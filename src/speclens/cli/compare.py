@@ -71,17 +71,19 @@ def compare(
     from speclens.acceptance import ValidationError
     from speclens.runs import compare as cmp
     from speclens.runs import compare_decide as cd
+    from speclens.runs.compare_checks import NAMEABLE
+    from speclens.runs.compare_inputs import MAX_INPUTS, labels_for, read_inputs
     from speclens.runs.rundir import InputError
 
     whole = cd.sweep_dir_path(inputs)
     if len(inputs) < 2 and whole is None:
         fail("command line: INPUTS: expected two or more run or sweep directories, or one "
              "sweep directory over K (num_speculative_tokens)", 2)  # fmt: skip
-    if len(inputs) > cmp.MAX_INPUTS:
-        fail(f"command line: INPUTS: at most {cmp.MAX_INPUTS}, got {len(inputs)}", 2)
-    unknown = sorted(set(differ) - set(cmp.NAMEABLE))
+    if len(inputs) > MAX_INPUTS:
+        fail(f"command line: INPUTS: at most {MAX_INPUTS}, got {len(inputs)}", 2)
+    unknown = sorted(set(differ) - set(NAMEABLE))
     if unknown:
-        fail(f"command line: --differ: expected one of {', '.join(cmp.NAMEABLE)}, got "
+        fail(f"command line: --differ: expected one of {', '.join(NAMEABLE)}, got "
              f"{unknown[0]!r}", 2)  # fmt: skip
     if not 0 <= seed <= 2**32 - 1:
         fail(f"command line: --seed: expected an integer in [0, 2**32 - 1], got {seed}", 2)
@@ -90,8 +92,8 @@ def compare(
              f"got {at_interactivity:g}", 2)  # fmt: skip
     counts = _gpus(gpus, len(inputs))
     try:
-        labels = cmp.labels_for(len(inputs), label, inputs)
-        read = cmp.read_inputs(inputs, labels, counts)
+        labels = labels_for(len(inputs), label, inputs)
+        read = read_inputs(inputs, labels, counts)
         named = list(differ)
         if whole is not None:
             read, named = cd.whole_sweep(read, named)

@@ -1,11 +1,12 @@
 """``speclens compare --at-interactivity X`` and ``speclens compare SWEEP_DIR``.
 
 The decision: each input's output tok/s per GPU at X tok/s/user, read off the input's own Pareto
-curve (``compare.pareto``, linear between the curve's two neighbours around X,
-``compare.interpolate``, never extrapolated) with its 95% interval, and which input delivers the
-most; its gain over the first input is a ratio with its interval (``compare.ratio``). An input
-whose curve does not span X has no figure there and says which range it spans. The sentence is
-the one ``speclens sim --at-interactivity`` prints (``speclens.runs.decision``).
+curve (``compare_deltas.pareto``, linear between the curve's two neighbours around X,
+``compare_deltas.interpolate``, never extrapolated) with its 95% interval, and which input
+delivers the most; its gain over the first input is a ratio with its interval
+(``compare_deltas.ratio``). An input whose curve does not span X has no figure there and says
+which range it spans. The sentence is the one ``speclens sim --at-interactivity`` prints
+(``speclens.runs.decision``).
 
 One sweep given alone is compared whole: its points are grouped by what the sweep varies
 besides the load (K above all, and the engine and forced AL where those vary too); each group
@@ -22,9 +23,18 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from scipy import stats as _stats
 
-from speclens.runs import compare as cmp
+from speclens.runs.compare_deltas import (
+    ONE_RUN_EACH,
+    CurvePoint,
+    Estimate,
+    finite,
+    interpolate,
+    pareto,
+    quantile,
+    ratio,
+)
+from speclens.runs.compare_inputs import Input, Point
 from speclens.runs.decision import Choice, headline, k_name, k_span
 from speclens.runs.rundir import InputError
 
@@ -43,11 +53,11 @@ NEEDS_CHOICES = ("expected a sweep over K (num_speculative_tokens), engines or A
                  "points, or two or more run or sweep directories")  # fmt: skip
 
 
-def split_sweep(items: Sequence[cmp.Input]) -> list[cmp.Input]:
-    """The inputs of one sweep (one per engine, as ``compare.read_inputs`` reads it) split
-    into one input per choice (engine, K, AL), each with its points over the load. An
+def split_sweep(items: Sequence[Input]) -> list[Input]:
+    """The inputs of one sweep (one per engine, as ``compare_inputs.read_inputs`` reads it)
+    split into one input per choice (engine, K, AL), each with its points over the load. An
     InputError (exit 2) when the sweep varies only the load."""
-    groups: dict[tuple[Any, ...], list[cmp.Point]] = {}
+    groups: dict[tuple[Any, ...], list[Point]] = {}
     for item in items:
         for point in item.points:
             key = (point.engine or "", *(point.settings.get(k) for k in _CHOICE_KEYS))
@@ -67,13 +77,11 @@ def split_sweep(items: Sequence[cmp.Input]) -> list[cmp.Input]:
         if varied[2]:
             parts.append(f"AL {al:g}" if al is not None else "natural AL")
         skipped = items[0].skipped
-        out.append(cmp.Input(" ".join(parts), path, "sweep", groups[key], items[0].gpus, skipped))
+        out.append(Input(" ".join(parts), path, "sweep", groups[key], items[0].gpus, skipped))
     return out
 
 
-def whole_sweep(
-    items: Sequence[cmp.Input], named: Sequence[str]
-) -> tuple[list[cmp.Input], list[str]]:
+def whole_sweep(items: Sequence[Input], named: Sequence[str]) -> tuple[list[Input], list[str]]:
     """One sweep compared whole: its choices as inputs (``split_sweep``), its points' shared
     workload as their prompts digest where they record none (``workload_digest``), and K named
     as a difference (``--differ k``) where the sweep varies it: by design, not by accident."""
@@ -83,19 +91,19 @@ def whole_sweep(
     return split, [*named, *(["k"] if len(ks) > 1 and "k" not in named else [])]
 
 
-def selection(item: cmp.Input) -> dict[str, Any]:
+def selection(item: Input) -> dict[str, Any]:
     """Which points of its sweep an input of ``split_sweep`` holds: its engine and choice
     settings (compare.json's ``inputs[].select``; the report plots those points only)."""
     point = item.points[0]
     return {"engine": point.engine, **{k: point.settings.get(k) for k in _CHOICE_KEYS}}
 
 
-def _load_axes(items: Sequence[cmp.Input]) -> str:
+def _load_axes(items: Sequence[Input]) -> str:
     loads = sorted({p.load[0] for item in items for p in item.points if p.load is not None})
     return " and ".join(name.replace("_", " ") for name in loads) or "nothing"
 
 
-def workload_digest(items: Sequence[cmp.Input]) -> str | None:
+def workload_digest(items: Sequence[Input]) -> str | None:
     """A digest of the workload settings a sweep's points share, given to each point's runs
     that record no ``prompts_sha256`` (so the prompts check compares the points' workloads, not
     "unknown"); None when they do not share one (the check then says so, as for any run)."""
@@ -113,40 +121,35 @@ def workload_digest(items: Sequence[cmp.Input]) -> str | None:
     return digest
 
 
-def _bounds(est: cmp.Estimate) -> tuple[float | None, float | None]:
+def _bounds(est: Estimate) -> tuple[float | None, float | None]:
     if not math.isfinite(est.se):
         return None, None
-    tail = 0.975
-    q = float(_stats.norm.ppf(tail) if math.isinf(est.df) else _stats.t.ppf(tail, est.df))
+    q = quantile(est.df)
     return est.mean - q * est.se, est.mean + q * est.se
 
 
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
-def _basis(item: cmp.Input) -> str:
+def _basis(item: Input) -> str:
     """ "rounds" when every point repeated (Student t across rounds), else "requests"."""
     methods = [p.figures.get("output_tokens_per_s") for p in item.points]
     rounds = all(m is not None and m.method == "t" and m.n > 1 for m in methods)
     return "rounds" if rounds else "requests"
 
 
-def _single_k(item: cmp.Input) -> int | None:
+def _single_k(item: Input) -> int | None:
     found = {p.settings.get("num_speculative_tokens") for p in item.points}
     found |= {k for run in item.runs for k in run.ks()}
     ks = {int(k) for k in found if k is not None}
     return next(iter(ks)) if len(ks) == 1 else None
 
 
-def decide(inputs: Sequence[cmp.Input], target: float, *, by_k: bool = False) -> dict[str, Any]:
+def decide(inputs: Sequence[Input], target: float, *, by_k: bool = False) -> dict[str, Any]:
     """The decision at ``target`` tok/s/user over ``inputs`` (their figures computed: after
     ``compare.compare``). ``by_k``: the inputs are the Ks of one sweep (the sentence names K)."""
     entries: list[dict[str, Any]] = []
-    estimates: list[cmp.Estimate | None] = []
+    estimates: list[Estimate | None] = []
     for item in inputs:
-        curve = cmp.pareto(item)
-        est = cmp.interpolate(curve, target)
+        curve = pareto(item)
+        est = interpolate(curve, target)
         low, high = _bounds(est) if est is not None else (None, None)
         entry: dict[str, Any] = {
             "label": item.label, "num_spec_tokens": _single_k(item), "gpus": item.gpus,
@@ -161,12 +164,12 @@ def decide(inputs: Sequence[cmp.Input], target: float, *, by_k: bool = False) ->
     reached = [i for i, e in enumerate(estimates) if e is not None]
     best = max(reached, key=lambda i: estimates[i].mean) if reached else None  # type: ignore[union-attr]
     for i, entry in enumerate(entries):
-        r, low, high = (cmp.ratio(estimates[best], estimates[i]) if best is not None
+        r, low, high = (ratio(estimates[best], estimates[i]) if best is not None
                         and estimates[i] is not None else (math.nan,) * 3)  # fmt: skip
-        entry.update(ratio_to_best=_finite(r), ratio_low=_finite(low), ratio_high=_finite(high))
+        entry.update(ratio_to_best=finite(r), ratio_low=finite(low), ratio_high=finite(high))
     gain = None
     if best is not None and best != 0 and estimates[0] is not None:
-        gain = cmp.ratio(estimates[0], estimates[best])
+        gain = ratio(estimates[0], estimates[best])
     choices = [Choice(e["label"], e["tok_s_gpu"], e["low"], e["high"]) for e in entries]
     if by_k and all(e["num_spec_tokens"] is not None for e in entries) and \
             len({e["label"] for e in entries}) == len({e["num_spec_tokens"] for e in entries}):  # fmt: skip
@@ -187,7 +190,7 @@ def decide(inputs: Sequence[cmp.Input], target: float, *, by_k: bool = False) ->
         "headline": headline(choices, target, span, noun="K" if by_k else "input",
                              gain=_gain_tuple(gain), too_fast=too_fast),
         "interval": ("95% intervals across rounds (Student t)" if basis == {"rounds"}
-                     else cmp.ONE_RUN_EACH if basis else "no interval: no input reaches the "
+                     else ONE_RUN_EACH if basis else "no interval: no input reaches the "
                      "target"),
     }  # fmt: skip
     lead = _lead(entries, estimates, best)
@@ -199,17 +202,17 @@ def decide(inputs: Sequence[cmp.Input], target: float, *, by_k: bool = False) ->
 def _gain(gain: tuple[float, float, float] | None) -> dict[str, float | None] | None:
     if gain is None:
         return None
-    return {"ratio": _finite(gain[0]), "low": _finite(gain[1]), "high": _finite(gain[2])}
+    return {"ratio": finite(gain[0]), "low": finite(gain[1]), "high": finite(gain[2])}
 
 
 def _gain_tuple(gain: tuple[float, float, float] | None) -> Any:
     if gain is None or not math.isfinite(gain[0]):
         return None
-    return gain[0], _finite(gain[1]), _finite(gain[2])
+    return gain[0], finite(gain[1]), finite(gain[2])
 
 
 def _lead(
-    entries: list[dict[str, Any]], estimates: list[cmp.Estimate | None], best: int | None
+    entries: list[dict[str, Any]], estimates: list[Estimate | None], best: int | None
 ) -> str | None:
     """The best's lead over the runner-up, and whether its interval clears 1."""
     if best is None:
@@ -218,7 +221,7 @@ def _lead(
     if not others:
         return None
     second = max(others, key=lambda i: estimates[i].mean)  # type: ignore[union-attr]
-    r, low, high = cmp.ratio(estimates[second], estimates[best])
+    r, low, high = ratio(estimates[second], estimates[best])
     a, b = entries[best]["label"], entries[second]["label"]
     text = f"{a}'s lead over {b}"
     if second != 0:  # the headline states the gain over the first input only
@@ -234,7 +237,7 @@ def _lead(
     return text
 
 
-def _reason(item: cmp.Input, curve: Sequence[cmp.CurvePoint], target: float) -> str:
+def _reason(item: Input, curve: Sequence[CurvePoint], target: float) -> str:
     if not curve:
         if item.aggregate_only:
             return "aggregate-only: no output tok/s/GPU with an interval"

@@ -4,16 +4,18 @@ Each K's points (one per concurrency) give output tok/s per GPU against tok/s pe
 (1000 / mean TPOT in ms, as compare reads a run: one definition). The K's Pareto curve keeps
 the points no other point of that K beats on both; the figure at interactivity X is linear
 between the curve's two neighbours around X. A curve that does not span X has no figure there
-(no extrapolation): it says which range it spans.
+(no extrapolation): it says which range it spans. The curve and the line are compare's
+(``runs.compare_deltas.pareto_front`` and ``interpolate``).
 A simulated point is one run, so the figures carry no interval.
 """
 
 from __future__ import annotations
 
-import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
+from speclens.runs.compare_deltas import CurvePoint, Estimate, interpolate, pareto_front
 from speclens.runs.decision import Choice, k_span
 from speclens.runs.decision import headline as sentence
 from speclens.runs.decision import k_name as label
@@ -22,23 +24,20 @@ from speclens.runs.decision import k_name as label
 NO_INTERVAL = "no interval: one simulated run a point"
 
 
+def _curve(points: Sequence[tuple[float, float]]) -> list[CurvePoint]:
+    """(interactivity, throughput) points as compare's curve points: one run each, no spread."""
+    return [CurvePoint(x, Estimate(y, 0.0, math.inf)) for x, y in points]
+
+
 def pareto(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     """The (interactivity, throughput) points no other point beats on both, by interactivity."""
-    front: list[tuple[float, float]] = []
-    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
-        if not front or y > front[-1][1]:
-            front.append((x, y))
-    return sorted(front)
+    return [(c.x, c.y.mean) for c in pareto_front(_curve(points))]
 
 
 def at(curve: Sequence[tuple[float, float]], x: float) -> float | None:
     """The curve's throughput at interactivity ``x``, linear between neighbours; None outside."""
-    for (x0, y0), (x1, y1) in itertools.pairwise(curve):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    if len(curve) == 1 and curve[0][0] == x:
-        return curve[0][1]
-    return None
+    found = interpolate(_curve(curve), x)
+    return None if found is None else found.mean
 
 
 def decide(rows: Sequence[tuple[int, dict[str, Any]]], target: float, gpus: int) -> dict[str, Any]:

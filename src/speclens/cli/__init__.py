@@ -19,6 +19,7 @@ try:
     from speclens.cli import compare as compare_cli
     from speclens.cli import importing as import_cli
     from speclens.cli import sweep as sweep_cli
+    from speclens.cli._fanout import RayCommand
     from speclens.cli._help import HELP_WIDTH, HelpGroup
 except KeyboardInterrupt:  # the console script imports this module before main() runs
     raise SystemExit(INTERRUPTED) from None
@@ -37,12 +38,12 @@ app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
 app.add_typer(bench.app, name="bench")
 app.command("measure")(measure.measure)
-app.command("sim")(sim.sim)
+app.command("sim", cls=RayCommand)(sim.sim)  # --ray [ADDRESS]
 app.command("export")(export.export)
 app.command("lossless")(lossless.lossless)
 app.command("sweep")(sweep_cli.sweep)
 app.command("compare")(compare_cli.compare)
-app.command("calibrate")(calibrate.calibrate)
+app.command("calibrate", cls=RayCommand)(calibrate.calibrate)
 app.add_typer(import_cli.app, name="import")
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from speclens.cli._common import fail, out_console, seconds
+from speclens.cli._fanout import RAY_OPTION, ray_address
 from speclens.cli.calibrate_points import is_published, published
 from speclens.cli.calibrate_points import write_yaml as _write
 
@@ -73,6 +74,15 @@ def calibrate(
         help="Measure this machine (memory bandwidth, matmul FLOP/s) and write "
         "a chip entry instead of fitting runs.",
     ),
+    jobs: int | None = typer.Option(
+        None,
+        "--jobs",
+        min=1,
+        max=4096,
+        help="Published points: simulate their closed loops in this many processes "
+        "(default: in this process; with --ray, a local Ray's CPUs, default the cores).",
+    ),
+    ray: str | None = RAY_OPTION,
 ) -> None:
     """Fit a step cost (seconds per step) from observed runs: sim and serve --executor sim
     accept the file it writes. With --model and --hardware it fits the roofline's efficiencies
@@ -82,17 +92,26 @@ def calibrate(
     if output.is_dir() or output.is_symlink():
         fail(f"command line: --output: {output}: expected a file to write (not a directory "
              "or a symbolic link)", 2)  # fmt: skip
+    address = ray_address(ray)
     if host:
         if runs:
             fail("command line: --host measures this machine; it takes no RUNS", 2)
+        if jobs is not None or ray is not None:
+            fail("command line: --jobs and --ray go with published points, not --host", 2)
         _host(output)
         return
     if not runs:
         fail("command line: RUNS: expected run directories (or --host)", 2)
     if is_published(runs):
+        from speclens.sim.fanout import Fanout, cores
+
+        fanout = Fanout(jobs or (cores() if address is not None else 1), address)
         published(runs, output, model, hardware, parallel, precision, method, acceptance_from,
-                  num_spec_tokens, as_json)  # fmt: skip
+                  num_spec_tokens, as_json, fanout)  # fmt: skip
         return
+    if jobs is not None or ray is not None:
+        fail("command line: --jobs and --ray go with published points (each point's closed "
+             "loop is simulated); runs with records are fitted without simulating", 2)  # fmt: skip
     if acceptance_from is not None:
         fail("command line: --acceptance-from: goes with published points (speclens import "
              "writes them); these runs have per-request records", 2)  # fmt: skip

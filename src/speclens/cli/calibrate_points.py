@@ -18,6 +18,7 @@ import typer
 import yaml
 
 from speclens.cli._common import err_console, fail, out_console
+from speclens.cli._fanout import ray_reported
 
 
 def is_published(runs: list[Path]) -> bool:
@@ -77,7 +78,7 @@ def roofline_for(settings: dict[str, Any], model: str | None, hardware: str | No
 def published(
     runs: list[Path], output: Path, model: str | None, hardware: str | None,
     parallel: int | None, precision: str | None, method: str | None,
-    acceptance_from: Path | None, k: int | None, as_json: bool,
+    acceptance_from: Path | None, k: int | None, as_json: bool, fanout: Any = None,
 ) -> None:  # fmt: skip
     from speclens.sim import fit_points as fp
     from speclens.sim.calibrate import KIND, _RooflineFile
@@ -88,7 +89,8 @@ def published(
     except fp.PointsError as exc:
         fail(exc.lines)
     roof = roofline_for(points[0].settings, model, hardware, parallel, precision)
-    fit = fp.fit_points(points, roof)
+    with ray_reported():  # the points' closed loops: where ``fanout`` says
+        fit = fp.fit_points(points, roof, fanout=fanout)
     report = fit.report()
     acceptance = None
     if acceptance_from is not None:

@@ -25,6 +25,9 @@ from speclens.cli._common import (
     out_console,
     reported,
 )
+from speclens.cli._fanout import RAY_OPTION, ray_address, ray_reported
+from speclens.sim.fanout import cores, in_process, simulate_point
+from speclens.sim.fanout import run as fanout_run
 from speclens.sim.limits import (
     MAX_FAST_REQUEST_STEPS,
     MAX_NUM_SPEC_TOKENS,
@@ -161,6 +164,7 @@ def sim(
     jobs: int | None = typer.Option(
         None, "--jobs", help="Sweep points run in this many processes (default: the cores)."
     ),
+    ray: str | None = RAY_OPTION,
     output_dir: Path | None = typer.Option(
         None,
         "--output-dir",
@@ -209,6 +213,9 @@ def sim(
     ):
         fail(f"--num-speculative-tokens: expected an integer in 1..{MAX_NUM_SPEC_TOKENS}, got "
              f"{num_speculative_tokens}", code=2)  # fmt: skip
+    if trace is not None and ray is not None:
+        fail("command line: --ray: goes with a scenario; a replay (--trace) is one run", code=2)
+    address = ray_address(ray)
     if trace is not None:
         from speclens.cli.calibrate_points import is_published
 
@@ -252,7 +259,7 @@ def sim(
         fail("--emit needs --context: it writes the flags of the K schedule", code=2)
     if context is not None:
         _schedule_command(scenario_path, context, emit, grid, axes, at_interactivity, seed,
-                          precision, registry, plot, output_dir, as_json, jobs,
+                          precision, registry, plot, output_dir, as_json, jobs, address,
                           (acceptance_length, acceptance_rate, per_position_rates))  # fmt: skip
         return
     if plot is not None:
@@ -301,7 +308,7 @@ def sim(
             draft_coverage=resolution.draft_coverage if resolution else 1.0, fast=not exact,
             keep_records=out is not None,
         ))  # fmt: skip
-    workers = jobs or _cores()
+    workers = jobs or cores()
     written: list[Path] = []
 
     def finish(i: int, result: dict[str, Any]) -> dict[str, Any]:
@@ -330,8 +337,9 @@ def sim(
         in_flight = run_output.points_in_flight(
             lengths.requests, longest(lengths.output_tokens), workers
         )
-    with reported():
-        rows = _run(calls, workers, torch=not fast, on_result=finish, in_flight=in_flight)
+    with reported(), ray_reported():
+        rows = _run(calls, workers, torch=not fast, on_result=finish, in_flight=in_flight,
+                    ray_address=address)  # fmt: skip
     decision = None
     if at_interactivity is not None:
         from speclens.sim.decide import decide
@@ -368,7 +376,7 @@ def _schedule_command(
     scenario_path: Path, context: str, emit: str | None, grid: list[dict[str, int]],
     axes: list[str], target: float | None, seed: int, precision: str | None,
     registry: list[Path], plot: Path | None, output_dir: Path | None, as_json: bool,
-    jobs: int | None, values: tuple[Any, Any, Any],
+    jobs: int | None, address: str | None, values: tuple[Any, Any, Any],
 ) -> None:  # fmt: skip
     """``--context``: the K x concurrency grid, K 0 added, once per context length; the
     schedule table first, then each K's loss at long context named by its term, then the
@@ -443,8 +451,8 @@ def _schedule_command(
                     keep_records=False,
                 ))  # fmt: skip
                 keys.append((c, k, n))
-    with reported():
-        rows = _run(calls, jobs or _cores(), torch=not fast)
+    with reported(), ray_reported():
+        rows = _run(calls, jobs or cores(), torch=not fast, ray_address=address)
     gpus = sum(p.parallel * p.replicas for p in base_scenario.deployment.pools)
     sched = sc.schedule([(c, k, n, r) for (c, k, n), r in zip(keys, rows, strict=True)],
                         gpus, target)  # fmt: skip
@@ -579,55 +587,19 @@ def _write_run(
         fail(f"{exc.filename or stream.path.parent}: cannot write: {exc.strerror or exc}")
 
 
-def _cores() -> int:
-    """The cores this process may run on (its affinity where the system reports one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
-
-
-def _simulate(call: dict[str, Any]) -> dict[str, Any]:
-    from speclens.sim.simulate import simulate
-
-    return simulate(**call)
-
-
 def _run(
     calls: list[dict[str, Any]], jobs: int, torch: bool,
     on_result: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None,
-    in_flight: int | None = None,
+    in_flight: int | None = None, ray_address: str | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """Every sweep point, in order: in this process, or in ``jobs`` fresh processes (spawned:
-    each point is a pure function of its arguments, so the results are the same). ``torch``:
-    the step-exact loop runs, so torch loads first (with Ctrl-C held). ``on_result(i, result)``
-    takes each point as it finishes (in any order) and returns what is kept; at most
-    ``in_flight`` points run or wait for it at once."""
-    take = on_result or (lambda _i, result: result)
-    results: list[dict[str, Any]] = [{} for _ in calls]
-    workers = min(jobs, len(calls), in_flight or jobs)
-    if workers <= 1:
-        if torch:
-            with interrupt_deferred():
-                import speclens.sim.coverage  # noqa: F401
-        for i, call in enumerate(calls):
-            results[i] = take(i, _simulate(call))
-        return results
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-
-    context = multiprocessing.get_context("spawn")
-    todo = list(enumerate(calls))[::-1]
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        running: dict[Future[dict[str, Any]], int] = {}
-        while todo or running:
-            while todo and len(running) < workers:
-                i, call = todo.pop()
-                running[pool.submit(_simulate, call)] = i
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                i = running.pop(future)
-                results[i] = take(i, future.result())
-    return results
+    """Every sweep point, in order (``speclens.sim.fanout.run``): in this process, in ``jobs``
+    spawned processes, or as Ray tasks with ``ray_address``. ``torch``: the step-exact loop runs,
+    so where it runs in this process torch loads first (with Ctrl-C held)."""
+    if torch and ray_address is None and in_process(len(calls), jobs, in_flight):
+        with interrupt_deferred():
+            import speclens.sim.coverage  # noqa: F401
+    return fanout_run(simulate_point, calls, jobs, ray_address=ray_address,
+                      on_result=on_result, in_flight=in_flight)  # fmt: skip
 
 
 def _print_decision(decision: dict[str, Any]) -> None:

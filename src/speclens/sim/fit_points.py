@@ -27,6 +27,7 @@ import numpy as np
 from speclens.acceptance.quantity import is_finite_number
 from speclens.runs import rundir
 from speclens.sim.closed_loop import Figures, Load, schedule
+from speclens.sim.fanout import Fanout
 from speclens.sim.roofline import Roofline
 
 #: Fewest points a fit takes.
@@ -270,20 +271,26 @@ def _misfit(medians: np.ndarray) -> str | None:
             "or the points are not one deployment's; do not predict from it")  # fmt: skip
 
 
-def fit_points(points: Sequence[Point], roof: Roofline, front: float = 0.05) -> Fit:
-    """The roofline's free parameters fitted to ``points`` of one deployment (see the module)."""
+def fit_points(
+    points: Sequence[Point], roof: Roofline, front: float = 0.05, fanout: Fanout | None = None
+) -> Fit:
+    """The roofline's free parameters fitted to ``points`` of one deployment (see the module);
+    the points' closed loops are simulated where ``fanout`` says (``speclens.sim.fanout``)."""
     check_points(points)
-    return fit_pooled(points, [roof] * len(points), front)
+    return fit_pooled(points, [roof] * len(points), front, fanout=fanout)
 
 
 def fit_pooled(
-    points: Sequence[Point], roofs: Sequence[Roofline], front: float = 0.05, starts: int = 3
-) -> Fit:
+    points: Sequence[Point], roofs: Sequence[Roofline], front: float = 0.05, starts: int = 3,
+    fanout: Fanout | None = None,
+) -> Fit:  # fmt: skip
     """One set of free parameters for ``points`` each priced by its own roofline (a chip's
-    defaults are fitted so, over its deployments); ``fit_points`` checks one deployment first."""
+    defaults are fitted so, over its deployments); ``fit_points`` checks one deployment first.
+    Each point's closed loop is simulated once, where ``fanout`` says: in this process by
+    default, in processes or as Ray tasks (the same schedules wherever they run)."""
     from scipy.optimize import least_squares
 
-    schedules = [schedule(p.load()) for p in points]
+    schedules = (fanout or Fanout()).map(schedule, [p.load() for p in points])
     names = list(PARAMETERS)
     start = _start(roofs[0], front)
     x0 = np.log([start[n] for n in names])

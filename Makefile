@@ -6,7 +6,7 @@ EXTRAS ?= dev,engine
 # The CPU build of PyTorch; override (e.g. TORCH=torch) to let pip choose.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-models test-peers test-browser lint format clean
+.PHONY: demo test test-observability test-models test-peers test-browser lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,16 @@ demo: $(VENV)/.installed
 TEST_JOBS ?= 3
 
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not model"
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not model" --ignore=tests/observability
+
+# The observability tier: a real Prometheus (Debian's package, installed with apt-get when missing;
+# needs root, and without it the tier fails, loudly) scrapes a forced `speclens serve` under bench
+# load, and every panel query of deploy/grafana/speclens-speculative-decoding.json runs through its
+# HTTP API; promtool checks deploy/prometheus/prometheus.yml and the dashboard is validated against
+# the Grafana schema version it declares. About a minute and a half on 2 cores.
+test-observability: $(VENV)/.installed
+	$(BIN)/python tests/observability/prometheus_env.py
+	$(BIN)/python -m pytest tests/observability -rfEP --durations 0
 
 # The model tier: checks that run the real SmolLM2 model (its forward passes against
 # transformers, greedy equivalence on real text, the simulator against a real engine run).

@@ -41,6 +41,22 @@ STARTUP_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 #: Grafana's own variables; every other ``$name`` in a query must be a dashboard variable.
 BUILTINS = ("__rate_interval", "__interval", "__range", "__range_s", "__range_ms", "__interval_ms")
+#: The panels whose queries have two sides (``A or B``, where the engines name a figure
+#: differently), and which side answers on each engine: speclens serve has ATOM's accepted-count
+#: counter and its own decode-step counter but no per-request TPOT histogram; vLLM the reverse.
+#: Each side answers on one engine only, so each ``or`` is needed.
+ANSWERING_SIDE = {
+    "speclens": {
+        "Accepted drafts per verify step": 0,
+        "Tokens per decode step": 0,
+        "Time per output token": 1,
+    },
+    "vllm": {
+        "Accepted drafts per verify step": 1,
+        "Tokens per decode step": 1,
+        "Time per output token": 0,
+    },
+}
 _VARIABLE = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))|\[\[(\w+)(?::\w+)?\]\]")
 
 

@@ -44,6 +44,7 @@ from typing import Any
 
 import pytest
 from promkit import (
+    ANSWERING_SIDE,
     RATE_INTERVAL,
     SCRAPE_INTERVAL_S,
     Prometheus,
@@ -79,10 +80,8 @@ DISTRIBUTION = "Accepted drafts per verify step"
 TOKENS_PER_STEP = "Tokens per decode step"
 TPOT = "Time per output token"
 DRAFTS = 'vllm:spec_decode_num_drafts_total{model_name=~"$model_name", engine=~"$engine"}'
-#: Which side of each two-sided query answers on speclens serve: ATOM's accepted-count counter,
-#: speclens's decode-step counter, and (no per-request TPOT histogram) the inter-token latency.
 #: ``tests/peers/test_dashboard_vllm.py`` shows vLLM answering on the other side of each.
-SPECLENS_SIDE = {DISTRIBUTION: 0, TOKENS_PER_STEP: 0, TPOT: 1}
+SPECLENS_SIDE = ANSWERING_SIDE["speclens"]
 
 Result = list[dict[str, Any]]
 

@@ -221,6 +221,8 @@ def speculation_lines(pair: dict[str, Any]) -> list[str]:
     ab = pair.get("speculation")
     if not ab:
         return []
+    from speclens.runs.compare_deltas import NO_INTERVAL  # scipy, only where a pair needs it
+
     head = ab["headline"]
     lines = [head["sentence"] + f" ({NO_INTERVAL})" if head else
              f"speculation A/B: {ab.get('note') or 'no reading'}"]  # fmt: skip
@@ -232,9 +234,6 @@ def speculation_lines(pair: dict[str, Any]) -> list[str]:
     lines += [r["sentence"] + f" (median TPOT {r['off_tpot_ms']:.2f} ms off, "
               f"{r['on_tpot_ms']:.2f} ms on)" for r in ab["speedup"]]  # fmt: skip
     return lines
-
-
-NO_INTERVAL = "no interval: aggregate-only"
 
 
 def fidelity_lines(pair: dict[str, Any]) -> list[str]:

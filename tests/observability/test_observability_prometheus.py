@@ -32,6 +32,8 @@ counters differenced) are checked on the whole-run windows.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import signal
 import subprocess
@@ -205,11 +207,27 @@ def forced_run(
             assert prom.proc is not None
             pids = [server.pid, bench.pid, prom.proc.pid]
     timings["total_s"] = time.monotonic() - started
+    (tmp / "samples.json").write_text(
+        json.dumps(_jsonable([dataclasses.asdict(s) for s in samples])), encoding="utf-8"
+    )
     took = ", ".join(f"{s.elapsed:.0f}+{s.took_s:.1f}" for s in samples)
-    print(f"forced run: {len(samples)} samples (at s + took s: {took}); timings {timings}")
+    print(
+        f"forced run: {len(samples)} samples (at s + took s: {took}); timings {timings}; in {tmp}"
+    )
     if bench_rc != 0:
         pytest.fail(f"speclens bench exited {bench_rc}:\n{(tmp / 'bench.log').read_text()[-3000:]}")
     yield ForcedRun(samples, values, queries, pids, timings)
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with tuple keys joined, for the samples file a failing run leaves behind."""
+    if isinstance(value, dict):
+        return {
+            " / ".join(k) if isinstance(k, tuple) else k: _jsonable(v) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
 
 
 def _accepted_sd(mtp: dict[str, Any]) -> tuple[float, int]:

@@ -1,16 +1,18 @@
 """Sweep points and a calibration's closed loops as Ray tasks on a real Ray cluster: a head
 started with ``ray start --head --num-cpus 2`` on loopback (its own ports and temp directory),
-joined with ``--ray 127.0.0.1:PORT``. The results are those of ``--jobs 2``, and after
-``ray stop`` no process of the cluster (``raylet``, ``gcs_server``, workers) is left.
+joined with ``--ray 127.0.0.1:PORT``. The results are those of ``--jobs 2``, and once the
+cluster is stopped no process of it (``raylet``, ``gcs_server``, workers) is left.
 
 Ray is an optional dependency that the dev extra installs: without it these tests fail, they do
 not skip."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -70,9 +72,22 @@ def _left(temp: Path) -> list[str]:
     return found
 
 
+def _stop(temp: Path) -> None:
+    """Stop this cluster as ``ray stop --force`` does, SIGKILL to each of its processes, but to
+    its own only (``ray stop`` would stop every Ray of this user on the machine); then wait up to
+    10 s for them to go."""
+    deadline = time.monotonic() + 10
+    while (left := _left(temp)) and time.monotonic() < deadline:
+        for entry in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.split(" ", 1)[0]), signal.SIGKILL)
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    """A Ray head on 127.0.0.1 with 2 CPUs: its address and the environment to join it with."""
+    """A Ray head on 127.0.0.1 with 2 CPUs: its address and the environment to join it with
+    (which sends the files of any Ray started under it to the head's temp directory)."""
     import ray  # noqa: F401  (fails here, loudly, where the dev extra was not installed)
 
     temp = Path(os.path.realpath(tmp_path_factory.mktemp("ray")))
@@ -87,14 +102,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
     try:
         done = subprocess.run(start, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, f"ray start failed:\n{done.stdout}\n{done.stderr}"
+        running = {entry.split(" ", 1)[1] for entry in _left(temp)}
+        assert {"raylet", "gcs_server"} <= running  # what the check after ray stop looks for
         yield f"127.0.0.1:{port}", env
     finally:
-        subprocess.run([str(RAY), "stop", "--force"], env=env, capture_output=True, timeout=120)
-        deadline = time.monotonic() + 15
-        while _left(temp) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _stop(temp)
         left = _left(temp)
-        assert not left, f"processes of the Ray cluster left after ray stop: {left}"
+        assert not left, f"processes of the Ray cluster left after it stopped: {left}"
 
 
 def _speclens(env: dict[str, str], *args: str | Path) -> str:
@@ -120,6 +134,9 @@ def test_a_k_by_concurrency_sweep_on_ray_gives_the_rows_of_jobs_2(
         (k, c) for k in (1, 2, 3, 4) for c in (1, 2, 4, 8)
     ]
     assert len({r["makespan_s"] for r in rows}) == 16
+    # joined, not started: one Ray session under the temp directory, the head's
+    temp = Path(env["RAY_TMPDIR"])
+    assert len([p for p in temp.rglob("session_2*") if p.is_dir()]) == 1
 
 
 def _published(root: Path) -> Path:

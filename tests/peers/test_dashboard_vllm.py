@@ -150,7 +150,7 @@ def test_every_panel_returns_data_from_vllm(vllm_server: Any, tmp_path: Path) ->
     al = _one(answers[AL_PANEL, "A"])
     delta = {name: after[name] - before[name] for name in (drafts, accepted)}
     assert al == pytest.approx(1 + delta[accepted] / delta[drafts], rel=1e-6), (al, delta)
-    shares = [_one(answers[DISTRIBUTION, q.ref]) for q in queries if q.panel == DISTRIBUTION][
-        : k + 1
-    ]
+    counts = [q for q in queries if q.panel == DISTRIBUTION][: k + 1]
+    shares = [_one(answers[DISTRIBUTION, q.ref]) for q in counts]
+    print(f"realized AL {al:.4f}; verify steps accepting 0..{k} drafts: {shares}")
     assert all(s >= -1e-9 for s in shares) and sum(shares) == pytest.approx(1.0, abs=0.02)

@@ -1,6 +1,6 @@
-"""``parallel.split``: the balanced contiguous ranges ranks shard heads and MLP columns by, checked
-on uneven splits against ranges written out by hand, and ``shard_model``'s uneven shards put back
-together give the whole model's weights."""
+"""``parallel_shard.split``: the balanced contiguous ranges ranks shard heads and MLP columns by,
+checked on uneven splits against ranges written out by hand, and ``shard_model``'s uneven shards
+put back together give the whole model's weights."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from speclens.engine.model import DecoderLayer, LlamaModel, ModelConfig
-from speclens.engine.parallel import Comm, shard_model, split
+from speclens.engine.parallel_comm import Comm
+from speclens.engine.parallel_shard import shard_model, split
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,8 @@ import torch
 from starlette.testclient import TestClient
 
 from speclens.engine import Engine, EngineConfig
-from speclens.engine.parallel import HEARTBEAT_S, Rank, RankDied, _Group, _watch, follow
+from speclens.engine.parallel import HEARTBEAT_S, Rank, _Group, _watch, follow
+from speclens.engine.parallel_comm import RankDied
 from speclens.server import EngineRunner, ServerSettings, create_app
 
 

@@ -533,7 +533,8 @@ def _check_parallel(config: Any) -> None:
     if config.tensor_parallel_size == 1:
         return
     from speclens.engine.config import ConfigError
-    from speclens.engine.parallel import capacity_problem, shard_problem
+    from speclens.engine.parallel import capacity_problem
+    from speclens.engine.parallel_shard import shard_problem
     from speclens.engine.weights import model_config
 
     size = config.tensor_parallel_size

@@ -12,6 +12,10 @@ rank's accepted counts stay its own: under forced acceptance every rank draws it
 decisions from ``SyntheticAcceptance``'s per-step stream, which is the lockstep claim this
 exercises. ``debug_lockstep`` adds one all-reduce per decode step comparing a checksum of the
 accepted counts, so a desynchronised draw fails loudly at the step it happens.
+
+This module holds the group: each rank's step protocol (``Rank``), starting and watching the
+rank processes, and the follower's entry. The collectives are in ``parallel_comm``, the model's
+shards in ``parallel_shard``.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import atexit
 import contextlib
 import ctypes
 import datetime
-import json
 import logging
 import os
 import pickle
@@ -29,18 +32,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from speclens.engine.config import ConfigError, EngineConfig
 from speclens.engine.lockstep import LockstepError
-from speclens.engine.model import DecoderLayer, LlamaModel, ModelConfig
+from speclens.engine.model import LlamaModel
+from speclens.engine.parallel_comm import Comm, RankDied
+from speclens.engine.parallel_shard import shard_model, shard_problem
 from speclens.engine.request import SamplingParams
 from speclens.sampling.rejection import SamplerOutput
 
@@ -64,43 +68,9 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(days=7)
 COLLECTIVE_TIMEOUT_S = 60.0
 #: An idle rank 0 checks that the ranks answer (one broadcast plan and one all-reduce) this often.
 HEARTBEAT_S = 1.0
-#: Bounds on a broadcast plan (bytes) and on the per-step log each rank keeps (steps).
-MAX_PLAN_BYTES = 1 << 28
+#: Bound on the per-step log each rank keeps (steps).
 LOG_STEPS = 100_000
 _PR_SET_PDEATHSIG = 1
-
-
-class RankDied(RuntimeError):
-    """A rank process ended, or stopped answering, while the engine was running; the engine
-    cannot go on."""
-
-
-def split(total: int, parts: int, index: int) -> tuple[int, int]:
-    """The ``index``-th of ``parts`` contiguous, balanced ranges of ``range(total)``."""
-    base, extra = divmod(total, parts)
-    start = index * base + min(index, extra)
-    return start, start + base + (index < extra)
-
-
-def shard_problem(config: ModelConfig, size: int, what: str = "--model") -> str | None:
-    """Why ``config`` cannot be split over ``size`` ranks, or None.
-
-    Ranks split the model by key/value head group (each query head stays with its KV head) and
-    the MLP by intermediate column, in balanced contiguous ranges; a rank must get at least one
-    of each. When ``size`` does not divide the groups the split is uneven (SmolLM2's 3 KV groups
-    over 2 ranks: 2 and 1), which is correct but leaves the larger share on the critical path.
-    """
-    if size > config.num_key_value_heads:
-        return (
-            f"--tensor-parallel-size {size}: {what} has {config.num_key_value_heads} key/value "
-            f"heads (num_key_value_heads), expected at most one rank per key/value head"
-        )
-    if size > config.intermediate_size:
-        return (
-            f"--tensor-parallel-size {size}: {what} has intermediate_size "
-            f"{config.intermediate_size}, expected at least one column per rank"
-        )
-    return None
 
 
 def capacity_problem(size: int, device: str) -> str | None:
@@ -122,118 +92,6 @@ def capacity_problem(size: int, device: str) -> str | None:
             f"core(s), expected at most one rank per core"
         )
     return None
-
-
-# ---------------------------------------------------------------------- collectives
-@dataclass
-class Comm:
-    """The collectives a rank runs, each counted by kind (``calls``) and timed (``seconds``,
-    host time: meaningful on a CPU, where gloo collectives block). ``listeners`` see each kind
-    as it runs (tests count collectives per step with them)."""
-
-    rank: int
-    size: int
-    calls: Counter[str] = field(default_factory=Counter)
-    seconds: float = 0.0
-    listeners: list[Callable[[str], None]] = field(default_factory=list)
-    #: The collective in progress (its kind, and when it began on the monotonic clock), read by
-    #: rank 0's monitor; and when the last one ended.
-    waiting: tuple[str, float] | None = None
-    last_done: float = field(default_factory=time.monotonic)
-    #: Set by rank 0's monitor when a rank died or stopped answering: a collective that fails
-    #: afterwards raises ``RankDied`` with it.
-    failure: str | None = None
-
-    @contextlib.contextmanager
-    def _timed(self, kind: str) -> Iterator[None]:
-        self.calls[kind] += 1
-        for listener in self.listeners:
-            listener(kind)
-        started = time.perf_counter()
-        self.waiting = (kind, time.monotonic())
-        try:
-            yield
-        except RuntimeError as exc:
-            raise self._failed(exc) from exc
-        finally:
-            self.waiting = None
-            self.last_done = time.monotonic()
-            self.seconds += time.perf_counter() - started
-
-    def _failed(self, exc: RuntimeError) -> RuntimeError:
-        """A failed collective as ``RankDied`` with what rank 0's monitor saw (it polls every
-        0.1 s, so a peer's closed connection may be seen here first), else as it came."""
-        deadline = time.monotonic() + 1.0
-        while self.failure is None and self.rank == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return RankDied(self.failure) if self.failure is not None else exc
-
-    def all_reduce(self, tensor: torch.Tensor, kind: str = "all_reduce", op: Any = None) -> None:
-        with self._timed(kind):
-            dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM)
-
-    def broadcast(self, tensor: torch.Tensor, kind: str) -> torch.Tensor:
-        """``tensor`` from rank 0 (in place on every rank; ``tensor`` must be contiguous)."""
-        with self._timed(kind):
-            dist.broadcast(tensor, 0)
-        return tensor
-
-    def broadcast_json(self, message: Any, device: torch.device) -> Any:
-        """A JSON value from rank 0 (two broadcasts: its length, then its bytes). JSON, not
-        pickle: nothing a rank receives can run code."""
-        data = json.dumps(message).encode() if self.rank == 0 else b""
-        length = torch.tensor([len(data)], dtype=torch.int64, device=device)
-        self.broadcast(length, "plan")
-        size = int(length.item())
-        if not 0 <= size <= MAX_PLAN_BYTES:
-            raise LockstepError(
-                f"rank {self.rank}: a plan of {size} bytes, expected at most {MAX_PLAN_BYTES}"
-            )
-        if self.rank == 0:
-            buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-        else:
-            buffer = torch.empty(size, dtype=torch.uint8, device=device)
-        self.broadcast(buffer, "plan")
-        return message if self.rank == 0 else json.loads(bytes(buffer.cpu().tolist()))
-
-
-# ---------------------------------------------------------------------- the model's shards
-def shard_model(model: LlamaModel, rank: int, size: int, comm: Comm) -> None:
-    """Keep rank ``rank``'s share of every projection, in place, and all-reduce the row-parallel
-    outputs. Norms, embeddings and the LM head stay whole (replicated)."""
-    config = model.config
-    group = config.num_attention_heads // config.num_key_value_heads
-    kv_start, kv_stop = split(config.num_key_value_heads, size, rank)
-    d = config.head_dim
-    q_rows = slice(kv_start * group * d, kv_stop * group * d)
-    kv_rows = slice(kv_start * d, kv_stop * d)
-    cols = slice(*split(config.intermediate_size, size, rank))
-    for layer in model.model.layers:
-        assert isinstance(layer, DecoderLayer)
-        attn, mlp = layer.self_attn, layer.mlp
-        _keep(attn.q_proj, attn.q_proj.weight[q_rows])
-        _keep(attn.k_proj, attn.k_proj.weight[kv_rows])
-        _keep(attn.v_proj, attn.v_proj.weight[kv_rows])
-        _keep(attn.o_proj, attn.o_proj.weight[:, q_rows])
-        attn.num_heads, attn.num_kv_heads = (kv_stop - kv_start) * group, kv_stop - kv_start
-        _keep(mlp.gate_proj, mlp.gate_proj.weight[cols])
-        _keep(mlp.up_proj, mlp.up_proj.weight[cols])
-        _keep(mlp.down_proj, mlp.down_proj.weight[:, cols])
-        for module in (attn, mlp):
-            module.register_forward_hook(_reducer(comm))
-    model.num_local_kv_heads = kv_stop - kv_start
-
-
-def _keep(linear: nn.Linear, weight: torch.Tensor) -> None:
-    linear.weight = nn.Parameter(weight.contiguous().clone(), requires_grad=False)
-
-
-def _reducer(comm: Comm) -> Callable[..., torch.Tensor]:
-    def hook(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
-        comm.all_reduce(output)
-        return output
-
-    return hook
 
 
 # ---------------------------------------------------------------------- one rank

@@ -81,6 +81,7 @@ def write_sweep(path: Path, points: list[dict[str, Any]]) -> Path:
     """A sweep directory of aggregate-only points (one per concurrency, ids ``c<C>``): sweep.json
     and sweep.csv written by runs/sweep.py's own ``Sweep``, each point recorded as finished."""
     from speclens.runs import sweep as sw
+    from speclens.runs import sweep_points
 
     planned = []
     for point in points:
@@ -90,7 +91,7 @@ def write_sweep(path: Path, points: list[dict[str, Any]]) -> Path:
         settings = {"concurrency": concurrency, "request_rate": None,
                     "num_speculative_tokens": point["settings"]["num_spec_tokens"],
                     "acceptance_length": None}  # fmt: skip
-        planned.append(sw.Point(pid, None, settings, 0, f"points/{pid}"))
+        planned.append(sweep_points.Point(pid, None, settings, 0, f"points/{pid}"))
     axes = {"concurrency": [p["settings"]["concurrency"] for p in points]}
     state = sw.Sweep(path, "load", 1, axes, planned)
     for point in planned:

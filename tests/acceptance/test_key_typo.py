@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from speclens.acceptance import ValidationError
-from speclens.runs.sweep import load_sweep_file
+from speclens.runs.sweep_file import load_sweep_file
 from speclens.sim.scenario import load_scenario
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

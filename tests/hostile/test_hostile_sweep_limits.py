@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from speclens.cli import app
-from speclens.runs import sweep as sw
+from speclens.runs import sweep_points
 
 PY = sys.executable
 
@@ -90,7 +90,7 @@ def test_a_sweep_file_of_nine_hundred_million_points_is_one_line(tmp_path: Path)
         tracemalloc.stop()
     assert one_line_refusal(code, output, out) == (
         f"{path}: axes: 899,840,000 points (engines[0] e: 64 K x 5000 AL x 2812 loads x 1 rounds): "
-        f"expected at most {sw.MAX_POINTS:,}"
+        f"expected at most {sweep_points.MAX_POINTS:,}"
     )
     assert time.monotonic() - started < 30 and peak < 200 * 2**20, peak
 

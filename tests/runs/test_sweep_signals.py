@@ -23,7 +23,7 @@ import yaml
 
 import launch
 from serverkit import wait_until
-from speclens.runs import sweep as sw
+from speclens.runs import sweep_server
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -150,11 +150,11 @@ def test_a_second_ctrl_c_during_the_stop_does_not_skip_the_sigkill(
 ) -> None:
     """A server that ignores SIGTERM gets SIGKILL after the grace period, even when a Ctrl-C
     lands during that period: it is held and raised once the group is gone."""
-    monkeypatch.setattr(sw, "STOP_GRACE_S", 1.5)
+    monkeypatch.setattr(sweep_server, "STOP_GRACE_S", 1.5)
     stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 "print('up', flush=True); time.sleep(60)")  # fmt: skip
     log = tmp_path / "server.log"
-    server = sw.Server([PY, "-c", stubborn], {}, log, "http://127.0.0.1:9/health", 0.4)
+    server = sweep_server.Server([PY, "-c", stubborn], {}, log, "http://127.0.0.1:9/health", 0.4)
     try:
         assert server.start() is not None  # never healthy: start gives up, the process runs
         assert server.proc is not None and wait_until(lambda: "up" in log.read_text(), timeout=30)

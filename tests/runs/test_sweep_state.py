@@ -21,6 +21,7 @@ from speclens.cli import app
 from speclens.cli import sweep as sweep_cli
 from speclens.runs import points as points_mod
 from speclens.runs import sweep as sw
+from speclens.runs import sweep_file, sweep_points, sweep_server
 from speclens.runs.points import FIGURES, point_figures
 
 
@@ -48,7 +49,7 @@ def test_each_point_costs_one_bootstrap_not_every_earlier_points_again(
     monkeypatch.setattr(points_mod, "bootstrap_interval", counting)
     loads = [("concurrency", float(c)) for c in (1, 2, 4, 8, 16)]
     state = sw.Sweep(tmp_path, "load", rounds, {"concurrency": [1, 2, 4, 8, 16]}, seed=3)
-    state.points = sw.points_for(sw.ServerSetting(None), loads, rounds)
+    state.points = sweep_points.points_for(sweep_points.ServerSetting(None), loads, rounds)
     for i, point in enumerate(state.points):
         a_run(tmp_path / point.dir, i)
         state.record(point, 0)
@@ -117,7 +118,7 @@ def test_failed_points_feed_neither_the_statistics_nor_sweep_csv(
 
 
 class FakeServer:
-    """``sw.Server``'s start, death and stop without a process: it dies after ``lives`` points."""
+    """``sweep_server.Server``'s start, death and stop without a process: it dies after ``lives`` points."""
 
     lives = 1
     checks = 0
@@ -140,7 +141,7 @@ def test_a_point_whose_server_died_after_it_loses_its_figures(
     figures must leave sweep.csv and its setting's statistics with it."""
     monkeypatch.setattr(sweep_cli, "_bench_point", fake_bench({}))
     for name in ("start", "died", "stop"):
-        monkeypatch.setattr(sw.Server, name, getattr(FakeServer, name))
+        monkeypatch.setattr(sweep_server.Server, name, getattr(FakeServer, name))
     FakeServer.checks, FakeServer.lives = 0, 2
     sweep_file = tmp_path / "s.yaml"
     sweep_file.write_text(yaml.safe_dump({
@@ -164,10 +165,10 @@ def test_a_point_whose_server_died_after_it_loses_its_figures(
 
 
 # ----------------------------------------------------------------- item 9: too many points
-def engines_of(tmp_path: Path, document: dict[str, Any]) -> list[sw.Engine]:
+def engines_of(tmp_path: Path, document: dict[str, Any]) -> list[sweep_file.Engine]:
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(document))
-    return sw.load_sweep_file(path)
+    return sweep_file.load_sweep_file(path)
 
 
 def test_the_point_count_is_the_product_of_the_axes(tmp_path: Path) -> None:
@@ -180,13 +181,13 @@ def test_the_point_count_is_the_product_of_the_axes(tmp_path: Path) -> None:
         ],
         "axes": {"num_speculative_tokens": list(range(2, 12))},
     })  # fmt: skip
-    assert sw.engine_points(engines[0], None, None, 2) == (10 * 3 * 3 * 2, "10 K x 3 AL x 3 loads x 2 rounds")  # fmt: skip
-    assert sw.engine_points(engines[1], None, None, 2)[0] == 10 * 1 * 2 * 2
-    assert sw.points_problem(engines, None, None, 2) is None
-    assert sw.points_problem(None, [1, 2, 3], None, 100) is None
-    line = sw.points_problem(None, list(range(1, 102)), None, 100)
+    assert sweep_points.engine_points(engines[0], None, None, 2) == (10 * 3 * 3 * 2, "10 K x 3 AL x 3 loads x 2 rounds")  # fmt: skip
+    assert sweep_points.engine_points(engines[1], None, None, 2)[0] == 10 * 1 * 2 * 2
+    assert sweep_points.points_problem(engines, None, None, 2) is None
+    assert sweep_points.points_problem(None, [1, 2, 3], None, 100) is None
+    line = sweep_points.points_problem(None, list(range(1, 102)), None, 100)
     assert line == "command line: --concurrency: 10,100 points (101 loads x 100 rounds): expected at most 10,000"  # fmt: skip
-    big = sw.points_problem(engines, None, None, 100)
+    big = sweep_points.points_problem(engines, None, None, 100)
     assert big == (f"{tmp_path / 'sweep.yaml'}: axes: 11,000 points (engines[0] a: 10 K x 3 AL "
                    "x 3 loads x 100 rounds): expected at most 10,000")  # fmt: skip
 
@@ -232,7 +233,7 @@ def test_the_golden_curves_al_is_pooled_from_the_ok_points_records(
     monkeypatch.setattr(sweep_cli, "_bench_point", bench_point)
     FakeServer.checks, FakeServer.lives = 0, 10**6
     for name in ("start", "died", "stop"):
-        monkeypatch.setattr(sw.Server, name, getattr(FakeServer, name))
+        monkeypatch.setattr(sweep_server.Server, name, getattr(FakeServer, name))
     sweep_file = tmp_path / "s.yaml"
     sweep_file.write_text(yaml.safe_dump({
         "engines": [{"name": "e", "command": f"{sys.executable} -c pass {{port}} {{k}}",

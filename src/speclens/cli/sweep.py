@@ -26,7 +26,17 @@ import typer
 
 from speclens.cli import bench as bench_cli
 from speclens.cli._common import err_console, fail, load_registry, out_console
-from speclens.runs import sweep as sw
+from speclens.runs.sweep import EXIT_RUN_FAILED, Sweep, exit_code
+from speclens.runs.sweep_file import Engine, load_sweep_file, placeholders, split_command
+from speclens.runs.sweep_points import (
+    Point,
+    ServerSetting,
+    load_values,
+    point_id,
+    points_for,
+    points_problem,
+)
+from speclens.runs.sweep_server import Server, copy_log, free_port, interrupts, started
 
 MAX_ROUNDS = 100
 #: bench's parameters that the sweep replaces (lists, a required directory) or does not take.
@@ -133,15 +143,15 @@ def run_sweep(flags: dict[str, Any]) -> None:
     bench_cli.check([_share_problem(options, concurrency, "command line: --concurrency")])
     slos = _slos(options.slo)
     engines = _engines(sweep_file) if sweep_file is not None else None
-    bench_cli.check([sw.points_problem(engines, concurrency, rates, rounds)])
+    bench_cli.check([points_problem(engines, concurrency, rates, rounds)])
     for engine in engines or []:
         values = engine.axes.concurrency or []
         bench_cli.check([_share_problem(options, values, engine.axis_field("concurrency"))])
     _check_profile_target(write_profile, engines, options)
     prompts = options.prompts()
-    with sw.interrupts() as signals:
+    with interrupts() as signals:
         if engines is None:
-            loads = sw.load_values(concurrency, rates)
+            loads = load_values(concurrency, rates)
             runner = Runner(root, options, slos, prompts, "load", rounds, _axes(loads))
             runner.load_points(loads)
         else:
@@ -152,7 +162,7 @@ def run_sweep(flags: dict[str, Any]) -> None:
         codes = [runner.finish()]
         if write_profile is not None and not runner.interrupted:
             codes.append(write_curve(runner.state, (engines or [])[0], options, prompts, write_profile))  # fmt: skip
-    code = sw.exit_code(codes)
+    code = exit_code(codes)
     if code:
         raise typer.Exit(code)
 
@@ -179,17 +189,17 @@ def _slos(text: str | None) -> dict[str, float]:
         fail(str(exc), code=2)
 
 
-def _engines(path: Path) -> list[sw.Engine]:
+def _engines(path: Path) -> list[Engine]:
     from speclens.acceptance import ValidationError
 
     try:
-        return sw.load_sweep_file(path)
+        return load_sweep_file(path)
     except ValidationError as exc:
         fail([str(p) for p in exc.problems], code=2)
 
 
 def _check_profile_target(
-    path: Path | None, engines: list[sw.Engine] | None, options: bench_cli.BenchOptions
+    path: Path | None, engines: list[Engine] | None, options: bench_cli.BenchOptions
 ) -> None:
     """--write-profile needs one engine swept over K with natural acceptance, and a path."""
     if path is None:
@@ -222,7 +232,7 @@ class Runner:
         prompts: list[Any], kind: Any, rounds: int, axes: dict[str, list[Any]],
     ) -> None:  # fmt: skip
         self.options, self.slos, self.prompts = options, slos, prompts
-        self.state = sw.Sweep(root, kind, rounds, axes, seed=options.seed)
+        self.state = Sweep(root, kind, rounds, axes, seed=options.seed)
         self.interrupted = False
         self._writable(root)
 
@@ -235,7 +245,7 @@ class Runner:
             fail(f"command line: --output-dir: cannot write to {str(root)!r}: {exc.strerror or exc}", code=2)  # fmt: skip
 
     def load_points(self, loads: list[tuple[str, float | None]]) -> None:
-        points = sw.points_for(sw.ServerSetting(None), loads, self.state.rounds)
+        points = points_for(ServerSetting(None), loads, self.state.rounds)
         self.state.points = points
         self.state.write()
         for point in points:
@@ -243,7 +253,7 @@ class Runner:
                 return
             self.run_point(point, self.options)
 
-    def run_point(self, point: sw.Point, base: bench_cli.BenchOptions) -> None:
+    def run_point(self, point: Point, base: bench_cli.BenchOptions) -> None:
         """One bench run in ``point.dir``, recorded; a Ctrl-C anywhere in it stops the sweep."""
         settings = point.settings
         options = replace(base, concurrency=settings["concurrency"],
@@ -257,15 +267,15 @@ class Runner:
         self.interrupted = code == 130
         self.state.record(point, code, _reason(self.state.root / point.dir, code))
 
-    def fail_points(self, points: list[sw.Point], reason: str) -> None:
+    def fail_points(self, points: list[Point], reason: str) -> None:
         for point in points:
             if point.status == "pending":
-                self.state.record(point, sw.EXIT_RUN_FAILED, reason)
+                self.state.record(point, EXIT_RUN_FAILED, reason)
 
     def server_points(
-        self, engines: list[sw.Engine], concurrency: list[int], rates: list[float]
+        self, engines: list[Engine], concurrency: list[int], rates: list[float]
     ) -> None:
-        plan = [(engine, setting, sw.points_for(setting, loads, self.state.rounds))
+        plan = [(engine, setting, points_for(setting, loads, self.state.rounds))
                 for engine in engines
                 for setting, loads in _settings(engine, concurrency, rates, self.options)]  # fmt: skip
         for engine, setting, _ in plan:  # a forcing line the engine cannot express: usage
@@ -281,22 +291,22 @@ class Runner:
                 return
             self._serve(engine, setting, points)
 
-    def _serve(self, engine: sw.Engine, setting: sw.ServerSetting, points: list[sw.Point]) -> None:
+    def _serve(self, engine: Engine, setting: ServerSetting, points: list[Point]) -> None:
         """Start the setting's server, run its points, stop it; its log goes to each point."""
-        port = sw.free_port()
+        port = free_port()
         try:
-            env, argv = sw.split_command(_command(engine, setting, port, self.options))
+            env, argv = split_command(_command(engine, setting, port, self.options))
         except _Refused as exc:
             self.fail_points(points, str(exc))
             return
         log = self.state.root / "servers" / f"{_setting_id(setting)}.log"
-        server = sw.Server(argv, env, log, f"http://127.0.0.1:{port}{engine.spec.health}",
+        server = Server(argv, env, log, f"http://127.0.0.1:{port}{engine.spec.health}",
                            engine.spec.startup_timeout_s)  # fmt: skip
         err_console.print(f"sweep: starting {engine.spec.name} for {_setting_id(setting)}", markup=False)  # fmt: skip
         base = replace(self.options, url=[f"http://127.0.0.1:{port}"],
                        model=engine.spec.model or self.options.model)  # fmt: skip
         try:
-            with sw.started(server) as why:
+            with started(server) as why:
                 self._run_served(server, why, base, points)
         except KeyboardInterrupt:
             self.interrupted = True
@@ -306,8 +316,8 @@ class Runner:
                 _copy_log(log, self.state.root / point.dir / "server.log")
 
     def _run_served(
-        self, server: sw.Server, why: str | None, base: bench_cli.BenchOptions,
-        points: list[sw.Point],
+        self, server: Server, why: str | None, base: bench_cli.BenchOptions,
+        points: list[Point],
     ) -> None:  # fmt: skip
         if why is not None:
             self.fail_points(points, why)
@@ -319,11 +329,11 @@ class Runner:
             died = server.died()
             if died:
                 if point.status == "ok":  # its server is gone: nothing says the run was sound
-                    self.state.record(point, sw.EXIT_RUN_FAILED, died)
+                    self.state.record(point, EXIT_RUN_FAILED, died)
                 self.fail_points(points, died)
                 return
 
-    def _interrupt(self, points: list[sw.Point]) -> None:
+    def _interrupt(self, points: list[Point]) -> None:
         pending = [p for p in points if p.status == "pending"]
         if pending:
             self.state.record(pending[0], 130, "interrupted")
@@ -344,7 +354,7 @@ class Runner:
         pending = [p for p in self.state.points if p.status == "pending"]
         if self.interrupted:
             err_console.print(f"sweep: interrupted; {len(pending)} points not run; finished points are in {self.state.root}", markup=False)  # fmt: skip
-        return sw.exit_code([p.exit_code for p in self.state.points])
+        return exit_code([p.exit_code for p in self.state.points])
 
 
 def _html(root: Path) -> None:
@@ -400,14 +410,14 @@ class _Refused(Exception):
 
 
 def _settings(
-    engine: sw.Engine, concurrency: list[int], rates: list[float], options: bench_cli.BenchOptions
-) -> list[tuple[sw.ServerSetting, list[tuple[str, float | None]]]]:
+    engine: Engine, concurrency: list[int], rates: list[float], options: bench_cli.BenchOptions
+) -> list[tuple[ServerSetting, list[tuple[str, float | None]]]]:
     """The engine's server settings (K x AL) and the load axis each runs; exit 2 for an AL
     above K + 1 or a load axis given both in the file and on the command line."""
     axes, name = engine.axes, engine.spec.name
     if (axes.concurrency or axes.request_rate) and (concurrency or rates):
         fail(f"{engine.where}: the load axis is in the sweep file and on the command line; give one", code=2)  # fmt: skip
-    loads = sw.load_values(axes.concurrency or concurrency, axes.request_rate or rates)
+    loads = load_values(axes.concurrency or concurrency, axes.request_rate or rates)
     out = []
     ks: list[int | None] = (
         [None] if not axes.num_speculative_tokens else [*axes.num_speculative_tokens]
@@ -421,15 +431,15 @@ def _settings(
         for al in als:
             if al is not None and k is not None and al > k + 1:
                 fail(f"{engine.where}: axes.acceptance_length: {al:g} is above K + 1 = {k + 1} at K {k}", code=2)  # fmt: skip
-            out.append((sw.ServerSetting(name, k, al), loads))
+            out.append((ServerSetting(name, k, al), loads))
     return out
 
 
-def _profile_al(engine: sw.Engine, k: int, options: bench_cli.BenchOptions) -> float:
+def _profile_al(engine: Engine, k: int, options: bench_cli.BenchOptions) -> float:
     return float(_resolution(engine, k, None, options).acceptance_length)
 
 
-def _resolution(engine: sw.Engine, k: int, al: float | None, options: bench_cli.BenchOptions) -> Any:  # fmt: skip
+def _resolution(engine: Engine, k: int, al: float | None, options: bench_cli.BenchOptions) -> Any:  # fmt: skip
     """The acceptance the point forces: its AL (the command line layer) or the profile's."""
     from speclens.acceptance import ResolutionRefused, ValidationError, WorkloadAcceptance, resolve
     from speclens.cli._common import cli_value
@@ -450,13 +460,13 @@ def _resolution(engine: sw.Engine, k: int, al: float | None, options: bench_cli.
 
 
 def _command(
-    engine: sw.Engine, setting: sw.ServerSetting, port: int, options: bench_cli.BenchOptions
+    engine: Engine, setting: ServerSetting, port: int, options: bench_cli.BenchOptions
 ) -> str:
     """The command template filled for this setting; {forcing} is what
     ``speclens profiles resolve --emit ENGINE`` prints for it."""
     spec = engine.spec
     forcing = ""
-    if "forcing" in sw.placeholders(spec.command) and setting.k is not None:
+    if "forcing" in placeholders(spec.command) and setting.k is not None:
         from speclens.acceptance.emit import EmitRefused, emit
 
         res = _resolution(engine, setting.k, setting.al, options)
@@ -469,11 +479,11 @@ def _command(
     return spec.command.format(**values)
 
 
-def _setting_id(setting: sw.ServerSetting) -> str:
-    return sw.point_id(setting, ("concurrency", None), 0).removesuffix("-r0")
+def _setting_id(setting: ServerSetting) -> str:
+    return point_id(setting, ("concurrency", None), 0).removesuffix("-r0")
 
 
-def _server_axes(plan: list[tuple[sw.Engine, sw.ServerSetting, list[sw.Point]]]) -> dict[str, list[Any]]:  # fmt: skip
+def _server_axes(plan: list[tuple[Engine, ServerSetting, list[Point]]]) -> dict[str, list[Any]]:  # fmt: skip
     """The axes the plan varies, each value once in first-seen order."""
     axes: dict[str, list[Any]] = {}
 
@@ -495,13 +505,13 @@ def _copy_log(log: Path, target: Path) -> None:
     if not log.is_file() or log.is_symlink():
         return
     try:
-        sw.copy_log(log, target)
+        copy_log(log, target)
     except OSError as exc:
         err_console.print(f"sweep: {target}: cannot copy the server log: {exc.strerror or exc}", markup=False)  # fmt: skip
 
 
 # ------------------------------------------------------------------------- the golden curve
-def _curve_counts(state: sw.Sweep) -> dict[tuple[int, str], list[int]]:
+def _curve_counts(state: Sweep) -> dict[tuple[int, str], list[int]]:
     """(K, category) -> [accepted drafts, verify steps] pooled over every finished point."""
     pooled: dict[tuple[int, str], list[int]] = {}
     for point in state.points:
@@ -536,7 +546,7 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _served(state: sw.Sweep) -> dict[str, Any]:
+def _served(state: Sweep) -> dict[str, Any]:
     """The server's /version as the first finished point's summary.json recorded it."""
     for point in state.points:
         if point.status != "ok":
@@ -553,7 +563,7 @@ def _served(state: sw.Sweep) -> dict[str, Any]:
 
 
 def write_curve(
-    state: sw.Sweep, engine: sw.Engine, options: bench_cli.BenchOptions, prompts: list[Any],
+    state: Sweep, engine: Engine, options: bench_cli.BenchOptions, prompts: list[Any],
     output: Path,
 ) -> int:  # fmt: skip
     """The sweep's natural AL at each K (and category) as a measured profile set, written by
@@ -605,7 +615,7 @@ def write_curve(
 
 
 def _curve_provenance(
-    state: sw.Sweep, engine: sw.Engine, options: bench_cli.BenchOptions, served: dict[str, Any],
+    state: Sweep, engine: Engine, options: bench_cli.BenchOptions, served: dict[str, Any],
     hardware: str, prompts: int,
 ) -> dict[str, Any]:  # fmt: skip
     name = str(served.get("engine") or engine.spec.name)

@@ -25,7 +25,8 @@ import orjson
 
 from speclens.runs.files import open_new
 from speclens.runs.rundir import InputError
-from speclens.runs.sweep import Point, Sweep
+from speclens.runs.sweep import Sweep
+from speclens.runs.sweep_points import Point
 
 #: ``provenance.source`` of each kind of published result.
 SOURCES = ("inferencex", "vllm", "speclens-sim")

@@ -318,7 +318,8 @@ SWEEP_AXES = {
 def sweep_state(out_dir: Path, axis: str, values: Sequence[int], seed: int) -> Sweep:
     """The sweep directory's state, one point per value and one round (a simulation is a pure
     function of its seed), named and laid out as ``speclens sweep`` does (points/<id>/)."""
-    from speclens.runs.sweep import ServerSetting, Sweep, points_for
+    from speclens.runs.sweep import Sweep
+    from speclens.runs.sweep_points import ServerSetting, points_for
 
     kind, name = SWEEP_AXES[axis]
     points = [
@@ -342,7 +343,8 @@ def grid_state(
     inner, in ``grid``'s order): a server sweep whose every K runs every concurrency."""
     if len(axes) == 1:
         return sweep_state(out_dir, axes[0], [g[axes[0]] for g in grid], seed)
-    from speclens.runs.sweep import ServerSetting, Sweep, points_for
+    from speclens.runs.sweep import Sweep
+    from speclens.runs.sweep_points import ServerSetting, points_for
 
     ks = list(dict.fromkeys(g["num_spec_tokens"] for g in grid))
     cs = list(dict.fromkeys(g["concurrency"] for g in grid))

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from speclens.bench.datasets import Prompt, jsonl_prompts, sample_prompts
 from speclens.cli import bench as bench_cli
+from speclens.runs.verify import thin_categories
 
 SPEC_BENCH = Path(__file__).parents[2] / ".." / "shared" / "data" / "spec-bench" / "question.jsonl"
 
@@ -103,8 +104,8 @@ def summary(steps: dict[str, int]) -> dict[str, Any]:
 
 
 def test_a_category_resting_on_under_30_verify_steps_is_warned_about() -> None:
-    assert bench_cli.thin_categories(summary({"a": 30, "b": 30})) == []
-    assert bench_cli.thin_categories(summary({"a": 29, "b": 300, "c": 3})) == [
+    assert thin_categories(summary({"a": 30, "b": 30})) == []
+    assert thin_categories(summary({"a": 29, "b": 300, "c": 3})) == [
         "2 of 3 categories have an AL resting on fewer than 30 verify steps: a (29), c (3); "
         "send more requests to read them"
     ]

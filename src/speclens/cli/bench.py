@@ -671,6 +671,7 @@ def run(
     from speclens.bench.run import run_bench
     from speclens.bench.transport import Redactor
     from speclens.bench.workers import WorkerFailed
+    from speclens.runs.verify import thin_categories
 
     redactor = Redactor.for_urls(config.replicas)
     records_out = None
@@ -710,27 +711,6 @@ def run(
     outcome.summary = redactor.data(outcome.summary)
     outcome.summary.setdefault("warnings", []).extend(thin_categories(outcome.summary))
     return outcome, records_out
-
-
-def thin_categories(summary: dict[str, Any]) -> list[str]:
-    """One warning per category whose AL rests on fewer than ``MIN_VERIFY_STEPS`` verify steps
-    (none when only one category was sent: the verdict's own evidence line says it)."""
-    from speclens.runs.verify import MIN_VERIFY_STEPS
-
-    rows = summary.get("figures", {}).get("acceptance", {}).get("al_by_category") or {}
-    if len(rows) < 2:
-        return []
-    thin = sorted(
-        (c, row["verify_steps"]) for c, row in rows.items()
-        if row.get("al") is not None and row.get("verify_steps", 0) < MIN_VERIFY_STEPS
-    )  # fmt: skip
-    if not thin:
-        return []
-    shown = ", ".join(f"{c} ({n})" for c, n in thin)
-    return [
-        f"{len(thin)} of {len(rows)} categories have an AL resting on fewer than "
-        f"{MIN_VERIFY_STEPS} verify steps: {shown}; send more requests to read them"
-    ]
 
 
 @contextlib.contextmanager

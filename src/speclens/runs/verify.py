@@ -7,7 +7,8 @@ fell outside those two counts, and that the split lies within ``z`` standard err
 
 A PASS needs evidence: fewer than ``MIN_VERIFY_STEPS`` steps is "inconclusive" (never PASS), as
 the z band is a normal approximation to a binomial count, and a handful of steps that happen to
-match say little. Every reason names the verify steps it rests on.
+match say little. Every reason names the verify steps it rests on, and a run's categories whose
+AL rests on fewer steps are warned about (``thin_categories``).
 """
 
 from __future__ import annotations
@@ -88,3 +89,22 @@ def verify(
         or f"realized AL {realized:.4f} and histogram match the forced schedule over {steps} "
         "verify steps",
     }
+
+
+def thin_categories(summary: dict[str, Any]) -> list[str]:
+    """One warning per category whose AL rests on fewer than ``MIN_VERIFY_STEPS`` verify steps
+    (none when only one category was sent: the verdict's own evidence line says it)."""
+    rows = summary.get("figures", {}).get("acceptance", {}).get("al_by_category") or {}
+    if len(rows) < 2:
+        return []
+    thin = sorted(
+        (c, row["verify_steps"]) for c, row in rows.items()
+        if row.get("al") is not None and row.get("verify_steps", 0) < MIN_VERIFY_STEPS
+    )  # fmt: skip
+    if not thin:
+        return []
+    shown = ", ".join(f"{c} ({n})" for c, n in thin)
+    return [
+        f"{len(thin)} of {len(rows)} categories have an AL resting on fewer than "
+        f"{MIN_VERIFY_STEPS} verify steps: {shown}; send more requests to read them"
+    ]

@@ -252,8 +252,10 @@ def test_the_variables_resolve_to_the_served_model_and_engine(forced_run: Forced
 
 
 def test_every_panel_returns_data(forced_run: ForcedRun) -> None:
-    """Every target answers in every sample taken under load, with finite values in the last;
-    the distribution's targets answer for the K + 1 possible counts and no others."""
+    """Every target answers in every sample taken under load, and with finite values over the
+    whole run; the distribution's targets answer for the K + 1 possible counts and no others.
+    (A latency quantile over a short window without a new request reads NaN, as Grafana shows
+    it: on this slow a machine requests start in waves.)"""
     for sample in forced_run.samples:
         for q in forced_run.queries:
             result = sample.short.answers[q.panel, q.ref]
@@ -261,7 +263,7 @@ def test_every_panel_returns_data(forced_run: ForcedRun) -> None:
                 assert result == [], (q, result)
                 continue
             assert result, f"{q.panel} {q.ref}: no data at {sample.elapsed:.0f} s: {q.expr}"
-    last = forced_run.samples[-1].short
+    last = forced_run.whole_run[-1][1]
     for q in forced_run.queries:
         result = last.answers[q.panel, q.ref]
         assert len(finite(result)) == len(result), (q, result)
@@ -354,7 +356,7 @@ def test_rate_and_tokens_per_step_agree_with_the_al(forced_run: ForcedRun) -> No
 
 
 def test_latency_quantiles_are_ordered(forced_run: ForcedRun) -> None:
-    for evaluation in (forced_run.samples[-1].short, forced_run.whole_run[-1][1]):
+    for _, evaluation in forced_run.whole_run:
         for panel in ("Time to first token", TPOT):
             p50, p90, p99 = (evaluation.value(panel, ref) for ref in "ABC")
             assert 0 < p50 <= p90 <= p99, (panel, evaluation.window, p50, p90, p99)

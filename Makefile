@@ -43,9 +43,11 @@ test-models: $(VENV)/.installed
 # The peer tier: speclens against a real vLLM (CPU build) and a real llama.cpp server, separate from
 # `test` because it builds a pinned vLLM environment and llama.cpp (once each, cached outside the
 # checkout; llama.cpp takes about 18 minutes on 2 cores) and starts the servers.
-# A peer that cannot be built fails here, loudly; nothing is skipped.
+# The dashboard's queries run against vLLM through Prometheus, installed as the observability tier
+# installs it. A peer that cannot be built fails here, loudly; nothing is skipped.
 test-peers: $(VENV)/.installed
 	$(BIN)/python tests/peers/vllm_env.py
+	$(BIN)/python tests/observability/prometheus_env.py
 	$(BIN)/python tests/peers/llamacpp_env.py
 	$(BIN)/python -m pytest tests/peers --timeout 900 -rfEP --durations 0
 

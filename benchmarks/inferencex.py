@@ -1,6 +1,7 @@
 """speclens's predictions against InferenceX's published DeepSeek-R1 runs on GPUs.
 
     python benchmarks/inferencex.py [--data ../shared/data/inferencex] [--jobs 2] [--json OUT]
+        [--ray [ADDRESS]]
 
 The data (``benchmarks.json`` and ``benchmarks-history.json``: see its README) is imported as
 ``speclens import inferencex`` does. Every single-node deployment (chip, engine, precision,
@@ -20,6 +21,10 @@ date with the most concurrencies (the latest of ties):
 
 Errors are |predicted / measured - 1| of median TPOT, median TTFT and total throughput per GPU;
 each figure is the median over deployments (each deployment's own median over its points).
+
+Each deployment's scoring and each chip's leave-one-chip-out fit is one call of
+``speclens.sim.fanout``: in ``--jobs`` processes, or with ``--ray`` as Ray tasks on a local Ray
+(``--ray``) or on the cluster at ADDRESS (``--ray HOST:PORT``); the figures are the same.
 """
 
 from __future__ import annotations
@@ -32,14 +37,13 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from speclens.sim import catalog
+from speclens.sim import catalog, fanout
 from speclens.sim.closed_loop import schedule
 from speclens.sim.fit_points import Fit, Point, PointsError, fit_pooled, infer_acceptance
 from speclens.sim.roofline import Efficiency, Roofline
@@ -217,6 +221,12 @@ def uncalibrated(deps: Sequence[dict[str, Any]], chip: str) -> dict[str, Any]:
                          "front_latency_s": own.front_latency_s}}  # fmt: skip
 
 
+def task(call: tuple[str, Any]) -> dict[str, Any]:
+    """One fanned-out call: ``("score", deployment)`` or ``("chip", (deployments, chip))``."""
+    kind, argument = call
+    return score(argument) if kind == "score" else uncalibrated(*argument)
+
+
 def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
@@ -225,8 +235,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--ray", nargs="?", const=fanout.LOCAL, default=None, metavar="ADDRESS",
+                        help="run the calls as Ray tasks: alone on a local Ray of --jobs CPUs, "
+                        "or on the cluster at ADDRESS (HOST:PORT)")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if args.ray is not None:
+        problem = fanout.address_problem(args.ray)
+        if problem:
+            parser.error(f"--ray: {problem}")
+        try:
+            fanout.require_ray()
+        except fanout.FanoutError as exc:
+            parser.error(f"--ray: {exc}")
     start = time.perf_counter()
     deps = deployments(args.data)
     known = set(catalog.names("chips"))
@@ -235,13 +256,17 @@ def main() -> None:
         print(f"skipped (not in the catalog): {', '.join(skipped)}")
     deps = [d for d in deps if d["key"][0] in known]
     chips = sorted({d["key"][0] for d in deps})
-    with ProcessPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(score, deps))
-        chip_rows = list(pool.map(uncalibrated, [deps] * len(chips), chips))
+    calls = [("score", d) for d in deps] + [("chip", (deps, c)) for c in chips]
+    try:
+        results = fanout.run(task, calls, args.jobs, ray_address=args.ray)
+    except fanout.FanoutError as exc:
+        raise SystemExit(f"--ray: {exc}") from None
+    rows, chip_rows = results[: len(deps)], results[len(deps) :]
     took = time.perf_counter() - start
+    where = f"{args.jobs} process(es)" if args.ray is None else f"Ray ({args.ray})"
     print(f"{len(deps)} deployments, {sum(len(d['off']) for d in deps)} MTP-off points, "
-          f"{sum(1 for r in rows if 'mtp' in r)} with an MTP run; {took:.0f} s on {args.jobs} "
-          f"process(es), {platform.processor() or platform.machine()}")  # fmt: skip
+          f"{sum(1 for r in rows if 'mtp' in r)} with an MTP run; {took:.0f} s on {where}, "
+          f"{platform.processor() or platform.machine()}")  # fmt: skip
     print()
     print(
         "| deployment | date | conc | held-out TPOT | TTFT | tput/GPU | MTP AL (range) | "

@@ -47,11 +47,13 @@ BUILTINS = ("__rate_interval", "__interval", "__range", "__range_s", "__range_ms
 #: Each side answers on one engine only, so each ``or`` is needed.
 ANSWERING_SIDE = {
     "speclens": {
+        "Realized acceptance length": 0,
         "Accepted drafts per verify step": 0,
         "Tokens per decode step": 0,
         "Time per output token": 1,
     },
     "vllm": {
+        "Realized acceptance length": 1,
         "Accepted drafts per verify step": 1,
         "Tokens per decode step": 1,
         "Time per output token": 0,

@@ -5,10 +5,11 @@ acceptance length of 3.78, scraped every 2 s by Prometheus (the deploy configura
 target and interval replaced), under ``speclens bench`` load. While the load runs, every
 ``SAMPLE_EVERY_S`` seconds, every panel target is evaluated through ``/api/v1/query`` with the
 dashboard's variables filled in as Grafana fills them (``model_name`` and ``engine`` from their
-``label_values`` queries, ``$__rate_interval`` four scrape intervals, ``forced_al`` 3.78), and
-``/debug/mtp_stats`` is read right after. The last samples also evaluate every target over a
-window reaching back to before the load (a dashboard showing the whole run). Everything is
-stopped before the tests look at the samples, and one test checks that no process is left.
+``label_values`` queries, ``$__rate_interval`` four scrape intervals, ``forced_al`` NaN: the
+target line is the server's own gauge), and ``/debug/mtp_stats`` is read right after. The last
+samples also evaluate every target over a window reaching back to before the load (a dashboard
+showing the whole run). Everything is stopped before the tests look at the samples, and one test
+checks that no process is left.
 
 The realized-AL tolerance. A verify step accepts ``X`` drafts, independently from step to step;
 the panel over a window of ``n`` steps estimates ``1 + mean(X)``, and ``/debug/mtp_stats`` the
@@ -175,7 +176,7 @@ def forced_run(
         with prometheus_scraping(prometheus_bin[0], [f"127.0.0.1:{server.port}"], tmp) as prom:
             timings["prometheus_ready_s"] = time.monotonic() - started
             values = resolve_variables(
-                prom, dashboard, {"__rate_interval": RATE_INTERVAL, "forced_al": str(AL)}
+                prom, dashboard, {"__rate_interval": RATE_INTERVAL, "forced_al": "NaN"}
             )
             cmd = [
                 *(sys.executable, "-m", "speclens", "bench", "--url", server.url),

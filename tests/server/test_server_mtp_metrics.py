@@ -200,6 +200,8 @@ def test_metrics_agree_with_mtp_stats(batch: dict[str, Any]) -> None:
         str(j): float(mtp["distribution"].get(str(j), 0)) for j in range(K + 1)
     }
     assert metric(m, "speclens:decode_steps_total") == steps  # every decode step drafted
+    # The forced target, which no engine's own names carry (the dashboard's target line).
+    assert metric(m, "speclens:spec_decode_forced_acceptance_length") == pytest.approx(AL)
 
 
 def test_inferencex_al_from_two_scrapes(batch: dict[str, Any]) -> None:

@@ -34,6 +34,7 @@ class _SpecDecodeCollector(Collector):
     def __init__(self, runner: EngineRunner, model_name: str) -> None:
         self.runner = runner
         self.model_name = model_name
+        self.forced = runner.engine.config.speculative.forced_acceptance_length
 
     def collect(self) -> Iterator[Metric]:
         snap = self.runner.snapshot()
@@ -69,6 +70,13 @@ class _SpecDecodeCollector(Collector):
         )
         if not stats.enabled:
             return
+        # No engine publishes the AL it was told to replay: a dashboard draws its target from this.
+        if self.forced is not None:
+            yield gauge(
+                "speclens:spec_decode_forced_acceptance_length",
+                "The acceptance length forced (--spec-decode-acceptance-length or its rates).",
+                self.forced,
+            )
         # vLLM's counters: an InferenceX-style collector measures AL = 1 + d(accepted) / d(drafts).
         yield counter(
             "vllm:spec_decode_num_drafts",

@@ -3,7 +3,7 @@
 It compares the server with a reference serving the same weights without speculation: greedy
 outputs must be identical; sampled outputs must pass a chi-square test of homogeneity per
 position at a family-wise false-alarm rate ``--alpha``, and with the power to see a total
-variation of ``--min-effect``. Exit codes (DESIGN.md "Exit codes"): 0 pass; 1 flagged (outputs
+variation of ``--min-effect``. Exit codes (docs/exit-codes.md): 0 pass; 1 flagged (outputs
 differ) or an invalid prompt file; 2 bad options; 3 requests failed (no verdict); 4 inconclusive
 (no test ran, or too few samples to see ``--min-effect``); 130 interrupted.
 """

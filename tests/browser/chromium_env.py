@@ -6,12 +6,15 @@ loudly when it cannot (not root, no apt-get, the install failing): the tier is n
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
-INSTALL = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, run as a script too
+from aptkit import ensure, install_command
+
+INSTALL = install_command("chromium")
 
 
 def chromium() -> str | None:
@@ -20,24 +23,7 @@ def chromium() -> str | None:
 
 def ensure_chromium() -> str:
     """The chromium executable, installed first when missing; SystemExit saying why not."""
-    found = chromium()
-    if found:
-        return found
-    if shutil.which("apt-get") is None:
-        raise SystemExit("browser tier: chromium is not installed and apt-get is not available")
-    if os.geteuid() != 0:
-        raise SystemExit(
-            f"browser tier: chromium is not installed; run as root: {' '.join(INSTALL)}"
-        )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    if subprocess.run(INSTALL, env=env, check=False).returncode != 0:
-        subprocess.run(["apt-get", "update"], env=env, check=False)
-        if subprocess.run(INSTALL, env=env, check=False).returncode != 0:
-            raise SystemExit(f"browser tier: {' '.join(INSTALL)} failed")
-    found = chromium()
-    if not found:
-        raise SystemExit("browser tier: chromium installed but not found on PATH")
-    return found
+    return ensure("browser tier", "chromium", chromium)
 
 
 if __name__ == "__main__":

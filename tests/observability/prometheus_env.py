@@ -8,12 +8,15 @@ the tests start their own server on loopback with a configuration of their own.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
-INSTALL = ["apt-get", "install", "-y", "--no-install-recommends", "prometheus"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, run as a script too
+from aptkit import ensure, install_command
+
+INSTALL = install_command("prometheus")
 
 
 def binaries() -> tuple[str, str] | None:
@@ -23,28 +26,9 @@ def binaries() -> tuple[str, str] | None:
 
 
 def ensure_prometheus() -> tuple[str, str]:
-    """``(prometheus, promtool)``, installed first when missing; SystemExit saying why not."""
-    found = binaries()
-    if found:
-        return found
-    if shutil.which("apt-get") is None:
-        raise SystemExit(
-            "observability tier: prometheus is not installed and apt-get is not available"
-        )
-    if os.geteuid() != 0:
-        raise SystemExit(
-            f"observability tier: prometheus is not installed; run as root: {' '.join(INSTALL)}"
-        )
-    # No service start from the package's maintainer scripts: the tests run their own server.
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive", "RUNLEVEL": "1"}
-    if subprocess.run(INSTALL, env=env, check=False).returncode != 0:
-        subprocess.run(["apt-get", "update"], env=env, check=False)
-        if subprocess.run(INSTALL, env=env, check=False).returncode != 0:
-            raise SystemExit(f"observability tier: {' '.join(INSTALL)} failed")
-    found = binaries()
-    if not found:
-        raise SystemExit("observability tier: prometheus installed but not found on PATH")
-    return found
+    """``(prometheus, promtool)``, installed first when missing; SystemExit saying why not. No
+    service start from the package's maintainer scripts: the tests run their own server."""
+    return ensure("observability tier", "prometheus", binaries, {"RUNLEVEL": "1"})
 
 
 def version(path: str) -> str:

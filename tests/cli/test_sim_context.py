@@ -86,7 +86,7 @@ def test_bounds_and_misuse_are_refused_in_one_line(run_cli, tmp_path) -> None:
          "--context needs --sweep num_spec_tokens=... and --sweep concurrency=..."),
         ([*GRID, "--emit", "vllm"], "--emit needs --context"),
         ([*GRID, "--context", "1k", "--emit", "tgi"],
-         "--emit: expected one of vllm, sglang, trtllm, atom, got 'tgi'"),
+         "--emit: expected one of vllm, atom, sglang, trtllm, got 'tgi'"),
     ]  # fmt: skip
     for args, message in cases:
         code, out, err = run_cli("sim", path, *args)

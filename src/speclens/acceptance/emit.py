@@ -5,6 +5,10 @@ engine cannot express rather than printing something close. vLLM takes per-posit
 SGLang and TensorRT-LLM take one number and force the minimum-variance schedule of its AL, so a
 stated schedule that differs from it is refused there. No engine forces draft coverage (the
 drafter decides which steps draft): a stated coverage below 1 becomes a note.
+
+``serving`` writes the flags that serve K with a method (no forcing), for ``speclens sim
+--context --emit``: the same method rules, so the two commands cannot disagree. Every value a
+line carries is quoted for the shell (``shlex.quote``): a line is pasted into one.
 """
 
 from __future__ import annotations
@@ -50,6 +54,60 @@ class Emission:
 def _number(value: float) -> str:
     """The shortest text that reads back as ``value`` (``3.51``, not ``3.5100000000000002``)."""
     return repr(float(value))
+
+
+def check_method(engine: str, method: str) -> None:
+    """Refuse a method ``engine`` has no flag for (ATOM's ``--method`` choices)."""
+    if engine == "atom" and method not in ATOM_METHODS:
+        raise EmitRefused(f"atom: --method takes {', '.join(ATOM_METHODS)}; got {method!r}")
+
+
+def _method_notes(engine: str, method: str) -> tuple[str, ...]:
+    """What else ``engine`` needs to serve ``method`` (a draft model the line cannot name)."""
+    if engine == "vllm" and method not in VLLM_SELF_DRAFTING:
+        return (f'vllm: method {method} also needs the draft\'s "model" key in this JSON',)
+    if engine == "atom" and method == "eagle3":
+        return ("atom: --method eagle3 also needs --draft-model",)
+    return ()
+
+
+def vllm_config(config: dict[str, object]) -> str:
+    """vLLM's ``--speculative-config`` with ``config`` as JSON, quoted for the shell."""
+    return "--speculative-config " + shlex.quote(json.dumps(config))
+
+
+def serving(engine: str, method: str, k: int) -> Emission:
+    """The flags that serve K ``k`` with ``method`` in ``engine`` (K 0: no speculative flags);
+    raises ``EmitRefused`` for a method the engine cannot take, ``ValueError`` for an unknown
+    engine.
+
+    - vLLM (``vllm/config/speculative.py``, ``SpeculativeConfig``): ``--speculative-config``
+      JSON with ``method`` and ``num_speculative_tokens``.
+    - SGLang (``python/sglang/srt/server_args.py``): ``--speculative-num-steps`` K,
+      ``--speculative-eagle-topk 1`` (a chain) and ``--speculative-num-draft-tokens`` K + 1;
+      ``--speculative-algorithm`` for the method is the user's to add.
+    - TensorRT-LLM (``tensorrt_llm/llmapi/llm_args.py``, ``DecodingBaseConfig``): the
+      ``speculative_config`` YAML's ``max_draft_len`` (its ``decoding_type`` names the method).
+    - ATOM (``atom/model_engine/arg_utils.py``): ``--method`` and ``--num-speculative-tokens``.
+    """
+    if engine not in EMITTERS:
+        raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
+    check_method(engine, method)
+    if k == 0:
+        return Emission(engine, "(no speculative flags: serve without speculation)")
+    notes = _method_notes(engine, method)
+    if engine == "vllm":
+        line = vllm_config({"method": method, "num_speculative_tokens": k})
+    elif engine == "sglang":
+        line = (
+            f"--speculative-num-steps {k} --speculative-eagle-topk 1 "
+            f"--speculative-num-draft-tokens {k + 1}"
+        )
+    elif engine == "trtllm":
+        line = f"speculative_config: {{max_draft_len: {k}}}"
+    else:
+        line = f"--method {shlex.quote(method)} --num-speculative-tokens {k}"
+    return Emission(engine, line, notes)
 
 
 def _check_rates(engine: str, rates: Sequence[float], k: int) -> None:
@@ -100,11 +158,8 @@ def emit_vllm(res: Resolution, method: str) -> Emission:
         "rejection_sample_method": "synthetic",
         "synthetic_acceptance_rates": rates,
     }
-    notes: tuple[str, ...] = ()
-    if method not in VLLM_SELF_DRAFTING:
-        notes = (f'vllm: method {method} also needs the draft\'s "model" key in this JSON',)
-    line = "--speculative-config " + shlex.quote(json.dumps(config))
-    return Emission("vllm", line, notes + _coverage_note(res))
+    line = vllm_config(config)
+    return Emission("vllm", line, _method_notes("vllm", method) + _coverage_note(res))
 
 
 def emit_atom(res: Resolution, method: str) -> Emission:
@@ -113,17 +168,13 @@ def emit_atom(res: Resolution, method: str) -> Emission:
     the target's own token counted; ``atom/config.py`` resolves it with
     ``acceptance_length_to_rates`` of ``atom/model_ops/rejection_sampler.py``, the
     minimum-variance schedule)."""
-    if method not in ATOM_METHODS:
-        raise EmitRefused(
-            f"atom: --method takes {', '.join(ATOM_METHODS)}; the resolution is for {method!r}"
-        )
+    check_method("atom", method)
     _one_number("atom", res, "--spec-decode-acceptance-length")
     line = (
-        f"--method {method} --num-speculative-tokens {res.num_spec_tokens} "
+        f"--method {shlex.quote(method)} --num-speculative-tokens {res.num_spec_tokens} "
         f"--spec-decode-acceptance-length {_number(res.acceptance_length)}"
     )
-    notes = ("atom: --method eagle3 also needs --draft-model",) if method == "eagle3" else ()
-    return Emission("atom", line, notes + _coverage_note(res))
+    return Emission("atom", line, _method_notes("atom", method) + _coverage_note(res))
 
 
 def emit_sglang(res: Resolution, method: str) -> Emission:

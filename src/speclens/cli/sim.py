@@ -141,7 +141,7 @@ def sim(
         None,
         "--emit",
         help="With --context: the engine flags for the schedule's Ks: vllm, "
-        "sglang, trtllm or atom.",
+        "atom, sglang or trtllm.",
     ),
     seed: int = typer.Option(0, "--seed", help=f"Seed of every draw, 0..{MAX_SEED}."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -412,6 +412,8 @@ def _schedule_command(
                  "schedule K for")  # fmt: skip
         spec = pools[0].engine.speculative
         assert spec is not None
+        if emit is not None:  # what the engine cannot take is refused before any simulation
+            _check_emit(scenario_path, base_scenario, emit, spec.method, ks)
         reg = load_registry(registry)
         resolved = {}
         for k in ks:
@@ -480,6 +482,21 @@ def _schedule_command(
         except OSError as exc:
             fail(f"{exc.filename or output_dir}: cannot write: {exc.strerror or exc}")
         (err_console if as_json else out_console).print(f"wrote {target_file}", markup=False)
+
+
+def _check_emit(path: Path, scenario: Any, engine: str, method: str, ks: list[int]) -> None:
+    """``--emit ENGINE`` on a method the engine has no flag for: one line naming the
+    scenario's field, exit 2 (the rules are ``profiles resolve --emit``'s)."""
+    from speclens.acceptance.emit import EmitRefused
+    from speclens.sim import schedule as sc
+
+    index = next(i for i, p in enumerate(scenario.deployment.pools) if p.engine.speculative)
+    try:
+        for k in ks:
+            sc.flags(engine, method, k)
+    except EmitRefused as exc:
+        fail(f"{path}: deployment.pools[{index}].engine.speculative.method: --emit {engine} "
+             f"cannot serve it: {exc}", code=2)  # fmt: skip
 
 
 def _print_schedule(sched: dict[str, Any]) -> None:

@@ -15,10 +15,10 @@ difference grows most is named: it is what makes the longer K lose.
 
 from __future__ import annotations
 
-import json
-import shlex
 from collections.abc import Sequence
 from typing import Any
+
+from speclens.acceptance import emit
 
 #: Tokens in a ``k`` of ``--context`` (``1k`` is 1024 tokens).
 CONTEXT_UNIT = 1024
@@ -26,8 +26,8 @@ CONTEXT_UNIT = 1024
 MAX_CONTEXTS = 8
 #: Most simulated points in one schedule: contexts x (K values + K 0) x concurrencies.
 MAX_SCHEDULE_POINTS = 256
-#: Engines ``--emit`` writes K flags for.
-ENGINES = ("vllm", "sglang", "trtllm", "atom")
+#: Engines ``--emit`` writes K flags for: those ``profiles resolve --emit`` knows.
+ENGINES = emit.ENGINES
 
 TERMS = {"verify_width": "verify width", "kv_reads": "KV reads", "drafter": "the drafter"}
 
@@ -192,33 +192,10 @@ def cell_text(cell: dict[str, Any]) -> str:
 
 
 def flags(engine: str, method: str, k: int) -> str:
-    """What ``engine`` takes to serve K ``k`` with ``method`` (K 0: no speculative flags).
-
-    - vLLM (``vllm/config/speculative.py``, ``SpeculativeConfig``): ``--speculative-config``
-      JSON with ``method`` and ``num_speculative_tokens``.
-    - SGLang (``python/sglang/srt/server_args.py``): ``--speculative-num-steps`` K,
-      ``--speculative-eagle-topk 1`` (a chain) and ``--speculative-num-draft-tokens`` K + 1;
-      ``--speculative-algorithm`` for the method is the user's to add.
-    - TensorRT-LLM (``tensorrt_llm/llmapi/llm_args.py``, ``DecodingBaseConfig``): the
-      ``speculative_config`` YAML's ``max_draft_len`` (its ``decoding_type`` names the method).
-    - ATOM (``atom/model_engine/arg_utils.py``): ``--method`` and
-      ``--num-speculative-tokens``.
-    """
-    if k == 0:
-        return "(no speculative flags: serve without speculation)"
-    if engine == "vllm":
-        config = json.dumps({"method": method, "num_speculative_tokens": k})
-        return f"--speculative-config {shlex.quote(config)}"
-    if engine == "sglang":
-        return (
-            f"--speculative-num-steps {k} --speculative-eagle-topk 1 "
-            f"--speculative-num-draft-tokens {k + 1}"
-        )
-    if engine == "trtllm":
-        return f"speculative_config: {{max_draft_len: {k}}}"
-    if engine == "atom":
-        return f"--method {method} --num-speculative-tokens {k}"
-    raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
+    """What ``engine`` takes to serve K ``k`` with ``method`` (K 0: no speculative flags):
+    ``speclens.acceptance.emit.serving``, the rules ``profiles resolve --emit`` follows, so a
+    method an engine cannot take is refused (``EmitRefused``) here as it is there."""
+    return emit.serving(engine, method, k).line
 
 
 def batch_ranges(sched: dict[str, Any], index: int) -> list[list[int]]:
@@ -249,10 +226,10 @@ def _vllm_dynamic(sched: dict[str, Any], method: str) -> list[str]:
         if top == 0:
             lines.append(f"vllm: {flags('vllm', method, 0)}  # {tokens(c)}")
             continue
-        config = {"method": method, "num_speculative_tokens": top}
+        config: dict[str, object] = {"method": method, "num_speculative_tokens": top}
         if len({r[2] for r in ranges}) > 1:
             config["num_speculative_tokens_per_batch_size"] = ranges
-        line = f"--speculative-config {shlex.quote(json.dumps(config))}"
+        line = emit.vllm_config(config)
         lines.append(f"vllm: {line}  # {tokens(c)}")
     if len(set(lines)) > 1:
         lines.insert(0, "vllm picks K by batch size, not by context: one server per context "

@@ -7,7 +7,9 @@ DeepSeek-R1's config.json and the chips' datasheets, never from ``Shape`` or ``R
 - expert parallelism trades a MoE layer's all-reduce for an all-to-all dispatch and combine;
   DP attention drops attention's all-reduce, replicates its weights and splits the KV by rank;
 - FP4 routed experts (``with_precision``) are half the bytes and run at the chip's FP4 peak;
-- chunked prefill mixed with decodes reads the weights once for all of the step's tokens;
+- chunked prefill mixed with decodes reads the weights once for all of the step's tokens, its
+  chunk attends causally within each prompt and its KV read is the decodes', the prompts' prefix
+  and the chunk's own, once; the MTP drafter pays its MoE layer's all-to-all under EP;
 - a chip's efficiency defaults are what a roofline takes where its caller gives none;
 - the table-priced fast path gives the formula's prices.
 """
@@ -134,6 +136,42 @@ def test_the_mtp_drafter_is_priced_as_its_moe_layer_and_the_lm_head() -> None:
         )
 
 
+def test_the_mtp_drafter_pays_its_moe_layers_collectives_under_expert_parallelism() -> None:
+    """The MTP layer is a MoE layer: at TP 8 with EP 8 a forward over d drafting requests pays
+    attention's all-reduce and its routed experts' all-to-all dispatch and combine (two
+    latencies), not a second all-reduce; under DP attention the all-to-all alone, and every rank
+    reads the layer's attention weights (7 more copies over the 8 chips). At d = 64: the weights
+    360.0 us (11.06 GB at 8 x 3.84 TB/s), the all-reduce 15.1 us, the all-to-all 25.1 us:
+    400.2 us; under DP attention 402.6 + 25.1 = 427.7 us."""
+    model, h200 = catalog.model("deepseek-r1"), catalog.chip("h200")
+    ep = Roofline(model, h200, 8, method="mtp", efficiency=IDLE, expert_parallel=8)
+    dpa = Roofline(model, h200, 8, method="mtp", efficiency=IDLE, expert_parallel=8,
+                   dp_attention=True)  # fmt: skip
+
+    def weights(d: int, replicated: float = 0.0) -> float:
+        flops = 2 * (MTP_DENSE + 8 * EXPERT + LM_HEAD)
+        read = MTP_DENSE + LM_HEAD + _touched(d) * EXPERT + replicated
+        return max(flops * d / (H200_FP8 * COMPUTE * 8), read / (H200_BANDWIDTH * MEMORY * 8))
+
+    assert weights(64) + _ring(64) + _a2a(64) == pytest.approx(400.2e-6, rel=1e-4)
+    assert weights(64, 7 * ATTENTION) + _a2a(64) == pytest.approx(427.7e-6, rel=1e-4)
+    for d in (1, 4, 64, 512):
+        assert ep.draft(d) == pytest.approx(weights(d) + _ring(d) + _a2a(d), rel=1e-9), d
+        assert dpa.draft(d) == pytest.approx(weights(d, 7 * ATTENTION) + _a2a(d), rel=1e-9), d
+    # In a decode step of 16 verify tokens of 4 requests at 2,000 each, all drafting, K = 3:
+    # each forward adds the layer's attention over their contexts (under DP attention each rank
+    # reads its own requests' latent: an eighth).
+    for roof, shards, replicated, collectives in ((ep, 1, 0.0, _ring(4) + _a2a(4)),
+                                                  (dpa, 8, 7 * ATTENTION, _a2a(4))):  # fmt: skip
+        attention = max(
+            PAIR / 61 * 4 * 2000 / (H200_FP8 * COMPUTE * 8),
+            576 * 2 * 4 * 2000 / (H200_BANDWIDTH * MEMORY * shards),
+        )
+        drafter = roof.decode(16, 4, 8000, 4, 3) - roof.verify(16, 4, 8000)
+        expected = 3 * (weights(4, replicated) + collectives + attention)
+        assert drafter == pytest.approx(expected, rel=1e-9)
+
+
 def _forward(tokens: int, requests: int, context: int, collectives: float,
              extra_read: float = 0.0, kv_shards: int = 1) -> float:  # fmt: skip
     flops = 2 * (MAIN - 2 * LM_HEAD - 58 * 256 * EXPERT + 58 * 8 * EXPERT + LM_HEAD)
@@ -249,6 +287,67 @@ def test_a_mixed_step_reads_the_weights_once_for_decodes_and_the_prefill_chunk()
     zero = np.zeros(3)
     got = eagle.mixed(q, r, c, zero, zero, zero, d, 3)
     assert np.allclose(got, eagle._decode_formula(q, r, c, d, 3), rtol=1e-12, atol=0)
+
+
+def _llama_mixed(decodes: int, prompts: int, chunk: int, pairs: float, kv_tokens: float) -> float:
+    """A mixed step of Llama-3.1-8B on one H100 at the global defaults: ``decodes`` decoding
+    sequences and a chunk of ``chunk`` prompt tokens of ``prompts`` prompts, the weights read
+    once for all; its attention's ``pairs`` and ``kv_tokens`` as the caller works them out."""
+    tokens = decodes + chunk
+    linear = max(2 * LLAMA_MATMULS * tokens / (H100_BF16 * COMPUTE),
+                 2 * LLAMA_MATMULS / (H100_BANDWIDTH * MEMORY))  # fmt: skip
+    attention = max(LLAMA_PAIR * pairs / (H100_BF16 * COMPUTE),
+                    LLAMA_KV * kv_tokens / (H100_BANDWIDTH * MEMORY))  # fmt: skip
+    return 1e-3 + 2e-5 * (decodes + prompts) + linear + attention
+
+
+def test_a_mixed_chunk_of_two_prompts_attends_causally_within_each() -> None:
+    """4 sequences decoding at 500 each, and a chunk of two prompts of 1,024 tokens, each with
+    3,072 of its tokens already in the KV: each prompt's token i attends 3,072 + i of its own,
+    1,024 x (3,072 + 1,024 / 2) pairs a prompt, 7,340,032 both and 7,342,032 with the decodes'
+    2,000. Attention is compute-bound: 524,288 x 7,342,032 / 494.75 TFLOP/s = 7.78 ms (its KV,
+    2,000 + 2 x 3,072 + 2,048 tokens, 0.50 ms). With the weights' 2,052 tokens (62.25 ms), the
+    overhead and 6 sequences: 71.15 ms. Read as one prompt of 2,048 (2,048 x (3,072 + 1,024))
+    the pairs would be 1,048,576 more, 1.11 ms; with no causal half (2,048 x 3,072) 1,048,576
+    fewer."""
+    pairs = 4 * 500 + 2 * 1024 * (3072 + 1024 / 2)
+    assert pairs == 7_342_032
+    compute_bound = _llama_mixed(4, 2, 2048, pairs, 2000 + 2 * 3072 + 2048)
+    assert compute_bound == pytest.approx(71.152e-3, rel=1e-4)
+    roof = Roofline(catalog.model("llama-3.1-8b"), catalog.chip("h100"))
+    assert roof.mixed(4, 4, 2000, 2048, 2, 3072, 0, 0) == pytest.approx(compute_bound, rel=1e-9)
+    one_prompt = 4 * 500 + 2048 * (3072 + 2048 / 2)
+    assert one_prompt - pairs == 1_048_576 == pairs - (4 * 500 + 2048 * 3072)
+    assert roof.mixed(4, 4, 2000, 2048, 1, 3072, 0, 0) > compute_bound  # one prompt: more pairs
+    # Arrays price each step as alone: this one, and the KV-bound step below.
+    q, r, c = np.array([4, 64]), np.array([4, 64]), np.array([2000, 256_000])
+    p, rp, before = np.array([2048, 32]), np.array([2, 2]), np.array([3072, 3000])
+    zero = np.zeros(2)
+    got = roof.mixed(q, r, c, p, rp, before, zero, 0)
+    assert got[0] == pytest.approx(compute_bound, rel=1e-9)
+    assert got[1] == pytest.approx(roof.mixed(64, 64, 256_000, 32, 2, 3000, 0, 0), rel=1e-12)
+
+
+def test_a_mixed_step_reads_the_decodes_kv_the_prompts_prefix_and_the_chunk_once() -> None:
+    """64 sequences decoding at 4,000 each, and a chunk of two prompts of 16 tokens after 3,000
+    each: the KV read is the decodes' 256,000 tokens, each prompt's 3,000 before the chunk and
+    the chunk's own 32 (written, then attended to), once: 262,032 x 131,072 bytes at
+    2.68 TB/s = 12.82 ms; the pairs, 64 x 4,000 + 2 x 16 x (3,000 + 8) = 352,256, take 0.37 ms.
+    The weights read once (5.60 ms), the overhead and 66 sequences: 20.74 ms. Without the
+    chunk's own KV 1.6 us less, with it twice 1.6 us more, with one prompt's prefix 147 us
+    less."""
+    pairs = 64 * 4000 + 2 * 16 * (3000 + 16 / 2)
+    kv_tokens = 64 * 4000 + 2 * 3000 + 32
+    memory_bound = _llama_mixed(64, 2, 32, pairs, kv_tokens)
+    assert memory_bound == pytest.approx(20.736e-3, rel=1e-4)
+    kv_seconds = LLAMA_KV * kv_tokens / (H100_BANDWIDTH * MEMORY)
+    assert kv_seconds == pytest.approx(12.815e-3, rel=1e-4)
+    assert kv_seconds > LLAMA_PAIR * pairs / (H100_BF16 * COMPUTE)  # memory-bound
+    roof = Roofline(catalog.model("llama-3.1-8b"), catalog.chip("h100"))
+    assert roof.mixed(64, 64, 256_000, 32, 2, 3000, 0, 0) == pytest.approx(memory_bound, rel=1e-9)
+    # The chunk's own 32 tokens of KV are 1.57 us of it, far above the tolerance above.
+    chunk_kv = LLAMA_KV * 32 / (H100_BANDWIDTH * MEMORY)
+    assert chunk_kv == pytest.approx(1.565e-6, rel=1e-3) and chunk_kv > 1e-6 * memory_bound
 
 
 # --- a chip's efficiency defaults ----------------------------------------------------------------

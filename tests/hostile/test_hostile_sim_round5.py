@@ -85,3 +85,17 @@ def test_emit_atom_refuses_a_method_atom_does_not_take(run_cli, tmp_path, method
                                 "--acceptance-length", "2.5", "--emit", "atom")  # fmt: skip
     assert code == 1
     assert resolved.strip().removeprefix("refused: ") == line.partition("cannot serve it: ")[2]
+
+
+def test_the_step_exact_loop_prints_no_engine_log_lines(run_cli, tmp_path: Path) -> None:
+    """The engine's start-up line (forced acceptance ON, "throughput numbers from this run are
+    synthetic") is the server's: sim's output is its table and its own lines only."""
+    path = tmp_path / "s.yaml"
+    workload = {**SCENARIO["workload"], "requests": 16, "output_tokens": 16}
+    path.write_text(yaml.safe_dump({**SCENARIO, "workload": workload}))
+    code, out, err = run_cli("sim", path, "--exact", "--jobs", "1")
+    assert code == 0, err
+    assert "step-exact loop" in out or "exact path" in out
+    for text in (out, err):
+        assert "Forced speculative acceptance ON" not in text
+        assert "synthetic" not in text and "INFO " not in text

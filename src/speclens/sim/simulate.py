@@ -7,7 +7,9 @@ reaches them, and a finished request leaves only its latency samples behind."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import math
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -99,22 +101,41 @@ def _engine(
     block = EngineConfig.block_size
     held = blocks_for(longest + k + 1, block) * block * max(1, min(pool.engine.max_num_seqs, share))
     target, tokenizer = _dummy()
-    return Engine(
-        EngineConfig(
-            model="dummy",
-            executor="sim",
-            speculative=speculative,
-            max_num_seqs=pool.engine.max_num_seqs,
-            max_model_len=min(pool.engine.max_model_len, longest),
-            max_num_batched_tokens=limits.batched_tokens(pool),
-            kv_cache_tokens=min(pool.engine.kv_cache_tokens, held),
-            seed=seed,
-            step_cost=cost,
-            detokenize=False,
-        ),
-        target=target,
-        tokenizer=tokenizer,
-    )
+    with _engine_banner_held():
+        return Engine(
+            EngineConfig(
+                model="dummy",
+                executor="sim",
+                speculative=speculative,
+                max_num_seqs=pool.engine.max_num_seqs,
+                max_model_len=min(pool.engine.max_model_len, longest),
+                max_num_batched_tokens=limits.batched_tokens(pool),
+                kv_cache_tokens=min(pool.engine.kv_cache_tokens, held),
+                seed=seed,
+                step_cost=cost,
+                detokenize=False,
+            ),
+            target=target,
+            tokenizer=tokenizer,
+        )
+
+
+class _BelowWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
+@contextlib.contextmanager
+def _engine_banner_held() -> Iterator[None]:
+    """The engine's start-up lines (forced acceptance ON: "throughput numbers from this run are
+    synthetic") are a server's, for its operator; a simulation's output says what it ran
+    itself, so they are dropped while its engine is built (warnings still pass)."""
+    logger, held = logging.getLogger("speclens.engine.engine"), _BelowWarning()
+    logger.addFilter(held)
+    try:
+        yield
+    finally:
+        logger.removeFilter(held)
 
 
 @functools.cache

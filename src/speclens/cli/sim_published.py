@@ -38,7 +38,7 @@ def predict_command(
     as_json: bool,
 ) -> None:  # fmt: skip
     from speclens.acceptance.quantity import length_problems
-    from speclens.sim.calibrate import read_cost_file
+    from speclens.sim.calibrate import extrapolation, fit_warnings, read_cost_file
     from speclens.sim.closed_loop import schedule
     from speclens.sim.roofline import Roofline
 
@@ -58,22 +58,28 @@ def predict_command(
         problems = length_problems(acceptance_length, int(k or 0))
         if problems:
             fail(f"command line: --acceptance-length: {problems[0]}", 2)
+    if precision is not None:
+        _precision(cost.model, precision, "command line", "--precision", 2)
     points, sweep = _points(trace)
-    fitted_on = (meta.get("provenance") or {}).get("hardware")
-    chip = points[0].settings.get("hardware")
-    if fitted_on and chip and fitted_on != chip:
-        fail(f"{step_cost}: provenance.hardware: fitted on {fitted_on!r}, but {trace} ran on "
-             f"{chip!r}: a calibrated roofline prices the chip it was fitted on", 1)  # fmt: skip
+    fitted = _fitted_problems(points, meta, step_cost, trace)
+    if fitted:
+        fail(fitted, 1)
     if output_dir is not None and output_dir.exists() and any(output_dir.iterdir()):
         fail(f"command line: --output-dir: {output_dir}: exists and is not empty", 2)
     front = float(meta.get("front_latency_s") or 0.0)
+    kk, al = int(k or 0), float(acceptance_length or 1.0)
+    priced = [(p, _roofline(cost, method if speculating else None, precision, p)) for p in points]
+    for _, roof in priced:
+        _check_prices(roof, kk, step_cost)
     rows, summaries = [], []
-    for p in points:
-        roof = _roofline(cost, method if speculating else None, precision, p, step_cost)
-        load = p.load(int(k or 0), float(acceptance_length or 1.0))
-        figures = schedule(load).figures(roof, front, p.gpus)
+    widths = (min(p.concurrency for p in points), max(p.concurrency for p in points))
+    notes = [n for n in [extrapolation(meta, widths)] if n]
+    notes += _deployment_notes(cost, priced, step_cost) + fit_warnings(meta, str(step_cost))
+    for p, roof in priced:
+        figures = schedule(p.load(kk, al)).figures(roof, front, p.gpus)
+        _check_figures(figures, p, step_cost)
         summary = _summary(p, figures, method if speculating else None, k, acceptance_length,
-                           step_cost, trace)  # fmt: skip
+                           step_cost, trace, notes)  # fmt: skip
         summaries.append(summary)
         rows.append({
             "concurrency": p.concurrency,
@@ -84,35 +90,107 @@ def predict_command(
         })  # fmt: skip
     result = {"trace": str(trace), "step_cost": str(step_cost),
               "method": method if speculating else None, "num_spec_tokens": k,
-              "acceptance_length": acceptance_length, "points": rows}  # fmt: skip
+              "acceptance_length": acceptance_length, "points": rows, "notes": notes}  # fmt: skip
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:
         _print(result)
+    for note in notes:
+        err_console.print(f"note: {note}", markup=False)
     if output_dir is not None:
         _write(output_dir, summaries, sweep, as_json)
 
 
-def _roofline(cost: Any, method: str | None, precision: str | None, point: Any,
-              step_cost: Path) -> Any:  # fmt: skip
-    """The calibrated roofline for ``point``: at the precision the flag gives, else the point's
-    own (a cost file fitted on FP8 points prices FP4 experts at FP4), with the method."""
+def _fitted_problems(points: list[Any], meta: dict[str, Any], step_cost: Path,
+                     trace: Path) -> list[str]:  # fmt: skip
+    """The points a cost file cannot price: run on another chip or another model than the fit's
+    (``provenance``): a calibrated roofline prices what it was fitted on."""
+    provenance = meta.get("provenance")
+    fitted = provenance if isinstance(provenance, dict) else {}
+    out = []
+    for key, word in (("hardware", "chip"), ("model", "model")):
+        want = fitted.get(key)
+        ran = sorted({str(p.settings.get(key)) for p in points if p.settings.get(key)
+                      and str(p.settings.get(key)) != str(want)})  # fmt: skip
+        if want and ran:
+            out.append(f"{step_cost}: provenance.{key}: fitted on {want!r}, but {trace} ran on "
+                       f"{', '.join(map(repr, ran))}: a calibrated roofline prices the {word} "
+                       "it was fitted on")  # fmt: skip
+    return out
+
+
+def _precision(model: Any, precision: str, file: str, field: str, code: int) -> Any:
     from speclens.acceptance import ValidationError
     from speclens.sim import catalog
 
-    chosen = precision or point.settings.get("precision")
+    try:
+        return catalog.with_precision(model, precision, file, field)
+    except ValidationError as exc:
+        fail([str(p) for p in exc.problems], code)
+
+
+def _roofline(cost: Any, method: str | None, precision: str | None, point: Any) -> Any:
+    """The calibrated roofline for ``point``: at its own deployment (TP, EP, DP attention: a
+    fit at TP 8 prices a TP 4 point on 4 chips, never at TP 8's price), at the precision the
+    flag gives, else the point's own (a cost file fitted on FP8 points prices FP4 experts at
+    FP4), with the method."""
+    from speclens.sim import fit_points as fp
+
     model = cost.model
-    if chosen:
-        try:
-            model = catalog.with_precision(model, str(chosen), str(point.path / "summary.json"),
-                                           "settings.precision")  # fmt: skip
-        except ValidationError as exc:
-            fail([str(p) for p in exc.problems])
-    return replace(cost, model=model, method=method)
+    if precision is not None:
+        model = _precision(model, precision, "command line", "--precision", 2)
+    elif point.settings.get("precision"):
+        model = _precision(model, str(point.settings["precision"]),
+                           str(point.path / "summary.json"), "settings.precision", 1)  # fmt: skip
+    fitted = fp.Deployment(cost.parallel, cost.expert_parallel, cost.dp_attention)
+    try:  # a point that does not state its deployment (a vllm bench result): the fit's
+        return fp.deployed(replace(cost, model=model, method=method), point, fitted)
+    except fp.PointsError as exc:
+        fail(exc.lines)
+
+
+def _deployment_notes(cost: Any, priced: list[tuple[Any, Any]], step_cost: Path) -> list[str]:
+    """A note for each deployment the points ran that the fit did not: its efficiencies carried
+    to another split of the model over the chips."""
+    from speclens.sim import fit_points as fp
+
+    fitted = fp.Deployment(cost.parallel, cost.expert_parallel, cost.dp_attention)
+    seen = sorted({fp.deployment(p, fitted).describe() for p, _ in priced} - {fitted.describe()})
+    return [f"{step_cost}: roofline: fitted at {fitted.describe()}; the points at {d} are priced "
+            "at their own deployment with the fitted efficiencies: outside the fitted deployment "
+            "it extrapolates" for d in seen]  # fmt: skip
+
+
+def _check_prices(roof: Any, k: int, step_cost: Path) -> None:
+    """Refuse, before any replay, a roofline whose cheapest step (one request, one token of
+    context) is not finite or over a year: the bound a bench-run replay holds (docs/bounds.md)."""
+    import math
+
+    from speclens.runs.record import MAX_SECONDS
+
+    cheapest = float(min(roof.decode(1, 1, 1, 0, k), roof.prefill(1, 1, 1)))
+    if not (math.isfinite(cheapest) and cheapest <= MAX_SECONDS):
+        fail(f"{step_cost}: roofline: prices a step at {cheapest:g} s at least: expected prices "
+             f"in seconds (a run holds at most a year, {MAX_SECONDS:g} s; see roofline.chip and "
+             "roofline.efficiency)")  # fmt: skip
+
+
+def _check_figures(figures: Any, point: Any, step_cost: Path) -> None:
+    """Refuse a replay whose span is 0 s, not finite or past a year (docs/bounds.md), never
+    written as a prediction."""
+    import math
+
+    from speclens.runs.record import MAX_SECONDS
+
+    span = figures.duration_s
+    if not (math.isfinite(span) and 0 < span <= MAX_SECONDS):
+        fail(f"{step_cost}: roofline: the replay of {point.path} ran {span:.3g} s of virtual "
+             f"time: expected more than 0 s and at most a year ({MAX_SECONDS:g} s): expected "
+             "prices in seconds")  # fmt: skip
 
 
 def _summary(point: Any, figures: Any, method: str | None, k: int | None, al: float | None,
-             step_cost: Path, trace: Path) -> dict[str, Any]:  # fmt: skip
+             step_cost: Path, trace: Path, notes: list[str]) -> dict[str, Any]:  # fmt: skip
     from speclens import __version__
 
     settings = {**point.settings, "executor": "sim", "method": method,
@@ -125,7 +203,7 @@ def _summary(point: Any, figures: Any, method: str | None, k: int | None, al: fl
         "server": {"engine": "speclens", "version": __version__, "executor": "sim",
                    "model": settings.get("model"), "hardware": settings.get("hardware")},
         "provenance": {"source": "speclens-sim", "trace": str(point.path),
-                       "step_cost": str(step_cost)},
+                       "step_cost": str(step_cost), "notes": notes},
         "figures": block,
     }  # fmt: skip
 

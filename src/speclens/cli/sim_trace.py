@@ -124,7 +124,7 @@ def replay_command(
     from speclens.runs.record import MAX_SECONDS
     from speclens.runs.trace import TraceError, read_trace
     from speclens.sim import limits, run_output
-    from speclens.sim.calibrate import extrapolation
+    from speclens.sim.calibrate import extrapolation, fit_warnings
     from speclens.sim.replay import replay, settings
     from speclens.sim.scenario import load_scenario
 
@@ -175,11 +175,8 @@ def replay_command(
         _print(figures)
     if note:
         err_console.print(f"note: {note}", markup=False)
-    raw_fit = meta.get("fit")
-    fit: dict[str, Any] = raw_fit if isinstance(raw_fit, dict) else {}
-    for problem in (fit.get("misfit"), fit.get("unusable")):
-        if isinstance(problem, str) and problem:
-            err_console.print(f"note: {cost_source}: {problem}", markup=False)
+    for warning in fit_warnings(meta, cost_source):
+        err_console.print(f"note: {warning}", markup=False)
     if stream is not None:
         from speclens import __version__
 

@@ -56,6 +56,7 @@ import numpy as np
 from pydantic import Field
 
 from speclens.acceptance.errors import ValidationError
+from speclens.acceptance.quantity import is_finite_number
 from speclens.acceptance.schema import _Model
 from speclens.cost import StepCost, _nonnegative_lstsq, seconds_problem
 from speclens.runs import rundir
@@ -660,11 +661,21 @@ def _front_in(fit: Any, path: Path) -> float:
 
 def extrapolation(meta: dict[str, Any], widths: tuple[int, int]) -> str | None:
     """A note when a replay runs batches wider or narrower than the fit saw, or None."""
-    seen = (meta.get("fit") or {}).get("batch_widths")
-    if not (isinstance(seen, list) and len(seen) == 2):
+    fit = meta.get("fit")
+    seen = fit.get("batch_widths") if isinstance(fit, dict) else None
+    if not (isinstance(seen, list) and len(seen) == 2 and all(is_finite_number(w) for w in seen)):
         return None
     low, high = seen
     if widths[0] >= low and widths[1] <= high:
         return None
     return (f"the step cost was fitted on batches of {low} to {high} requests and this run "
             f"reaches {widths[0]} to {widths[1]}: outside them it extrapolates")  # fmt: skip
+
+
+def fit_warnings(meta: dict[str, Any], source: str) -> list[str]:
+    """What the fit said of itself that every replay with it repeats (``<source>: <warning>``):
+    a roofline that does not describe its own runs (``misfit``), a step cost whose error on
+    them makes it predict nothing (``unusable``)."""
+    fit = meta.get("fit")
+    found = (fit.get("misfit"), fit.get("unusable")) if isinstance(fit, dict) else ()
+    return [f"{source}: {problem}" for problem in found if isinstance(problem, str) and problem]

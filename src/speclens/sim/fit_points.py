@@ -164,6 +164,60 @@ DEPLOYMENT = ("hardware", "model", "engine", "precision", "tensor_parallel", "ex
               "dp_attention", "gpus")  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Deployment:
+    """How a point's engine split the model over its chips: tensor parallel, expert parallel
+    (1: none) and DP attention (attention data parallel over the TP ranks)."""
+
+    tensor_parallel: int
+    expert_parallel: int
+    dp_attention: bool
+
+    def describe(self) -> str:
+        dpa = ", DP attention" if self.dp_attention else ""
+        return f"TP {self.tensor_parallel}, EP {self.expert_parallel}{dpa}"
+
+
+#: The widest tensor or expert parallelism a point may state (a roofline's ``parallel``).
+MAX_PARALLEL = 1024
+
+
+def deployment(point: Point, fallback: Deployment | None = None) -> Deployment:
+    """``point``'s deployment, each field checked; a field it leaves out (null) is
+    ``fallback``'s, else none of it (TP 1, EP 1, no DP attention)."""
+    file = point.path / "summary.json"
+    s, problems = point.settings, []
+    base = fallback or Deployment(1, 1, False)
+    values: dict[str, int] = {}
+    for key in ("tensor_parallel", "expert_parallel"):
+        value = getattr(base, key) if s.get(key) is None else s.get(key)
+        if not (isinstance(value, int) and not isinstance(value, bool)
+                and 1 <= value <= MAX_PARALLEL):  # fmt: skip
+            problems.append(f"{file}: settings.{key}: expected an integer from 1 to "
+                            f"{MAX_PARALLEL}, got {value!r}")  # fmt: skip
+        else:
+            values[key] = value
+    dpa = base.dp_attention if s.get("dp_attention") is None else s.get("dp_attention")
+    if not isinstance(dpa, bool):
+        problems.append(f"{file}: settings.dp_attention: expected true or false, got {dpa!r}")
+    if problems:
+        raise PointsError(problems)
+    return Deployment(values["tensor_parallel"], values["expert_parallel"], bool(dpa))
+
+
+def deployed(roof: Roofline, point: Point, fallback: Deployment | None = None) -> Roofline:
+    """``roof`` at ``point``'s deployment (``deployment``): its TP, EP and DP attention, the
+    efficiencies, model and chip kept; one the roofline cannot price is refused naming the
+    field."""
+    d = deployment(point, fallback)
+    out = replace(roof, parallel=d.tensor_parallel, expert_parallel=d.expert_parallel,
+                  dp_attention=d.dp_attention)  # fmt: skip
+    problems = out.problems()
+    if problems:
+        raise PointsError([f"{point.path / 'summary.json'}: settings.{line}" for line in problems])
+    return out
+
+
 def check_points(points: Sequence[Point], *, speculating: bool = False) -> None:
     """Refuse what a fit cannot take: too few points, a disaggregated one, points of two
     deployments (two chips above all), speculating points (their AL is not published)."""

@@ -1,5 +1,6 @@
-"""The catalog covers InferenceX's data: chip mi325x (and the rack-scale gb200, gb300) from the
-datasheets, and the weights' precision a scenario and ``speclens sim --precision`` choose."""
+"""The catalog covers InferenceX's data: chip mi325x and the rack-scale gb200 and gb300, each
+against its datasheet's figures written out here, and the weights' precision a scenario and
+``speclens sim --precision`` choose."""
 
 from __future__ import annotations
 
@@ -23,7 +24,47 @@ def test_mi325x_is_amds_datasheet() -> None:
     # The same CDNA 3 compute and fabric as the MI300X, more and faster memory.
     mi300x = catalog.chip("mi300x")
     assert (mi300x.tflops, mi300x.interconnect_gbps) == (chip.tflops, chip.interconnect_gbps)
-    assert {"gb200", "gb300"} <= set(catalog.names("chips"))
+
+
+#: NVIDIA's GB200 NVL72 datasheet (gb200.yaml's source), the rack of 72 GPUs: FP4 1,440,
+#: FP8/FP6 720 and FP16/BF16 360 PFLOP/s, all with sparsity (dense is half); up to 13.4 TB of
+#: HBM3E at 576 TB/s; NVLink 130 TB/s (1.8 TB/s a GPU, both directions together).
+GB200_NVL72 = {"fp4": 1440, "fp8": 720, "bf16": 360, "hbm_tb": 13.4, "hbm_tbps": 576}
+#: NVIDIA's GB300 NVL72 datasheet (gb300.yaml's source): FP4 1,440 PFLOP/s with sparsity and
+#: 1,080 dense (three quarters of the sparse figure, not half), FP8/FP6 720 and
+#: FP16/BF16 360 PFLOP/s with sparsity; up to 20 TB of HBM3E at 576 TB/s; NVLink 130 TB/s. Its
+#: per-GPU table: 279 GB of HBM3E (288 GB marketed) at 8 TB/s.
+GB300_NVL72 = {"fp4_dense": 1080, "fp8": 720, "bf16": 360, "hbm_tb": 20, "hbm_tbps": 576}
+GB300_GPU_GB = 279
+RACK, NVLINK_TBPS = 72, 1.8
+
+
+@pytest.mark.parametrize("name", ["gb200", "gb300"])
+def test_the_rack_scale_blackwells_are_nvidias_datasheets_per_gpu(name: str) -> None:
+    """One GPU of the NVL72 rack: the rack's dense PFLOP/s over its 72 GPUs in TFLOP/s
+    (GB200: FP4 10,000, FP8 5,000, BF16 2,500; GB300: FP4 15,000, FP8 5,000, BF16 2,500), its
+    HBM and bandwidth over 72 (186 GB or 279 GB, 8 TB/s), and NVLink's 1.8 TB/s a GPU one way
+    (900 GB/s)."""
+    chip = catalog.chip(name)
+    assert chip.source == f"https://www.nvidia.com/en-us/data-center/{name}-nvl72/"
+    per_gpu = 1e3 / RACK  # PFLOP/s of the rack -> TFLOP/s of a GPU
+    if name == "gb200":
+        sheet = GB200_NVL72
+        fp4 = sheet["fp4"] * per_gpu / 2
+        memory = round(sheet["hbm_tb"] * 1e3 / RACK)  # 186.1 GB
+    else:
+        sheet = GB300_NVL72
+        fp4 = sheet["fp4_dense"] * per_gpu
+        memory = GB300_GPU_GB
+        assert round(memory * RACK / 1e3) == sheet["hbm_tb"]  # 20.1 TB: the rack's 20 agrees
+    dense = {"bf16": sheet["bf16"] * per_gpu / 2, "fp8": sheet["fp8"] * per_gpu / 2, "fp4": fp4}
+    assert chip.tflops == pytest.approx(dense, rel=1e-12)
+    assert (chip.tflops["bf16"], chip.tflops["fp8"]) == (2500, 5000)
+    assert chip.tflops["fp4"] == (10_000 if name == "gb200" else 15_000)
+    assert chip.memory_gb == memory
+    assert chip.memory_bandwidth_tbps == sheet["hbm_tbps"] / RACK == 8.0
+    assert chip.interconnect_gbps == NVLINK_TBPS * 1e3 / 2
+    assert round(130 / RACK, 1) == NVLINK_TBPS  # the rack's 130 TB/s over its GPUs
 
 
 def _scenario(tmp_path: Path, **top: object) -> Path:

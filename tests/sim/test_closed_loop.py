@@ -119,9 +119,27 @@ def test_separate_prefills_stall_decodes_and_mixed_ones_share_the_step() -> None
 
 
 def test_lengths_span_the_benchmarks_range() -> None:
+    """Uniform on [0.8 L, L], both ends included (vLLM's ``randint(int(0.8 L), L + 1)``)."""
     s = schedule(Load(50, 1000, 1000))
-    assert s.inputs.min() >= 800 and s.inputs.max() <= 1000
+    for lengths in (s.inputs, s.outputs):
+        # 500 draws of 201 values: each end is missed with probability (200/201)^500 ~ 8%, so
+        # the fixed seed's draws are checked to reach both.
+        assert lengths.min() == 800 and lengths.max() == 1000
     assert abs(s.outputs.mean() - 900) < 15  # uniform on [800, 1000]: mean 900, SE ~ 4
+
+
+@pytest.mark.parametrize("length, values", [(10, (8, 9, 10)), (9, (7, 8, 9))])
+def test_short_lengths_take_each_value_of_the_range_alike(
+    length: int, values: tuple[int, ...]
+) -> None:
+    """Three values (0.8 L rounded down, to L): each drawn a third of the time, within 4 SE."""
+    s = schedule(Load(50, length, length))
+    n = len(s.inputs)
+    se = math.sqrt(n * (1 / 3) * (2 / 3))
+    for lengths in (s.inputs, s.outputs):
+        assert set(lengths.tolist()) == set(values)
+        for v in values:
+            assert abs(int((lengths == v).sum()) - n / 3) < 4 * se
 
 
 @pytest.mark.parametrize(
@@ -132,3 +150,17 @@ def test_lengths_span_the_benchmarks_range() -> None:
 def test_a_bad_load_is_refused_by_field(load: Load, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         schedule(load)
+
+
+def test_a_mixed_step_leaves_the_prompts_what_k_plus_one_verify_tokens_a_request_do_not() -> None:
+    """Speculating at K 3, each decoding request takes K + 1 = 4 of a mixed step's budget; the
+    prompt chunks fill the rest, so a step whose chunk the budget cuts carries exactly it."""
+    s = schedule(Load(8, 2000, 100, 3, 2.0, scheduler="mixed", budget=1024))
+    assert (s.verify_tokens == 4 * s.decoding).all()
+    both = (s.prefill_tokens > 0) & (s.decoding > 0)
+    assert both.any()
+    assert (s.verify_tokens + s.prefill_tokens <= 1024).all()
+    # A 2000-token prompt never fits what 1024 less the decodes' tokens leaves: a step that cut
+    # its chunk carries the budget whole (one that ended a prompt may carry less).
+    whole = s.verify_tokens[both] + s.prefill_tokens[both] == 1024
+    assert whole.sum() > both.sum() / 2

@@ -1,8 +1,11 @@
 """A roofline fitted to published points, and the AL a speculating run's TPOT implies.
 
-The points are made by the simulator itself from a roofline of known parameters (what a GPU
+Most points are made by the simulator itself from a roofline of known parameters (what a GPU
 engine would have published had it run that roofline), written as aggregate-only runs; the fit
-starts elsewhere and must find predictions that reproduce them."""
+starts elsewhere and must find predictions that reproduce them. Points the simulator never made
+(worked out by hand, and InferenceX's measured ones) are in ``test_fit_points_fixtures.py``. The
+report and the AL range are checked on fits written by hand: predictions a given error off the
+measurements."""
 
 from __future__ import annotations
 
@@ -11,11 +14,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from publishedkit import point as inferencex_point
+from speclens.runs import published_read
 from speclens.sim import catalog
 from speclens.sim import fit_points as fp
-from speclens.sim.closed_loop import Load, schedule
+from speclens.sim.closed_loop import Figures, Load, schedule
 from speclens.sim.roofline import Efficiency, Roofline
 
 TRUTH = Efficiency(compute=0.3, memory=0.6, overhead=4e-3, per_sequence=0.0, per_token=3e-5)
@@ -68,6 +74,10 @@ def test_the_fit_reproduces_points_a_known_roofline_made(tmp_path: Path) -> None
     assert report["ttft_error_median"] < 0.02
     assert report["throughput_error_median"] < 0.02
     assert fit.front_latency_s == pytest.approx(FRONT, rel=0.1)
+    # The pull to the start is weak (2% per e-fold): what the points pin comes out at the truth,
+    # memory efficiency from a start of 1.0, the overhead from 6.6 ms.
+    assert fit.roofline.efficiency.memory == pytest.approx(TRUTH.memory, rel=0.03)
+    assert fit.roofline.efficiency.overhead == pytest.approx(TRUTH.overhead, rel=0.03)
     # Held out: a concurrency the fit never saw.
     unseen = fp.read_point(write_point(tmp_path / "c32", _settings(32)))
     f = schedule(unseen.load()).figures(fit.roofline, fit.front_latency_s, 8)
@@ -155,7 +165,13 @@ def test_a_parameter_the_points_cannot_see_is_named(tmp_path: Path) -> None:
     points = fp.read_points(
         [_sweep(tmp_path / "off", (1, 2, 4), input_tokens={"min": 64, "max": 64})]
     )
-    assert "compute" in fp.fit_points(points, _roof()).not_pinned
+    fit = fp.fit_points(points, _roof())
+    assert "compute" in fit.not_pinned
+    # The pull to the start keeps it where the fit started (the catalog's 0.323), not at the
+    # truth's 0.3 that a fit without the pull drifts to on effects under 2%.
+    start = _roof().efficiency.compute
+    assert abs(start / TRUTH.compute - 1) > 0.05
+    assert fit.roofline.efficiency.compute == pytest.approx(start, rel=0.01)
 
 
 def test_a_fit_that_does_not_describe_its_points_says_so(tmp_path: Path) -> None:
@@ -172,3 +188,114 @@ def test_a_fit_that_does_not_describe_its_points_says_so(tmp_path: Path) -> None
     assert "does not describe these points" in report["misfit"]
     clean = fp.fit_points(fp.read_points([_sweep(tmp_path / "ok", (4, 16, 64))]), _roof())
     assert clean.report()["misfit"] is None
+
+
+@pytest.mark.parametrize(
+    "key, other",
+    [("hardware", "b200"), ("model", "deepseek-r1"), ("engine", "vllm"), ("precision", "fp4"),
+     ("tensor_parallel", 4), ("expert_parallel", 8), ("dp_attention", True), ("gpus", 4)],
+)  # fmt: skip
+def test_points_of_two_deployments_are_refused(key: str, other: Any) -> None:
+    """Two points that differ only in one deployment field are two deployments."""
+    points = [_point(_settings(c)) for c in (4, 16)] + [_point(_settings(64, **{key: other}))]
+    with pytest.raises(fp.PointsError, match=rf"settings\.{key}: the points differ") as caught:
+        fp.check_points(points)
+    assert len(caught.value.lines) == 1
+    fp.check_points([_point(_settings(c)) for c in (4, 16, 64)])  # one deployment: taken
+
+
+@pytest.mark.parametrize(
+    "engine, scheduler",
+    [("trt", "mixed"), ("trtllm", "mixed"), ("tensorrt-llm", "mixed"), ("vllm", "mixed"),
+     ("sglang", "separate"), ("atom", "separate"), (None, "separate")],
+)  # fmt: skip
+def test_each_engine_is_simulated_with_its_scheduler(engine: str | None, scheduler: str) -> None:
+    """TensorRT-LLM and vLLM mix prompt chunks into decode steps; SGLang and ATOM prefill apart
+    (DESIGN: "Predictions for GPUs")."""
+    assert _point(_settings(4, engine=engine)).load().scheduler == scheduler
+
+
+def test_an_imported_tensorrt_llm_point_mixes_its_prefills(tmp_path: Path) -> None:
+    """InferenceX names TensorRT-LLM ``trt``; imported, its point is simulated as ``mixed``."""
+    raw = inferencex_point(framework="trt", hardware="h200", decode_ep=8)
+    summary = published_read.inferencex_summary(published_read.Published("f", 0, raw))
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    point = fp.read_point(tmp_path)
+    assert point.settings["engine"] == "trt"
+    assert point.load().scheduler == "mixed"
+
+
+def _point(settings: dict[str, Any], tpot_s: float = 0.02, ttft_s: float = 0.3,
+           tput: float = 500.0) -> fp.Point:  # fmt: skip
+    return fp.Point(Path(f"c{settings['concurrency']}"), settings, tpot_s, ttft_s, tput)
+
+
+def _fit_by_hand(errors: dict[str, list[float]]) -> fp.Fit:
+    """A fit on the truth roofline whose predictions miss three points' measurements by the
+    given errors (predicted / measured - 1), per figure and point."""
+    tpot, ttft, tput = 0.02, 0.3, 500.0  # the predictions
+    points, figures = [], []
+    for c, e in zip((4, 16, 64), zip(*errors.values(), strict=True), strict=True):
+        figures.append(Figures(ttft_s=np.array([ttft]), tpot_s=np.array([tpot]),
+                               e2e_s=np.array([ttft + 255 * tpot]), itl_s=np.array([tpot]),
+                               itl_weights=np.array([1.0]), duration_s=1280 / tput / 8,
+                               input_tokens=1024, output_tokens=256, gpus=8))  # fmt: skip
+        points.append(_point(_settings(c), tpot / (1 + e[0]), ttft / (1 + e[1]), tput / (1 + e[2])))
+    return fp.Fit(_roof(TRUTH), FRONT, points, figures, [])
+
+
+def _errors(
+    tpot: list[float], ttft: list[float], throughput: list[float]
+) -> dict[str, list[float]]:
+    return {"tpot": tpot, "ttft": ttft, "throughput_per_gpu": throughput}
+
+
+def test_the_report_gives_each_figures_median_error() -> None:
+    """One point far off on every figure: the median of three errors is the second largest, and
+    one bad point does not make the fit a misfit (their mean would, on TPOT: 31%)."""
+    fit = _fit_by_hand(_errors([0.01, -0.02, 0.9], [0.3, -0.03, 0.04], [-0.05, 0.02, -0.6]))
+    report = fit.report()
+    assert [p["error"]["tpot"] for p in report["points"]] == pytest.approx([0.01, -0.02, 0.9])
+    assert report["tpot_error_median"] == pytest.approx(0.02)
+    assert report["ttft_error_median"] == pytest.approx(0.04)
+    assert report["throughput_error_median"] == pytest.approx(0.05)
+    assert report["misfit"] is None
+    # Two points of three over 25% on TPOT alone: a misfit, named by that figure only.
+    misfit = _fit_by_hand(
+        _errors([0.3, -0.4, 0.01], [0.3, -0.03, 0.04], [0.5, 0.02, -0.1])
+    ).report()
+    assert misfit["misfit"] is not None
+    assert "median error TPOT 30.0%, over 25%" in misfit["misfit"]
+
+
+def _model_tpot(point: fp.Point, al: float) -> float:
+    roof = replace(_roof(TRUTH), method="mtp")
+    return schedule(point.load(3, al)).figures(roof, FRONT, point.gpus).median_tpot_s
+
+
+def test_the_al_range_is_the_fits_largest_tpot_error_either_way(tmp_path: Path) -> None:
+    """The range is the AL at the measured TPOT moved by the fit's largest TPOT residual either
+    way: none for a fit exact on TPOT, however far off its TTFT and throughput."""
+    spec = fp.read_point(write_point(tmp_path / "mtp", _settings(4, method="mtp"), k=3, al=2.6))
+    far = {"ttft": [0.5, -0.4, 0.3], "throughput": [0.2, -0.3, 0.1]}
+    exact = fp.infer_acceptance(_fit_by_hand(_errors([0.0, 0.0, 0.0], **far)), spec, "mtp", 3)
+    assert exact.acceptance_length == pytest.approx(2.6, abs=0.08)
+    assert exact.low == pytest.approx(exact.acceptance_length, abs=1e-9)
+    assert exact.high == pytest.approx(exact.acceptance_length, abs=1e-9)
+    # Largest TPOT error 10% (predicted 0.9 x measured): the model at the range's ends gives
+    # the measured TPOT over 0.9 (fewer drafts accepted) and times 0.9 (more), within a
+    # decode step's share of TPOT.
+    loose = fp.infer_acceptance(_fit_by_hand(_errors([0.05, -0.1, 0.02], **far)), spec, "mtp", 3)
+    assert loose.low < loose.acceptance_length < loose.high
+    assert _model_tpot(spec, loose.low) == pytest.approx(spec.tpot_s / 0.9, rel=0.01)
+    assert _model_tpot(spec, loose.high) == pytest.approx(spec.tpot_s * 0.9, rel=0.01)
+
+
+@pytest.mark.parametrize("al", [3.9, 4.0])
+def test_the_al_is_searched_up_to_k_plus_one(tmp_path: Path, al: float) -> None:
+    """A run that accepted (nearly) every draft: its AL is found between K and K + 1."""
+    spec = fp.read_point(write_point(tmp_path / "mtp", _settings(4, method="mtp"), k=3, al=al))
+    fit = _fit_by_hand(_errors([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]))
+    found = fp.infer_acceptance(fit, spec, "mtp", 3)
+    assert found.acceptance_length == pytest.approx(al, abs=0.08)
+    assert 3.0 < found.low <= found.high <= 4.0

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.skipif(
     reason="InferenceX's published data (../shared/data/inferencex/) is not present",
 )
 
-OFF = "mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27"
-MTP = "mi355x-sglang-fp8-1024x1024-tp8-mtp-2026-05-21"
+OFF = "dsr1-mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27"
+MTP = "dsr1-mi355x-sglang-fp8-1024x1024-tp8-mtp-2026-05-21"
 
 
 def test_mtp_predicted_from_mtp_off_points_on_mi355x(run_cli, tmp_path: Path) -> None:

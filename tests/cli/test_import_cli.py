@@ -36,19 +36,19 @@ def test_import_writes_one_sweep_per_configuration(run_cli, published_files, tmp
     code, stdout, stderr = run_cli("import", "inferencex", *published_files, "--output-dir", out)
     assert code == 0, stderr
     assert stdout.splitlines() == [
-        "mi355x-sglang-fp8-1024x1024-tp8-mtp-2026-05-21: 2 points (concurrency 4, 16)",
-        "mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-19: 1 point (concurrency 16)",
-        "mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27: 3 points (concurrency 4, 8, 64)",
+        "dsr1-mi355x-sglang-fp8-1024x1024-tp8-mtp-2026-05-21: 2 points (concurrency 4, 16)",
+        "dsr1-mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-19: 1 point (concurrency 16)",
+        "dsr1-mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27: 3 points (concurrency 4, 8, 64)",
         f"imported 3 configurations, 6 points (of 7 read, 1 duplicate merged) into {out}",
     ]
-    sweep = out / "mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27"
+    sweep = out / "dsr1-mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27"
     doc = json.loads((sweep / "sweep.json").read_text())
     assert [p["id"] for p in doc["points"]] == ["c4", "c8", "c64"]
     summary = json.loads((sweep / "points" / "c4" / "summary.json").read_text())
     assert summary["aggregate_only"] is True and summary["settings"]["model"] == "deepseek-r1"
     assert summary["figures"]["latency_ms"]["tpot"]["mean"] == pytest.approx(10.5)  # merged copy
     assert not (sweep / "points" / "c4" / "records.jsonl").exists()
-    mtp = json.loads((out / "mi355x-sglang-fp8-1024x1024-tp8-mtp-2026-05-21" / "points" / "c4"
+    mtp = json.loads((out / "dsr1-mi355x-sglang-fp8-1024x1024-tp8-mtp-2026-05-21" / "points" / "c4"
                       / "summary.json").read_text())  # fmt: skip
     assert (mtp["settings"]["method"], mtp["settings"]["num_spec_tokens"]) == ("mtp", 3)
 
@@ -59,8 +59,10 @@ def test_where_keeps_the_matching_points(run_cli, published_files, tmp_path):
                               "--where", "spec_method=none", "--where", "date=2026-05-27",
                               "--where", "conc=4", "--where", "conc=64")  # fmt: skip
     assert code == 0
-    assert stdout.splitlines()[0] == "mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27: 2 points (concurrency 4, 64)"  # fmt: skip
-    assert [p.name for p in out.iterdir()] == ["mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27"]
+    assert stdout.splitlines()[0] == "dsr1-mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27: 2 points (concurrency 4, 64)"  # fmt: skip
+    assert [p.name for p in out.iterdir()] == [
+        "dsr1-mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27"
+    ]
 
 
 def test_a_filter_that_matches_nothing_writes_nothing(run_cli, published_files, tmp_path):
@@ -83,7 +85,7 @@ def test_an_unknown_where_key_is_a_usage_error(run_cli, published_files, tmp_pat
 
 def test_an_existing_configuration_directory_is_refused(run_cli, published_files, tmp_path):
     out = tmp_path / "out"
-    existing = out / "mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-19"
+    existing = out / "dsr1-mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-19"
     existing.mkdir(parents=True)
     code, _, stderr = run_cli("import", "inferencex", *published_files, "--output-dir", out)
     assert code == 2
@@ -143,9 +145,9 @@ def test_the_published_mi355x_sglang_fp8_configurations(run_cli, tmp_path):
     )  # fmt: skip
     assert code == 0, stderr
     lines = stdout.splitlines()
-    assert "mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27: 4 points (concurrency 4, 8, 16, 64)" in lines  # fmt: skip
-    assert "mi355x-sglang-fp8-1024x1024-tp8-mtp-2026-05-21: 4 points (concurrency 4, 16, 32, 64)" in lines  # fmt: skip
-    mtp = out / "mi355x-sglang-fp8-1024x1024-tp8-mtp-2026-05-21"
+    assert "dsr1-mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27: 4 points (concurrency 4, 8, 16, 64)" in lines  # fmt: skip
+    assert "dsr1-mi355x-sglang-fp8-1024x1024-tp8-mtp-2026-05-21: 4 points (concurrency 4, 16, 32, 64)" in lines  # fmt: skip
+    mtp = out / "dsr1-mi355x-sglang-fp8-1024x1024-tp8-mtp-2026-05-21"
     doc = json.loads((mtp / "sweep.json").read_text())
     assert [p["settings"]["concurrency"] for p in doc["points"]] == [4, 16, 32, 64]
     summary = json.loads((mtp / "points" / "c4" / "summary.json").read_text())

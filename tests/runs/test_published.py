@@ -171,20 +171,20 @@ def test_disaggregated_gpus_are_prefill_plus_decode(tmp_path):
 
 
 def test_configuration_names():
-    assert pr.configuration_name(point()) == "mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27"
+    assert pr.configuration_name(point()) == "dsr1-mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27"
     assert (pr.configuration_name(point(framework="trt", hardware="b200", decode_ep=8,
                                         decode_dp_attention=True, spec_method="mtp", isl=8192))
-            == "b200-trt-fp8-8192x1024-tp8-ep8-dpa-mtp-2026-05-27")  # fmt: skip
+            == "dsr1-b200-trt-fp8-8192x1024-tp8-ep8-dpa-mtp-2026-05-27")  # fmt: skip
     assert (pr.configuration_name(disagg_point())
-            == "mi355x-mori-sglang-fp8-8192x1024-p2xtp8-d1xtp8-ep8-dpa-nomtp-2026-05-27")  # fmt: skip
+            == "dsr1-mi355x-mori-sglang-fp8-8192x1024-p2xtp8-d1xtp8-ep8-dpa-nomtp-2026-05-27")  # fmt: skip
 
 
 def test_configurations_group_points_and_sort_them_by_concurrency(tmp_path):
     pts = read(tmp_path, point(conc=64), point(conc=4), point(conc=8, spec_method="mtp"), point(conc=16))  # fmt: skip
     groups = pr.configurations(pts)
     assert {k: [s["settings"]["concurrency"] for s in v] for k, v in groups.items()} == {
-        "mi355x-sglang-fp8-1024x1024-tp8-mtp-2026-05-27": [8],
-        "mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27": [4, 16, 64],
+        "dsr1-mi355x-sglang-fp8-1024x1024-tp8-mtp-2026-05-27": [8],
+        "dsr1-mi355x-sglang-fp8-1024x1024-tp8-nomtp-2026-05-27": [4, 16, 64],
     }
 
 

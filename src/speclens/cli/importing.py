@@ -4,17 +4,21 @@
 directory per configuration (``DIR/<name>/``, a run per concurrency); ``speclens import vllm
 FILE --output-dir DIR`` writes one run directory from a ``vllm bench serve --save-result`` file.
 Every file is read and checked before anything is written, and every directory is built aside
-and renamed into place, so a refused import writes nothing.
+and renamed into place, so a refused import writes nothing. An interrupted one writes nothing
+either: Ctrl-C, and SIGTERM, SIGHUP or another terminating signal (taken as a Ctrl-C while the
+import reads and writes), removes what the import had written.
 
 Exit codes: 0 written; 1 an invalid or oversized file (one line naming the file, the point and
 the field), or a filter that matches no point; 2 usage: bad options, an unknown ``--where`` key,
 an output directory that exists and is not empty (``vllm``) or a configuration directory that
-exists (``inferencex``).
+exists (``inferencex``); 130 interrupted (one line), nothing written.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -34,6 +38,20 @@ def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
+@contextmanager
+def _all_or_nothing(command: str) -> Iterator[None]:
+    """For the block, a terminating signal acts as a Ctrl-C (``sweep_server.interrupts``): the
+    writer's clean-up removes what it wrote, and the command exits 130 with one line."""
+    from speclens.runs.sweep_server import interrupts
+
+    with interrupts() as signals:
+        try:
+            yield
+        except KeyboardInterrupt:
+            how = signals[0] if signals else "Ctrl-C"
+            fail(f"import {command}: interrupted ({how}): nothing written", 130)
+
+
 @app.command("inferencex")
 def inferencex(
     files: list[Path] = typer.Argument(
@@ -49,27 +67,28 @@ def inferencex(
         "values given for one key are alternatives.",
     ),
 ) -> None:  # fmt: skip
-    """Each configuration (chip, engine, precision, lengths, parallelism, speculation, date) of
-    InferenceX's published points becomes a sweep directory with one aggregate-only run per
-    concurrency."""
+    """Each configuration (model, chip, engine, precision, lengths, parallelism, speculation,
+    date) of InferenceX's published points becomes a sweep directory with one aggregate-only
+    run per concurrency."""
     from speclens.runs import published, published_read
     from speclens.runs.rundir import InputError
 
-    try:
-        filters = published_read.parse_where(where)
-        points = [p for path in files for p in published_read.read_inferencex(path, str(path))]
-        unique, merged = published_read.dedupe(points)
-        chosen = published_read.select(unique, filters)
-        if not chosen:
-            shown = " ".join(f"{k}={v}" for k, v in filters)
-            fail(f"command line: --where {shown}: no point matches ({len(unique):,} published "
-                 f"points read from {len(files)} file(s))", 1)  # fmt: skip
-        sweeps = published_read.configurations(chosen)
-        published.write_sweeps(output_dir, sweeps)
-    except InputError as exc:
-        fail(exc.lines, exc.code)
-    except OSError as exc:
-        fail(f"{exc.filename or output_dir}: cannot be written: {exc.strerror or exc}", 1)
+    with _all_or_nothing("inferencex"):
+        try:
+            filters = published_read.parse_where(where)
+            points = [p for path in files for p in published_read.read_inferencex(path, str(path))]
+            unique, merged = published_read.dedupe(points)
+            chosen = published_read.select(unique, filters)
+            if not chosen:
+                shown = " ".join(f"{k}={v}" for k, v in filters)
+                fail(f"command line: --where {shown}: no point matches ({len(unique):,} "
+                     f"published points read from {len(files)} file(s))", 1)  # fmt: skip
+            sweeps = published_read.configurations(chosen)
+            published.write_sweeps(output_dir, sweeps)
+        except InputError as exc:
+            fail(exc.lines, exc.code)
+        except OSError as exc:
+            fail(f"{exc.filename or output_dir}: cannot be written: {exc.strerror or exc}", 1)
     for name, runs in sweeps.items():
         concurrencies = ", ".join(str(r["settings"]["concurrency"]) for r in runs)
         out_console.print(f"{name}: {_count(len(runs), 'point')} (concurrency {concurrencies})",
@@ -103,13 +122,14 @@ def vllm(
     if hardware is not None and not _CHIP.match(hardware):
         fail(f"command line: --hardware: expected a chip name (letters, digits, '.', '_', '+', "
              f"'-'; at most 64), got {hardware[:80]!r}", 2)  # fmt: skip
-    try:
-        summary = published_read.vllm_summary(file, str(file), gpus, hardware)
-        published.write_point(output_dir, summary)
-    except InputError as exc:
-        fail(exc.lines, exc.code)
-    except OSError as exc:
-        fail(f"{exc.filename or output_dir}: cannot be written: {exc.strerror or exc}", 1)
+    with _all_or_nothing("vllm"):
+        try:
+            summary = published_read.vllm_summary(file, str(file), gpus, hardware)
+            published.write_point(output_dir, summary)
+        except InputError as exc:
+            fail(exc.lines, exc.code)
+        except OSError as exc:
+            fail(f"{exc.filename or output_dir}: cannot be written: {exc.strerror or exc}", 1)
     settings = summary["settings"]
     load = (f"concurrency {settings['concurrency']}" if settings["concurrency"] is not None
             else f"request rate {settings['request_rate'] or 'inf'}")  # fmt: skip

@@ -7,9 +7,11 @@ exists. A configuration measured at several concurrencies is a sweep directory o
 ``sweep.json`` (schema ``speclens.sweep/1``, written by ``runs.sweep.Sweep`` as a sweep of
 concurrencies writes it), ``sweep.csv``, ``report.html`` and ``points/c<concurrency>/``.
 
-Every directory is built whole in a hidden sibling and renamed into place, so a refused or
-failed write leaves nothing behind; a target that exists and is not empty is refused. The
-readers of published files are ``runs.published_read``.
+Every directory is built whole in a hidden sibling and renamed into place, so a refused, failed
+or interrupted write leaves nothing behind (its clean-up holds further signals until it is
+done); a target that exists and is not empty is refused, as is a summary its readers could not
+read back (over ``rundir.MAX_FILE_BYTES`` as JSON, or not JSON at all). The readers of published
+files are ``runs.published_read``.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from typing import Any
 import orjson
 
 from speclens.runs.files import open_new
-from speclens.runs.rundir import InputError
+from speclens.runs.rundir import MAX_FILE_BYTES, InputError
 from speclens.runs.sweep import Sweep
 from speclens.runs.sweep_points import Point
+from speclens.runs.sweep_server import held
 
 #: ``provenance.source`` of each kind of published result.
 SOURCES = ("inferencex", "vllm", "speclens-sim")
@@ -60,16 +63,17 @@ def _staged(target: Path) -> Iterator[Path]:
     _refuse_existing(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     stage = target.with_name(f".{target.name}.partial-{os.getpid()}")
-    if stage.exists() or stage.is_symlink():
-        _remove(stage)
-    stage.mkdir()
     try:
+        if stage.exists() or stage.is_symlink():
+            _remove(stage)
+        stage.mkdir()
         yield stage
         if target.is_dir() and not target.is_symlink():
             target.rmdir()  # empty (checked): the rename needs the name free
         os.rename(stage, target)
     except BaseException:
-        _remove(stage)
+        with held():  # a second Ctrl-C or SIGTERM must not cut the clean-up short
+            _remove(stage)
         raise
 
 
@@ -80,28 +84,42 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def _fill_point(run_dir: Path, summary: Mapping[str, Any]) -> None:
+def _encoded(summary: Mapping[str, Any], where: str) -> bytes:
+    """summary.json's bytes; InputError (1) for a summary its readers could not read back."""
+    try:
+        data = orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError as exc:
+        raise InputError([f"{where}: summary.json: cannot be written as JSON: {exc}"], 1) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise InputError([f"{where}: summary.json: {len(data):,} bytes: expected at most "
+                          f"{MAX_FILE_BYTES:,} (what its readers read)"], 1)  # fmt: skip
+    return data
+
+
+def _fill_point(run_dir: Path, summary: Mapping[str, Any], where: str) -> None:
     """summary.json and report.html into the (new, empty) ``run_dir``."""
     from speclens.runs.html_run import write_run_report
 
+    data = _encoded(summary, where)
     run_dir.mkdir(parents=True, exist_ok=True)
     with open_new(run_dir / "summary.json") as fh:
-        fh.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+        fh.write(data)
     write_run_report(run_dir, records=[])
 
 
-def _checked(summary: Mapping[str, Any]) -> None:
+def _checked(summary: Mapping[str, Any], where: str) -> None:
     if not is_aggregate_only(summary):
         raise ValueError('expected an aggregate-only summary ("aggregate_only": true)')
+    _encoded(summary, where)
 
 
 def write_point(run_dir: Path, summary: dict[str, Any]) -> None:
     """One aggregate-only run directory (summary.json and report.html), built in a hidden
     sibling and renamed into place. InputError (2) when ``run_dir`` exists and is not empty;
     ValueError for a summary that is not aggregate-only."""
-    _checked(summary)
+    _checked(summary, str(run_dir))
     with _staged(Path(run_dir)) as stage:
-        _fill_point(stage, summary)
+        _fill_point(stage, summary, str(run_dir))
 
 
 def _engine(summaries: Sequence[Mapping[str, Any]]) -> str | None:
@@ -110,7 +128,7 @@ def _engine(summaries: Sequence[Mapping[str, Any]]) -> str | None:
     return one if isinstance(one, str) else None
 
 
-def _fill_sweep(root: Path, points: Sequence[Mapping[str, Any]]) -> None:
+def _fill_sweep(root: Path, points: Sequence[Mapping[str, Any]], where: str) -> None:
     """The points' run directories, then sweep.json and sweep.csv as ``Sweep`` writes them
     (each point read back through ``points.summarize``), then the sweep's report.html."""
     from speclens.runs.html_sweep import write_sweep_report
@@ -125,7 +143,7 @@ def _fill_sweep(root: Path, points: Sequence[Mapping[str, Any]]) -> None:
     sweep = Sweep(root, "load", 1, {"concurrency": concurrencies})
     for i in order:
         settings = points[i].get("settings") or {}
-        _fill_point(root / "points" / ids[i], points[i])
+        _fill_point(root / "points" / ids[i], points[i], f"{where}/points/{ids[i]}")
         sweep.points.append(
             Point(ids[i], engine, {
                 "concurrency": int(ids[i][1:]), "request_rate": None,
@@ -146,10 +164,9 @@ def write_sweep(sweep_dir: Path, points: list[dict[str, Any]]) -> None:
     if not points:
         raise ValueError("expected at least one point")
     for summary in points:
-        _checked(summary)
-        point_id(summary)
+        _checked(summary, f"{sweep_dir}/points/{point_id(summary)}")
     with _staged(Path(sweep_dir)) as stage:
-        _fill_sweep(stage, points)
+        _fill_sweep(stage, points, str(sweep_dir))
 
 
 def write_sweeps(root: Path, sweeps: Mapping[str, list[dict[str, Any]]]) -> list[Path]:
@@ -163,16 +180,17 @@ def write_sweeps(root: Path, sweeps: Mapping[str, list[dict[str, Any]]]) -> list
         raise InputError([f"{existing[0]}: the configuration directory exists{more}: expected "
                           "a new directory (choose another --output-dir)"], 2)  # fmt: skip
     made_root = not Path(root).exists()
-    done: list[Path] = []
+    started: list[Path] = []  # each target once its write began: none existed before
     try:
         for target, points in zip(targets, sweeps.values(), strict=True):
+            started.append(target)
             write_sweep(target, points)
-            done.append(target)
     except BaseException:
-        for target in done:
-            _remove(target)
-        if made_root:
-            with contextlib.suppress(OSError):
-                Path(root).rmdir()
+        with held():  # a second Ctrl-C or SIGTERM must not cut the clean-up short
+            for target in started:
+                _remove(target)
+            if made_root:
+                with contextlib.suppress(OSError):
+                    Path(root).rmdir()
         raise
-    return done
+    return started

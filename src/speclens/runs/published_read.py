@@ -2,16 +2,19 @@
 --save-result`` files, each turned into aggregate-only summaries (``runs.published``' shape).
 
 Both are bounded before they are parsed (``MAX_FILE_BYTES``, checked from the file's size;
-``MAX_POINTS`` points, counted as they are decoded one at a time) and every field a summary is
-built from is checked: a bad value raises InputError (exit 1) with one line, ``<file>:
-[<index>].<field>: <what was expected>, got <value>``. JSON's NaN and Infinity tokens are read so
-that the field holding one is named.
+``MAX_POINTS`` points, counted as they are decoded one at a time) and as they are decoded (an
+integer of more than ``MAX_INT_DIGITS`` digits is never converted, a value nested deeper than
+``MAX_DEPTH`` is refused), and every field a summary is built from is checked: a bad value raises
+InputError (exit 1) with one line, ``<file>: [<index>].<field>: <what was expected>, got
+<value>``. JSON's NaN and Infinity tokens are read so that the field holding one is named. A
+summary is then checked as its readers check it (``rundir.aggregate_problems``): nothing is
+written that compare, sim or calibrate would refuse.
 
 InferenceX points (``benchmarks.json``, ``benchmarks-history.json``: a JSON list of objects)
 are deduplicated across files (one point is the same when every published key but ``metrics``
 and ``image`` is equal; its metrics must agree where both copies have them, and are merged),
 filtered (``--where KEY=VALUE``, compared as text), and grouped into configurations, one sweep
-each, named ``<hardware>-<engine>-<precision>-<isl>x<osl>-tp<N>[-ep<N>][-dpa]-<mtp|nomtp>-<date>``
+each, named ``<model>-<hardware>-<engine>-<precision>-<isl>x<osl>-tp<N>[-ep<N>][-dpa]-<mtp|nomtp>-<date>``
 (a disaggregated one names its prefill and decode layouts instead of the TP part:
 ``p<workers>x<tp...>-d<workers>x<tp...>``).
 """
@@ -27,13 +30,26 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from speclens.acceptance.quantity import MAX_NUM_SPEC_TOKENS
-from speclens.runs.rundir import InputError
+from speclens.acceptance.quantity import (
+    MAX_NUM_SPEC_TOKENS,
+    is_finite_number,
+    length_problems,
+    rates_shape_problems,
+    rates_sum_problem,
+)
+from speclens.runs.rundir import InputError, aggregate_problems, is_int
 
 #: The largest published file read, in bytes (refused from its size, before it is read).
 MAX_FILE_BYTES = 64 * 2**20
 #: The most points one InferenceX file may hold (counted as they are decoded).
 MAX_POINTS = 100_000
+#: The deepest a published value may nest (a point is an object: 1; its metrics: 2; InferenceX's
+#: deepest, ``workers``, is 4). Deeper is refused as it is read, before anything copies it.
+MAX_DEPTH = 32
+#: The most digits an integer in a published file may have: no count (at most 2**63 - 1) and no
+#: float (at most about 1.8e308) holds more, and converting a longer one costs time quadratic in
+#: its length. A longer one is read as ``Oversized``, refused by the field that holds it.
+MAX_INT_DIGITS = 400
 #: Catalog names of InferenceX's model codes.
 MODELS = {"dsr1": "deepseek-r1"}
 #: The published top-level keys ``--where`` filters on (besides any other scalar key a file has).
@@ -52,22 +68,72 @@ LATENCY = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
 STATS = {"mean": "mean", "median": "p50", "p90": "p90", "p99": "p99"}
 
 
+class Oversized:
+    """An integer literal of more than ``MAX_INT_DIGITS`` digits, read but never converted."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"an integer of {self.digits:,} digits"
+
+
+def _parse_int(text: str) -> int | Oversized:
+    digits = len(text) - text.startswith("-")
+    return Oversized(digits) if digits > MAX_INT_DIGITS else int(text)
+
+
+def _decoder() -> json.JSONDecoder:
+    return json.JSONDecoder(parse_int=_parse_int)  # type: ignore[arg-type]
+
+
 def _got(value: object) -> str:
     return f"{value!r:.60}"
 
 
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def _finite(value: object, low: float = 0.0, strict: bool = False) -> bool:
-    if not _number(value) or not math.isfinite(float(value)):  # type: ignore[arg-type]
+    """A finite number (an int too large for a float is not) >= ``low`` (> with ``strict``)."""
+    if not is_finite_number(value):
         return False
     return float(value) > low if strict else float(value) >= low  # type: ignore[arg-type]
 
 
 def _integer(value: object, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+    """An integer >= ``low`` that every run reader takes as a count (``rundir.is_int``)."""
+    return is_int(value) and value >= low
+
+
+def _path(trail: tuple[Any, ...] | None, where: str) -> str:
+    keys = []
+    while trail is not None:
+        trail, key = trail
+        keys.append(key)
+    parts = [f"[{k}]" if isinstance(k, int) else (f".{k}" if _NAME.match(k) else f"[{k!r:.40}]")
+             for k in reversed(keys)]  # fmt: skip
+    if parts and where.endswith(" ") and parts[0].startswith("."):
+        parts[0] = parts[0][1:]  # "<file>: key", as the vLLM reader names its fields
+    if len(parts) > 8:  # the line stays short: the way in, and how deep
+        parts = [*parts[:8], f"...(depth {len(parts) + 1})"]
+    return (where + "".join(parts)).rstrip()
+
+
+def shape_problem(value: object, where: str) -> str | None:
+    """A value nested deeper than ``MAX_DEPTH``, or an ``Oversized`` integer, anywhere in
+    ``value``, named by its path (``where`` names ``value`` itself)."""
+    stack: list[tuple[object, int, tuple[Any, ...] | None]] = [(value, 1, None)]
+    while stack:
+        item, depth, trail = stack.pop()
+        if isinstance(item, Oversized):
+            return (f"{_path(trail, where)}: expected a number of at most {MAX_INT_DIGITS} "
+                    f"digits, got {item!r}")  # fmt: skip
+        if not isinstance(item, dict | list):
+            continue
+        if depth > MAX_DEPTH:
+            return (f"{_path(trail, where)}: nested deeper than {MAX_DEPTH} levels: expected at "
+                    f"most {MAX_DEPTH}")  # fmt: skip
+        pairs = item.items() if isinstance(item, dict) else enumerate(item)
+        stack.extend((v, depth + 1, (trail, k)) for k, v in pairs)
+    return None
 
 
 # ------------------------------------------------------------------------ reading a file
@@ -99,7 +165,7 @@ def iter_list(path: Path, text: str, limit: int | None = None) -> Iterable[tuple
     (default ``MAX_POINTS``) is refused when the next element starts, before it (or anything
     after it) is decoded."""
     limit = MAX_POINTS if limit is None else limit
-    decoder = json.JSONDecoder()
+    decoder = _decoder()
     ws = re.compile(r"[ \t\n\r]*")
     pos = ws.match(text, 0).end()  # type: ignore[union-attr]
     if not text.startswith("[", pos):
@@ -222,7 +288,7 @@ def read_inferencex(path: Path, label: str | None = None) -> list[Published]:
     text = _read_text(Path(path))
     out = []
     for index, point in iter_list(Path(name), text):
-        problem = point_problem(point, f"{name}: [{index}]")
+        problem = point_problem(point, f"{name}: [{index}]") or shape_problem(point, f"{name}: [{index}]")  # fmt: skip
         if problem:
             raise InputError([problem], 1)
         out.append(Published(name, index, point))
@@ -312,6 +378,16 @@ def select(points: Sequence[Published], where: Sequence[tuple[str, str]]) -> lis
 
 
 # ---------------------------------------------------------------------- the summaries
+def readable(summary: dict[str, Any], where: str) -> dict[str, Any]:
+    """``summary`` when its readers (compare, sim, calibrate: ``rundir.aggregate_problems``)
+    take every field of it; else InputError (1) naming the first field they would refuse, so
+    that nothing is written that cannot be read back."""
+    problems = aggregate_problems(summary, where)
+    if problems:
+        raise InputError([f"{problems[0]} (in the summary written from it)"], 1)
+    return summary
+
+
 def num_spec_tokens(point: Mapping[str, Any]) -> int | None:
     """K of an MTP point where InferenceX's benchmark scripts state it (its README's table):
     SGLang 2 on h200/b200/b300 and 3 on mi325x/mi355x, ATOM 3, TensorRT-LLM 3 (1 with
@@ -342,7 +418,8 @@ def _parallel(tp: Any, ep: Any, dpa: Any) -> str:
 
 
 def configuration_name(point: Mapping[str, Any]) -> str:
-    """``<hardware>-<engine>-<precision>-<isl>x<osl>-<parallelism>-<mtp|nomtp>-<date>``."""
+    """``<model>-<hardware>-<engine>-<precision>-<isl>x<osl>-<parallelism>-<mtp|nomtp>-<date>``
+    (``model`` as published: InferenceX's code, ``dsr1``)."""
     p = point
     if p["disagg"]:
         layout = (f"p{p.get('prefill_num_workers', 0)}x"
@@ -352,7 +429,24 @@ def configuration_name(point: Mapping[str, Any]) -> str:
     else:
         layout = _parallel(p["decode_tp"], p["decode_ep"], p["decode_dp_attention"])
     spec = "nomtp" if p["spec_method"] == "none" else p["spec_method"]
-    return f"{p['hardware']}-{p['framework']}-{p['precision']}-{p['isl']}x{p['osl']}-{layout}-{spec}-{p['date']}"  # fmt: skip
+    return f"{p['model']}-{p['hardware']}-{p['framework']}-{p['precision']}-{p['isl']}x{p['osl']}-{layout}-{spec}-{p['date']}"  # fmt: skip
+
+
+#: The published metrics a summary is built from (and checked): a point's record in
+#: ``provenance.published`` keeps these and the published keys (``WHERE_KEYS``), nothing else.
+PUBLISHED_METRICS = ("median_tpot", "tput_per_gpu", "output_tput_per_gpu", "input_tput_per_gpu",
+                     "median_intvty", "mean_intvty",
+                     *(f"{stat}_{name}" for name in LATENCY for stat in STATS))  # fmt: skip
+
+
+def published_record(point: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``provenance.published`` keeps of a checked point: its published keys and the
+    metrics a summary is built from, each checked (so bounded); never an unknown key, whatever
+    it holds."""
+    out = {k: point[k] for k in WHERE_KEYS if k in point}
+    metrics = point["metrics"]
+    out["metrics"] = {k: metrics[k] for k in PUBLISHED_METRICS if k in metrics}
+    return out
 
 
 def _ms(value: Any) -> float | None:
@@ -405,36 +499,39 @@ def inferencex_summary(point: Published) -> dict[str, Any]:
                               "dp_attention": p["decode_dp_attention"],
                               "workers": p.get("decode_num_workers"), "gpus": p["num_decode_gpu"]}  # fmt: skip
     output_per_gpu, total_per_gpu = m.get("output_tput_per_gpu"), m["tput_per_gpu"]
-    return {
-        "aggregate_only": True,
-        "settings": settings,
-        "server": {
-            "engine": p["framework"],
-            "version": _tag(p.get("image")),
-            "model": model,
-            "hardware": p["hardware"],
-        },
-        "provenance": {
-            "source": "inferencex",
-            "run_url": p.get("run_url"),
-            "file": point.file,
-            "index": point.index,
-            "configuration": configuration_name(p),
-            "published": p,
-        },
-        "figures": {
+    return readable(
+        {
             "aggregate_only": True,
-            "latency_ms": _latency(m),
-            "throughput": {
-                "output_tokens_per_s": _times(output_per_gpu, n),
-                "total_tokens_per_s": _times(total_per_gpu, n),
-                "output_tokens_per_s_per_gpu": output_per_gpu,
-                "total_tokens_per_s_per_gpu": total_per_gpu,
+            "settings": settings,
+            "server": {
+                "engine": p["framework"],
+                "version": _tag(p.get("image")),
+                "model": model,
+                "hardware": p["hardware"],
             },
-            "interactivity": {"p50": m.get("median_intvty"), "mean": m.get("mean_intvty")},
-            "acceptance": None,
+            "provenance": {
+                "source": "inferencex",
+                "run_url": p.get("run_url"),
+                "file": point.file,
+                "index": point.index,
+                "configuration": configuration_name(p),
+                "published": published_record(p),
+            },
+            "figures": {
+                "aggregate_only": True,
+                "latency_ms": _latency(m),
+                "throughput": {
+                    "output_tokens_per_s": _times(output_per_gpu, n),
+                    "total_tokens_per_s": _times(total_per_gpu, n),
+                    "output_tokens_per_s_per_gpu": output_per_gpu,
+                    "total_tokens_per_s_per_gpu": total_per_gpu,
+                },
+                "interactivity": {"p50": m.get("median_intvty"), "mean": m.get("mean_intvty")},
+                "acceptance": None,
+            },
         },
-    }
+        f"{point.file}: [{point.index}]",
+    )
 
 
 def configurations(points: Sequence[Published]) -> dict[str, list[dict[str, Any]]]:
@@ -502,9 +599,11 @@ def _vllm_problem(data: dict[str, Any], where: str) -> str | None:
         value = data.get(key)
         if value is not None and not (isinstance(value, list) and value and all(_integer(v, 0) for v in value)):  # fmt: skip
             return bad(key, "null or a list of token counts")
-    al = data.get("spec_decode_acceptance_length")
-    if al is not None and not _finite(al, 1.0):
-        return bad("spec_decode_acceptance_length", "null or a number >= 1")
+    if data.get("burstiness") is not None and not _finite(data["burstiness"], strict=True):
+        return bad("burstiness", "null or a number > 0")
+    method = data.get("method")
+    if method is not None and not (isinstance(method, str) and 0 < len(method) <= 256):
+        return bad("method", "null or the speculative method's name (text of at most 256 characters)")  # fmt: skip
     for key in (
         "spec_decode_num_drafts",
         "spec_decode_draft_tokens",
@@ -512,13 +611,39 @@ def _vllm_problem(data: dict[str, Any], where: str) -> str | None:
     ):
         if data.get(key) is not None and not _integer(data[key], 0):
             return bad(key, "null or an integer >= 0")
-    rates = data.get("spec_decode_per_position_acceptance_rates")
-    if rates is not None and not (
-        isinstance(rates, list) and 1 <= len(rates) <= MAX_NUM_SPEC_TOKENS
-        and all(_finite(r) and r <= 1 for r in rates)
-    ):  # fmt: skip
-        return bad("spec_decode_per_position_acceptance_rates",
-                   f"null or 1 to {MAX_NUM_SPEC_TOKENS} rates in [0, 1] (one a draft position)")  # fmt: skip
+    rate = data.get("spec_decode_acceptance_rate")
+    if rate is not None and not (_finite(rate) and rate <= 100):
+        return bad("spec_decode_acceptance_rate", "null or a percentage in [0, 100]")
+    return _acceptance_problem(data, bad)
+
+
+def _acceptance_problem(data: dict[str, Any], bad: Any) -> str | None:
+    """The AL and per-position rates as every AL reader checks them (``acceptance.quantity``):
+    rates in [0, 1], at most ``MAX_NUM_SPEC_TOKENS`` of them (their count is K), never rising,
+    summing to AL - 1; AL in [1, K + 1] (K + 1 at most ``MAX_NUM_SPEC_TOKENS`` + 1 when no
+    rates give K)."""
+    rates_key, al_key = "spec_decode_per_position_acceptance_rates", "spec_decode_acceptance_length"  # fmt: skip
+    rates = data.get(rates_key)
+    if rates is not None:
+        if not (isinstance(rates, list) and 1 <= len(rates) <= MAX_NUM_SPEC_TOKENS
+                and all(_finite(r) and r <= 1 for r in rates)):  # fmt: skip
+            return bad(rates_key, f"null or 1 to {MAX_NUM_SPEC_TOKENS} rates in [0, 1] (one a "
+                       "draft position)")  # fmt: skip
+        shape = rates_shape_problems(rates, None, rates_key)
+        if shape:
+            return bad(rates_key, f"rates that never rise with the position ({shape[0].message})")
+    al = data.get(al_key)
+    if al is None:
+        return None
+    k = len(rates) if rates else MAX_NUM_SPEC_TOKENS
+    what = (
+        f"K = {k}, the per-position rates' count" if rates else f"K at most {MAX_NUM_SPEC_TOKENS}"
+    )
+    if length_problems(al, k):
+        return bad(al_key, f"null or an AL in [1, {k + 1}] ({what})")
+    mismatch = rates_sum_problem([float(r) for r in rates], float(al)) if rates else None
+    if mismatch:
+        return bad(rates_key, f"rates summing to {al_key} - 1 (they {mismatch})")
     return None
 
 
@@ -560,7 +685,7 @@ def vllm_summary(path: Path, label: str | None = None, gpus: int | None = None,
     name = label if label is not None else str(path)
     text = _read_text(Path(path))
     try:
-        data = json.loads(text)
+        data = _decoder().decode(text)
     except json.JSONDecodeError as exc:
         raise _not_json(Path(name), exc) from None
     except RecursionError:
@@ -568,7 +693,7 @@ def vllm_summary(path: Path, label: str | None = None, gpus: int | None = None,
     if not isinstance(data, dict):
         raise InputError([f"{name}: expected one result object (vllm bench serve "
                           f"--save-result), got {type(data).__name__}"], 1)  # fmt: skip
-    problem = _vllm_problem(data, name)
+    problem = _vllm_problem(data, name) or shape_problem(data, f"{name}: ")
     if problem:
         raise InputError([problem], 1)
     latency = {}
@@ -583,7 +708,7 @@ def vllm_summary(path: Path, label: str | None = None, gpus: int | None = None,
         method = "unknown"
     output, total = float(data["output_throughput"]), data.get("total_token_throughput")
     model = data["model_id"]
-    return {
+    return readable({
         "aggregate_only": True,
         "settings": {
             "model": model, "hardware": hardware, "engine": "vllm", "image": None,
@@ -618,4 +743,4 @@ def vllm_summary(path: Path, label: str | None = None, gpus: int | None = None,
             "interactivity": None,
             "acceptance": acceptance,
         },
-    }  # fmt: skip
+    }, name)  # fmt: skip

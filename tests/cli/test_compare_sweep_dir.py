@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ksweepkit import k_sweep, load_sweep
+from speclens.runs.decision import TOO_FAST
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -39,6 +40,12 @@ def test_a_k_sweep_alone_is_compared_k_by_k_and_says_which_k_wins(
     assert code == 0, err
     decision = json.loads(out)["decision"]
     curves = [c["curve"] for c in decision["choices"]]
+    assert all(c[0]["tok_s_user"] > 1 for c in curves)
+    assert decision["best"] is None and decision["gain_over_first"] is None
+    assert [c["tok_s_gpu"] for c in decision["choices"]] == [None] * 3
+    assert decision["headline"] == (
+        f"at 1 tok/s/user, no K reaches that interactivity (K 1..4): {TOO_FAST}"
+    )
     low = max(c[0]["tok_s_user"] for c in curves)
     high = min(c[-1]["tok_s_user"] for c in curves)
     x = round((low + high) / 2, 1)

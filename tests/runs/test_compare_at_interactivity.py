@@ -6,6 +6,7 @@ sweep page's model, chip, engine and K."""
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import re
 from pathlib import Path
@@ -13,14 +14,18 @@ from typing import Any
 
 import orjson
 import pytest
+import yaml
+from scipy import stats
+from typer.testing import CliRunner
 
 from comparekit import write_run
 from ksweepkit import k_sweep, load_sweep
+from speclens.cli import app
 from speclens.runs import compare as cmp
 from speclens.runs import compare_decide as cd
 from speclens.runs.compare_deltas import ONE_RUN_EACH
 from speclens.runs.compare_inputs import Input, read_inputs
-from speclens.runs.decision import Choice, headline, k_name
+from speclens.runs.decision import Choice, headline
 from speclens.runs.html import Page
 from speclens.runs.html_compare import write_compare_report
 from speclens.runs.html_sweep import write_sweep_report
@@ -92,28 +97,102 @@ def test_an_input_whose_curve_misses_the_target_says_what_it_spans(two: Any) -> 
     h200 = decision["choices"][0]
     assert h200["tok_s_gpu"] is None and h200["ratio_to_best"] is None
     assert h200["reason"].startswith("its curve spans ") and f"not {beyond:g}" in h200["reason"]
-    if decision["best"] is None:
-        assert decision["headline"].startswith(f"at {beyond:g} tok/s/user, no input reaches")
-    else:
-        assert "h200 do not reach" in decision["headline"]
+    # b300 is 1.6 times as fast: its curve reaches 1.5 times h200's fastest point
+    assert decision["best"] == "b300"
+    assert decision["headline"].endswith(
+        f" (best of h200, b300); h200 do not reach {beyond:g} tok/s/user (see the table)"
+    )
+    assert " over h200" not in decision["headline"]  # no gain over an input with no figure
+    nobody = cd.decide(inputs, beyond * 10)
+    assert nobody["best"] is None
+    assert (
+        nobody["headline"] == f"at {beyond * 10:g} tok/s/user, no input reaches that "
+        "interactivity (h200, b300)"
+    )
 
 
 def test_the_sentence_is_the_one_sim_prints() -> None:
-    """One wording: sim's decide.headline and the shared headline agree, word for word."""
+    """sim's sentence, word for word, in each of its shapes: a K that does not reach, no
+    speculation first, no K reaching (every curve too fast), one K alone."""
     cases = [
-        [(1, 300.0), (2, 410.0), (3, None)],
-        [(0, 250.0), (1, 300.0), (4, 280.0)],
-        [(1, None), (2, None)],
-        [(2, 500.0)],
-    ]
-    for case in cases:
+        ([(1, 300.0), (2, 410.0), (3, None)],
+         "at 40 tok/s/user, K 2 delivers 410 tok/s/GPU, +36.7% over K 1 (best of K 1..3); K 3 "
+         "do not reach 40 tok/s/user (see the table)"),
+        ([(0, 250.0), (1, 300.0), (4, 280.0)],
+         "at 40 tok/s/user, K 1 delivers 300 tok/s/GPU, +20.0% over no speculation (best of no "
+         "speculation, K 1..4)"),
+        ([(1, None), (2, None)],
+         "at 40 tok/s/user, no K reaches that interactivity (K 1..2): every curve's slowest "
+         "point is faster (the batch stops growing: raise the concurrency or max_num_seqs)"),
+        ([(2, 500.0)], "at 40 tok/s/user, K 2 delivers 500 tok/s/GPU (best of K 2)"),
+    ]  # fmt: skip
+    for case, sentence in cases:
         ks = [{"num_spec_tokens": k, "tok_s_gpu": v, "curve": [{"tok_s_user": 90.0}]}
               for k, v in case]  # fmt: skip
         reached = [e for e in ks if e["tok_s_gpu"] is not None]
         best = max(reached, key=lambda e: e["tok_s_gpu"]) if reached else None
-        ours = headline([Choice(k_name(k), v) for k, v in case], 40, cd.k_span([k for k, _ in case]),
-                        too_fast=True)  # fmt: skip
-        assert ours == sim_decide.headline(ks, best, 40)
+        assert sim_decide.headline(ks, best, 40) == sentence
+
+
+_SIM_SCENARIO = {
+    "model": "kimi-k3", "hardware": "b300",
+    "deployment": {"pools": [{"parallel": 8, "engine": {
+        "speculative": {"method": "dspark", "num_spec_tokens": 7}, "max_num_seqs": 64}}]},
+    "workload": {"category": "coding", "thinking": "on", "input_tokens": 256,
+                 "output_tokens": 128, "concurrency": 8, "requests": 24},
+}  # fmt: skip
+
+
+def _cli(*args: str | Path) -> str:
+    try:
+        result = CliRunner().invoke(app, [str(a) for a in args])
+    finally:
+        logging.getLogger().handlers.clear()
+    assert result.exit_code == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def sim_grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, dict[str, Any]]:
+    """sim's K x concurrency grid at 150 tok/s/user written as a sweep directory, then that
+    directory compared whole at 150: (sim's first line, compare's first line, sim's decision)."""
+    root = tmp_path_factory.mktemp("simgrid")
+    scenario = root / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump(_SIM_SCENARIO))
+    grid = root / "grid"
+    sim_out = _cli("sim", scenario, "--sweep", "num_spec_tokens=1..2", "--sweep",
+                   "concurrency=2,4,8", "--at-interactivity", "150", "--output-dir", grid,
+                   "--jobs", "1")  # fmt: skip
+    cmp_out = _cli("compare", grid, "--at-interactivity", "150")
+    decision = orjson.loads((grid / "decision.json").read_bytes())
+    return sim_out.splitlines()[0], cmp_out.splitlines()[0], decision
+
+
+_CI = re.compile(r" \(95% CI [^)]*\)")
+_NUMBER = re.compile(r"[+-]?[\d,]+(\.\d+)?")
+
+
+@pytest.mark.slow
+def test_compare_words_sims_grid_as_sim_does(sim_grid: Any) -> None:
+    """compare's first line on sim's grid is sim's first line with the 95% intervals sim cannot
+    give (one simulated run a point) added: the same best K, the same words."""
+    sim_line, cmp_line, simulated = sim_grid
+    assert all(e["tok_s_gpu"] is not None for e in simulated["ks"])  # both Ks reach 150
+    assert sim_line.startswith(f"at 150 tok/s/user, K {simulated['best']} delivers ")
+    assert cmp_line.startswith(f"at 150 tok/s/user, K {simulated['best']} delivers ")
+    assert len(_CI.findall(cmp_line)) == 2, cmp_line  # the best's figure and its gain over K 1
+    assert _NUMBER.sub("N", _CI.sub("", cmp_line)) == _NUMBER.sub("N", sim_line)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="sim's decision and the run directories it writes read different TPOTs (which "
+    "requests are the warm-up), so tok/s/user differs by about 1%",
+)
+def test_compare_reads_sims_grid_at_sims_figures(sim_grid: Any) -> None:
+    sim_line, cmp_line, _ = sim_grid
+    assert _CI.sub("", cmp_line) == sim_line
 
 
 def test_a_headline_with_intervals_states_them() -> None:
@@ -208,6 +287,31 @@ def test_each_k_of_a_compared_sweep_plots_its_own_points_only(tmp_path: Path) ->
     data = {"inputs": [{"label": "K 2", "path": str(sweep), "gpus": 1, "select": select}]}
     (series,) = input_series(Fields(data), 0, tmp_path)
     assert series.y == [20.0, 40.0, 80.0]
+
+
+def test_each_interval_is_z_times_the_interpolated_se(two: Any) -> None:
+    """One round a point: each point's interval is a bootstrap over its requests (normal, SE =
+    half-width / z); between the two curve points around X, weights 1 - w and w, the figure's
+    SE is sqrt((1 - w)^2 SE0^2 + w^2 SE1^2) and its interval +-z SE."""
+    inputs, _ = two
+    x = _inside(inputs)
+    z = float(stats.norm.ppf(0.975))
+    decision = cd.decide(inputs, x)
+    for item, entry in zip(inputs, decision["choices"], strict=True):
+        assert item.gpus == 1
+        figures = [p.figures for p in item.points]
+        assert all(f["output_tokens_per_s"].method == "bootstrap" for f in figures)
+        xy = {(f["tokens_per_s_per_user"].mean, f["output_tokens_per_s"].mean): f
+              for f in figures}  # fmt: skip
+        front = sorted(p for p in xy if not any(q[0] >= p[0] and q[1] > p[1] for q in xy))
+        ((x0, _), f0), ((x1, _), f1) = next(
+            ((a, xy[a]), (b, xy[b])) for a, b in itertools.pairwise(front) if a[0] <= x <= b[0]
+        )
+        w = (x - x0) / (x1 - x0)
+        se0, se1 = (f["output_tokens_per_s"].half_width / z for f in (f0, f1))
+        half = z * math.sqrt((1 - w) ** 2 * se0**2 + w**2 * se1**2)
+        assert entry["low"] == pytest.approx(entry["tok_s_gpu"] - half, rel=1e-9)
+        assert entry["high"] == pytest.approx(entry["tok_s_gpu"] + half, rel=1e-9)
 
 
 def test_a_lead_from_one_run_each_is_never_called_significant(two: Any) -> None:

@@ -224,7 +224,7 @@ def _lead(
     r, low, high = ratio(estimates[second], estimates[best])
     a, b = entries[best]["label"], entries[second]["label"]
     text = f"{a}'s lead over {b}"
-    if second != 0:  # the headline states the gain over the first input only
+    if second != 0 and math.isfinite(r):  # the headline states the gain over the first only
         text += f", {r - 1:+.1%}"
         if math.isfinite(low):
             text += f" (95% CI {low - 1:+.1%} to {high - 1:+.1%})"

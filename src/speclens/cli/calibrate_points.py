@@ -53,14 +53,20 @@ def _entry(given: str | None, stated: Any, flag: str) -> str:
     return str(value)
 
 
-def roofline_for(settings: dict[str, Any], model: str | None, hardware: str | None,
-                 parallel: int | None, precision: str | None) -> Any:  # fmt: skip
-    """The roofline the points ran on: each entry from its flag, else from their settings."""
+def roofline_for(point: Any, model: str | None, hardware: str | None, parallel: int | None,
+                 precision: str | None) -> Any:  # fmt: skip
+    """The roofline the points ran on: each entry from its flag, else from their settings
+    (``point`` one of them; they share one deployment), at their TP, EP and DP attention."""
     from speclens.acceptance import ValidationError
     from speclens.sim import catalog
+    from speclens.sim import fit_points as fp
     from speclens.sim.roofline import Roofline
 
-    tp = parallel or settings.get("tensor_parallel") or 1
+    settings = point.settings
+    stated = settings.get("tensor_parallel")
+    if parallel is not None and stated is not None and parallel != stated:
+        fail(f"command line: --parallel: {parallel}, but the points ran TP {stated!r}: a fit "
+             "prices what ran; leave the flag out", 2)  # fmt: skip
     try:
         spec = catalog.resolve_model(_entry(model, settings.get("model"), "--model"), "--model")
         chip = catalog.resolve_chip(_entry(hardware, settings.get("hardware"), "--hardware"),
@@ -68,11 +74,14 @@ def roofline_for(settings: dict[str, Any], model: str | None, hardware: str | No
         chosen = precision or settings.get("precision")
         if chosen:
             spec = catalog.with_precision(spec, chosen, "--precision", "--precision")
-        return Roofline(spec, chip, int(tp),
-                        expert_parallel=int(settings.get("expert_parallel") or 1),
-                        dp_attention=bool(settings.get("dp_attention")))  # fmt: skip
+        roof = Roofline(spec, chip)
     except ValidationError as exc:
         fail([str(p) for p in exc.problems], 2)
+    try:
+        # A point that does not state its TP (a vllm bench result): the flag's, else 1.
+        return fp.deployed(roof, point, fp.Deployment(parallel or 1, 1, False))
+    except fp.PointsError as exc:
+        fail(exc.lines)
 
 
 def published(
@@ -88,13 +97,13 @@ def published(
         fp.check_points(points)
     except fp.PointsError as exc:
         fail(exc.lines)
-    roof = roofline_for(points[0].settings, model, hardware, parallel, precision)
+    roof = roofline_for(points[0], model, hardware, parallel, precision)
+    # The speculating run is checked before the fit: a run that cannot be used costs no fit.
+    run = None if acceptance_from is None else _acceptance_run(acceptance_from, method, k, points)
     with ray_reported():  # the points' closed loops: where ``fanout`` says
         fit = fp.fit_points(points, roof, fanout=fanout)
     report = fit.report()
-    acceptance = None
-    if acceptance_from is not None:
-        acceptance = _acceptance(fit, acceptance_from, method, k)
+    acceptance = _acceptance(fit, *run) if run is not None else None
     document: dict[str, Any] = {
         "kind": KIND,
         "roofline": _RooflineFile.of(fit.roofline).model_dump(exclude_none=True),
@@ -115,8 +124,13 @@ def published(
         typer.echo(json.dumps(document, indent=2))
 
 
-def _acceptance(fit: Any, path: Path, method: str | None, k: int | None) -> dict[str, Any]:
+def _acceptance_run(path: Path, method: str | None, k: int | None,
+                    points: list[Any]) -> tuple[Any, str, int]:  # fmt: skip
+    """The ``--acceptance-from`` run, its method and its K: a run that speculated (its settings
+    say so), with the method and K the flags give where it states none, on the deployment the
+    points ran; anything else refused, naming the file and the field."""
     from speclens.sim import fit_points as fp
+    from speclens.sim.limits import MAX_NUM_SPEC_TOKENS
 
     if not (path / "summary.json").is_file():
         fail(f"command line: --acceptance-from: {path}: expected a run directory of one "
@@ -125,23 +139,48 @@ def _acceptance(fit: Any, path: Path, method: str | None, k: int | None) -> dict
         point = fp.read_point(path)
     except fp.PointsError as exc:
         fail(exc.lines)
+    file = path / "summary.json"
     stated_method = point.settings.get("method")
-    chosen = method or (stated_method if stated_method not in (None, "none") else None)
+    if stated_method in (None, "none"):
+        fail(f"{file}: settings.method: is {stated_method!r}: the run did not speculate, so its "
+             "TPOT implies no AL; --acceptance-from takes a speculating run")  # fmt: skip
+    if not isinstance(stated_method, str):
+        fail(f"{file}: settings.method: expected a method name or null, got {stated_method!r}")
+    if method is not None and stated_method != "unknown" and method != stated_method:
+        fail(f"{file}: settings.method: is {stated_method!r}, but --method says {method!r}: the "
+             "AL is inferred for the method the run ran; leave the flag out")  # fmt: skip
+    chosen = method or (stated_method if stated_method != "unknown" else None)
     if chosen is None:
-        fail("command line: --method: the speculating run's method (e.g. mtp): "
-             f"{path / 'summary.json'} states none", 2)  # fmt: skip
+        fail(f"command line: --method: the speculating run's method (e.g. mtp): {file} states "
+             f"{stated_method!r}", 2)  # fmt: skip
     stated_k = point.settings.get("num_spec_tokens")
-    kk = k or (stated_k if isinstance(stated_k, int) and stated_k >= 1 else None)
+    if stated_k is not None and not (isinstance(stated_k, int) and not isinstance(stated_k, bool)
+                                     and 1 <= stated_k <= MAX_NUM_SPEC_TOKENS):  # fmt: skip
+        fail(f"{file}: settings.num_spec_tokens: expected an integer from 1 to "
+             f"{MAX_NUM_SPEC_TOKENS} or null, got {stated_k!r}")  # fmt: skip
+    if k is not None and stated_k is not None and k != stated_k:
+        fail(f"{file}: settings.num_spec_tokens: is {stated_k}, but -k says {k}: the AL is "
+             "inferred at the K the run ran; leave the flag out")  # fmt: skip
+    kk = k or stated_k
     if kk is None:
-        fail(f"command line: --num-speculative-tokens: the run's K: {path / 'summary.json'} "
-             "states none (settings.num_spec_tokens)", 2)  # fmt: skip
-    deployment = [key for key in fp.DEPLOYMENT if key != "engine" and
-                  str(point.settings.get(key)) != str(fit.points[0].settings.get(key))]  # fmt: skip
-    if deployment:
-        fail([f"{path / 'summary.json'}: settings.{key}: {point.settings.get(key)!r}, but the "
-              f"fit's points ran {fit.points[0].settings.get(key)!r}" for key in deployment])  # fmt: skip
+        fail(f"command line: --num-speculative-tokens: the run's K: {file} states none "
+             "(settings.num_spec_tokens)", 2)  # fmt: skip
+    keys = [key for key in fp.DEPLOYMENT if key != "engine"] + ["disaggregated"]
+    ran = points[0].settings
+    differ = [key for key in keys if str(point.settings.get(key)) != str(ran.get(key))]
+    if differ:
+        fail([f"{file}: settings.{key}: {point.settings.get(key)!r}, but the fit's points ran "
+              f"{ran.get(key)!r}: the AL is inferred on the deployment the fit priced"
+              for key in differ])  # fmt: skip
+    return point, str(chosen), int(kk)
+
+
+def _acceptance(fit: Any, point: Any, chosen: str, kk: int) -> dict[str, Any]:
+    """The AL ``point``'s median TPOT implies on ``fit``, as the cost file records it."""
+    from speclens.sim import fit_points as fp
+
     try:
-        found = fp.infer_acceptance(fit, point, str(chosen), int(kk))
+        found = fp.infer_acceptance(fit, point, chosen, kk)
     except fp.PointsError as exc:
         fail(exc.lines)
     return {
@@ -156,10 +195,14 @@ def _acceptance(fit: Any, path: Path, method: str | None, k: int | None) -> dict
 
 def _print(console: Any, fit: Any, report: dict[str, Any], acceptance: dict[str, Any] | None,
            output: Path) -> None:  # fmt: skip
+    from speclens.sim.fit_points import Deployment
+
     roof = fit.roofline
     e = roof.efficiency
+    deployment = Deployment(roof.parallel, roof.expert_parallel, roof.dp_attention).describe()
     console.print(
-        f"roofline of {roof.model.name} on {roof.parallel} x {roof.chip.name}, fitted to "
+        f"roofline of {roof.model.name} on {roof.parallel} x {roof.chip.name} ({deployment}), "
+        "fitted to "
         f"{len(fit.points)} published points: compute efficiency {e.compute:.3g}, memory "
         f"efficiency {e.memory:.3g}, overhead {e.overhead * 1e3:.3f} ms per step + "
         f"{e.per_token * 1e6:.2f} us per decode token, front latency "

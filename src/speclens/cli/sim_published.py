@@ -166,9 +166,12 @@ def _check_prices(roof: Any, k: int, step_cost: Path) -> None:
     context) is not finite or over a year: the bound a bench-run replay holds (docs/bounds.md)."""
     import math
 
+    import numpy as np
+
     from speclens.runs.record import MAX_SECONDS
 
-    cheapest = float(min(roof.decode(1, 1, 1, 0, k), roof.prefill(1, 1, 1)))
+    with np.errstate(all="ignore"):  # a price that overflows is refused below, not warned of
+        cheapest = float(min(roof.decode(1, 1, 1, 0, k), roof.prefill(1, 1, 1)))
     if not (math.isfinite(cheapest) and cheapest <= MAX_SECONDS):
         fail(f"{step_cost}: roofline: prices a step at {cheapest:g} s at least: expected prices "
              f"in seconds (a run holds at most a year, {MAX_SECONDS:g} s; see roofline.chip and "

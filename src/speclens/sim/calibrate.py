@@ -643,6 +643,7 @@ def read_cost_file(path: Path) -> tuple[StepCost | Roofline, dict[str, Any]]:
     if isinstance(data, dict) and data.get("kind") == KIND:
         meta = {k: data.get(k) for k in ("fit", "provenance")}
         meta["front_latency_s"] = _front_in(data.get("fit"), path)
+        _fit_in(data.get("fit"), data.get("provenance"), path)
         if "roofline" in data:
             spec = validate(_RooflineFile, data.get("roofline"), str(path), "roofline")
             return spec.roofline(), meta
@@ -657,6 +658,34 @@ def _front_in(fit: Any, path: Path) -> float:
         raise ValidationError.single("fit.front_latency_s", f"expected seconds from 0 to "
                                      f"{MAX_FRONT_LATENCY:g}, got {value!r}", str(path))  # fmt: skip
     return float(value)
+
+
+def _fit_in(fit: Any, provenance: Any, path: Path) -> None:
+    """The fields of ``fit`` and ``provenance`` a replay reads, checked: ``fit`` a mapping,
+    its ``batch_widths`` two whole numbers of requests, low to high, its warnings text; the
+    ``provenance`` a mapping whose ``model`` and ``hardware`` are names."""
+    problem = None
+    if fit is not None and not isinstance(fit, dict):
+        problem = ("fit", f"expected a mapping (what calibrate writes), got {type(fit).__name__}")
+    elif isinstance(fit, dict):
+        widths = fit.get("batch_widths")
+        if widths is not None and not (
+            isinstance(widths, list) and len(widths) == 2
+            and all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths)
+            and widths[0] <= widths[1]
+        ):  # fmt: skip
+            problem = ("fit.batch_widths", f"expected [low, high] requests, got {widths!r}")
+        for key in ("misfit", "unusable"):
+            if fit.get(key) is not None and not isinstance(fit.get(key), str):
+                problem = (f"fit.{key}", f"expected text or null, got {fit.get(key)!r}")
+    if provenance is not None and not isinstance(provenance, dict):
+        problem = ("provenance", f"expected a mapping, got {type(provenance).__name__}")
+    elif isinstance(provenance, dict):
+        for key in ("model", "hardware"):
+            if provenance.get(key) is not None and not isinstance(provenance.get(key), str):
+                problem = (f"provenance.{key}", f"expected a name, got {provenance.get(key)!r}")
+    if problem is not None:
+        raise ValidationError.single(problem[0], problem[1], str(path))
 
 
 def extrapolation(meta: dict[str, Any], widths: tuple[int, int]) -> str | None:

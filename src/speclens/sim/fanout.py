@@ -7,10 +7,11 @@ computed in one of three places:
 - ``jobs`` fresh processes of this machine (spawned, never forked: each call is a pure function
   of its argument, so the results are those of one process);
 - Ray tasks, with ``ray_address``: ``"local"`` starts a Ray on this machine for the run
-  (``jobs`` CPUs, no dashboard, the workers' output not copied to this process) and stops it
-  after; any other address (``HOST:PORT``, ``ray://HOST:PORT``, ``auto``) joins the cluster
-  there (``ray.init(address=...)``), which keeps running after. Each call is one task of one
-  CPU; a cluster's nodes need speclens installed, at the driver's version.
+  (``jobs`` CPUs, no dashboard, the workers' output not copied to this process, every process
+  of it listening on loopback only) and stops it after; any other address (``HOST:PORT``,
+  ``ray://HOST:PORT``, ``auto``) joins the cluster there (``ray.init(address=...)``), which
+  keeps running after. Each call is one task of one CPU; a cluster's nodes need speclens
+  installed, at the driver's version.
 
 The same calls give the same results in all three: nothing a call computes depends on where it
 runs (every draw is seeded from its arguments). ``fn`` is a module-level function (a process or a
@@ -24,7 +25,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -33,6 +35,8 @@ R = TypeVar("R")
 
 #: The address that starts a Ray on this machine for the run instead of joining a cluster.
 LOCAL = "local"
+#: The only address a local Ray's processes listen on.
+LOCAL_IP = "127.0.0.1"
 #: How to install the optional dependency.
 INSTALL = "pip install 'speclens[ray]'"
 #: A cluster address: HOST:PORT (the head's GCS), ray://HOST:PORT (Ray Client), or auto (the
@@ -119,6 +123,22 @@ def run(
     return results
 
 
+@contextmanager
+def _one_machine(ray: Any) -> Iterator[None]:
+    """While a local Ray starts, its node address stays ``LOCAL_IP``. On Linux Ray swaps a
+    loopback node address for the machine's routable one (it expects other nodes to join), and
+    its GCS server, raylet, agents and workers then listen on every interface, with no
+    authentication; told the machine is a Ray of its own, as it takes macOS and Windows to be,
+    it keeps loopback, and they listen there only."""
+    constants = ray._private.ray_constants
+    before = constants.ENABLE_RAY_CLUSTER
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = before
+
+
 def _on_ray(
     fn: Callable[[A], R], calls: Sequence[A], jobs: int, address: str,
     take: Callable[[int, R], R], in_flight: int | None,
@@ -132,7 +152,9 @@ def _on_ray(
     try:
         if address == LOCAL:
             # address "local" starts a new Ray even where RAY_ADDRESS names a cluster
-            ray.init(address=LOCAL, num_cpus=jobs, include_dashboard=False, **quiet)
+            with _one_machine(ray):
+                ray.init(address=LOCAL, num_cpus=jobs, include_dashboard=False,
+                         _node_ip_address=LOCAL_IP, **quiet)  # fmt: skip
         else:
             ray.init(address=address, **quiet)
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError, ...

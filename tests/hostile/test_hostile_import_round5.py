@@ -295,7 +295,7 @@ def test_a_summary_field_readers_refuse_is_never_written(run_cli, tmp_path):
     source = write_points(tmp_path / "bench.json", [point(), bad])
     line = refused(run_cli, ["import", "inferencex", source], tmp_path / "out")
     assert line == (f"{source}: [1]: settings.gpus: expected null or an integer > 0, got "
-                    f"{2 * half} (in the summary written from it)")  # fmt: skip
+                    f"{2 * half} (in the summary made from it)")  # fmt: skip
 
 
 def test_every_imported_summary_is_read_back_by_the_run_reader(run_cli, tmp_path):

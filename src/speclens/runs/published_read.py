@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -84,7 +84,7 @@ def _parse_int(text: str) -> int | Oversized:
 
 
 def _decoder() -> json.JSONDecoder:
-    return json.JSONDecoder(parse_int=_parse_int)  # type: ignore[arg-type]
+    return json.JSONDecoder(parse_int=_parse_int)
 
 
 def _got(value: object) -> str:
@@ -384,7 +384,7 @@ def readable(summary: dict[str, Any], where: str) -> dict[str, Any]:
     that nothing is written that cannot be read back."""
     problems = aggregate_problems(summary, where)
     if problems:
-        raise InputError([f"{problems[0]} (in the summary written from it)"], 1)
+        raise InputError([f"{problems[0]} (in the summary made from it)"], 1)
     return summary
 
 
@@ -617,7 +617,7 @@ def _vllm_problem(data: dict[str, Any], where: str) -> str | None:
     return _acceptance_problem(data, bad)
 
 
-def _acceptance_problem(data: dict[str, Any], bad: Any) -> str | None:
+def _acceptance_problem(data: dict[str, Any], bad: Callable[[str, str], str]) -> str | None:
     """The AL and per-position rates as every AL reader checks them (``acceptance.quantity``):
     rates in [0, 1], at most ``MAX_NUM_SPEC_TOKENS`` of them (their count is K), never rising,
     summing to AL - 1; AL in [1, K + 1] (K + 1 at most ``MAX_NUM_SPEC_TOKENS`` + 1 when no

@@ -117,6 +117,28 @@ def test_a_sweep_written_before_the_interrupt_is_removed(tmp_path, monkeypatch):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("during", ["stage", "sweep"])
+def test_a_second_interrupt_does_not_cut_the_clean_up_short(tmp_path, monkeypatch, during):
+    """A write fails part way, and a Ctrl-C arrives as the clean-up removes the failed sweep's
+    hidden stage, or a sweep already written: the clean-up still removes everything, then the
+    Ctrl-C is delivered."""
+    out = tmp_path / "out"
+    (summary,) = [published_read.inferencex_summary(p) for p in published_read.read_inferencex(
+        write_points(tmp_path / "b.json", [point()]))]  # fmt: skip
+    real, interrupted = published._remove, []
+
+    def interrupting(path):
+        if not interrupted and path.name.startswith(".") == (during == "stage"):
+            interrupted.append(path)
+            signal.raise_signal(signal.SIGINT)
+        real(path)
+
+    monkeypatch.setattr(published, "_remove", interrupting)
+    with pytest.raises(KeyboardInterrupt):  # concurrency 4 twice: the third sweep fails
+        published.write_sweeps(out, {"a": [summary], "b": [summary], "c": [summary] * 2})
+    assert interrupted and not out.exists()
+
+
 # ------------------------------------------------------------------- 2. numbers too long
 @pytest.mark.parametrize(
     ("key", "literal", "expected"),

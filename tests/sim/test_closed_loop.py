@@ -99,6 +99,20 @@ def test_decode_steps_follow_the_acceptance_length() -> None:
             assert steps == math.ceil((s.outputs[r] - 1) / al)
 
 
+def test_one_speculating_client_matches_the_closed_form() -> None:
+    """At concurrency 1, K 3 and AL 2.5: a request's decode step j verifies K + 1 tokens over a
+    context of its prompt + 1 + 2.5 j (AL tokens emitted a step), and its K drafter forwards
+    each draft for it; TPOT is their sum over its tokens less one."""
+    s = schedule(Load(1, 200, 50, 3, 2.5, requests=5))
+    f = s.figures(COST)
+    steps = np.ceil((s.outputs - 1) / 2.5).astype(int)
+    draft = 3 * (4e-4 + 2e-6 * 1)
+    decode = np.array([sum(2e-3 + 3e-5 * 4 + 1e-4 + 2e-7 * (p + 1 + 2.5 * j) + draft
+                           for j in range(n))
+                       for p, n in zip(s.inputs, steps, strict=True)])  # fmt: skip
+    np.testing.assert_allclose(f.tpot_s, decode / (s.outputs - 1), rtol=1e-9)
+
+
 def test_tpot_falls_as_the_acceptance_length_rises() -> None:
     roof = _roofline()
     tpots = [schedule(Load(16, 1024, 256, 3, al)).figures(roof, 0.0, 8).median_tpot_s

@@ -78,6 +78,7 @@ def test_the_fit_reproduces_points_a_known_roofline_made(tmp_path: Path) -> None
     # memory efficiency from a start of 1.0, the overhead from 6.6 ms.
     assert fit.roofline.efficiency.memory == pytest.approx(TRUTH.memory, rel=0.03)
     assert fit.roofline.efficiency.overhead == pytest.approx(TRUTH.overhead, rel=0.03)
+    assert not {"memory", "overhead", "front_latency_s"} & set(fit.not_pinned)
     # Held out: a concurrency the fit never saw.
     unseen = fp.read_point(write_point(tmp_path / "c32", _settings(32)))
     f = schedule(unseen.load()).figures(fit.roofline, fit.front_latency_s, 8)
@@ -140,7 +141,8 @@ def test_a_disaggregated_or_speculating_point_is_refused(tmp_path: Path) -> None
      ({"figures.latency_ms.tpot.p50": -1.0}, "figures.latency_ms.tpot.p50: expected a number > 0"),
      ({"figures.latency_ms.tpot.p50": float("nan")}, "figures.latency_ms.tpot.p50: expected"),
      ({"settings.concurrency": 0}, "settings.concurrency: expected an integer >= 1, got 0"),
-     ({"settings.concurrency": "4"}, "settings.concurrency: expected an integer >= 1, got '4'")],
+     ({"settings.concurrency": "4"}, "settings.concurrency: expected an integer >= 1, got '4'"),
+     ({"settings.gpus": True}, "settings.gpus: expected an integer >= 1, got True")],
 )  # fmt: skip
 def test_a_bad_point_is_named_by_file_and_field(tmp_path: Path, change: dict[str, Any],
                                                 message: str) -> None:  # fmt: skip
@@ -287,6 +289,7 @@ def test_the_al_range_is_the_fits_largest_tpot_error_either_way(tmp_path: Path) 
     # decode step's share of TPOT.
     loose = fp.infer_acceptance(_fit_by_hand(_errors([0.05, -0.1, 0.02], **far)), spec, "mtp", 3)
     assert loose.low < loose.acceptance_length < loose.high
+    assert loose.predicted_tpot_ms == pytest.approx(loose.tpot_ms, rel=0.01)  # at the AL found
     assert _model_tpot(spec, loose.low) == pytest.approx(spec.tpot_s / 0.9, rel=0.01)
     assert _model_tpot(spec, loose.high) == pytest.approx(spec.tpot_s * 0.9, rel=0.01)
 
@@ -299,3 +302,86 @@ def test_the_al_is_searched_up_to_k_plus_one(tmp_path: Path, al: float) -> None:
     found = fp.infer_acceptance(fit, spec, "mtp", 3)
     assert found.acceptance_length == pytest.approx(al, abs=0.08)
     assert 3.0 < found.low <= found.high <= 4.0
+
+
+def _fitted(fit: fp.Fit) -> dict[str, float]:
+    e = fit.roofline.efficiency
+    return {"compute": e.compute, "memory": e.memory, "overhead": e.overhead,
+            "per_token": e.per_token, "front_latency_s": fit.front_latency_s}  # fmt: skip
+
+
+def test_not_pinned_down_is_what_a_2x_move_changes_by_under_2_percent(tmp_path: Path) -> None:
+    """Each parameter moved 2x (halved where doubling leaves its bounds) and every point's
+    three figures priced again: the report names exactly those that change none by 2%. At
+    concurrency 1 to 3 and short prompts, compute moves nothing and a decode token's price
+    under 2% (a step carries at most 3 of them): both named."""
+    points = fp.read_points(
+        [_sweep(tmp_path / "off", (1, 2, 3), input_tokens={"min": 64, "max": 64})]
+    )
+    fit = fp.fit_points(points, _roof())
+    values = _fitted(fit)
+    loads = [schedule(p.load()) for p in points]
+
+    def figures(v: dict[str, float]) -> np.ndarray:
+        update = {k: x for k, x in v.items() if k != "front_latency_s"}
+        roof = replace(fit.roofline, efficiency=fit.roofline.efficiency.model_copy(update=update))
+        out = [
+            s.figures(roof, v["front_latency_s"], p.gpus)
+            for s, p in zip(loads, points, strict=True)
+        ]
+        return np.log([[f.median_tpot_s, f.median_ttft_s, f.throughput_per_gpu] for f in out])
+
+    base, effects = figures(values), {}
+    for name, value in values.items():
+        factor = 2.0 if 2 * value <= fp.PARAMETERS[name][1] else 0.5
+        effects[name] = float(np.max(np.abs(figures({**values, name: value * factor}) - base)))
+    unseen = {name for name, effect in effects.items() if effect < np.log1p(0.02)}
+    assert set(fit.not_pinned) == unseen
+    assert {"compute", "per_token"} <= unseen, effects
+    assert effects["per_token"] > np.log1p(0.005)  # seen, a little: under 2%, over 0.5%
+
+
+def test_a_start_priced_per_sequence_is_fitted_per_token(tmp_path: Path) -> None:
+    """A roofline that prices a decode step per sequence starts the fit at that price per token
+    (on one-token decode steps the two are one), and the fitted roofline prices per token only.
+    At concurrency 1 to 4 the points barely see that price, so the fit keeps it near its start;
+    a start with neither price starts at the bound and still fits."""
+    points = fp.read_points(
+        [_sweep(tmp_path / "off", (1, 2, 4), input_tokens={"min": 64, "max": 64})]
+    )
+    default = _roof().efficiency
+    per_seq = default.model_copy(update={"per_token": 0.0, "per_sequence": default.per_token})
+    fit = fp.fit_points(points, _roof(per_seq))
+    assert fit.roofline.efficiency.per_sequence == 0.0
+    assert fit.roofline.efficiency.per_token == pytest.approx(default.per_token, rel=0.1)
+    free = default.model_copy(update={"per_token": 0.0, "per_sequence": 0.0})
+    report = fp.fit_points(points, _roof(free)).report()
+    assert report["tpot_error_median"] < 0.02 and report["throughput_error_median"] < 0.02
+
+
+def test_a_points_gpus_are_its_stated_gpus_before_its_tensor_parallelism() -> None:
+    """Throughput per GPU divides by the GPUs the point states; without them, by its TP."""
+    assert _point(_settings(4, gpus=16, tensor_parallel=8)).gpus == 16
+    assert _point(_settings(4, gpus=None, tensor_parallel=4)).gpus == 4
+    assert _point(_settings(4, gpus=None, tensor_parallel=None)).gpus == 1
+
+
+@pytest.mark.parametrize("al, end", [(1.05, "low"), (3.95, "high")])
+def test_the_al_range_stops_at_1_and_k_plus_1(tmp_path: Path, al: float, end: str) -> None:
+    """Near an end of [1, K + 1], a TPOT 10% off that no AL reaches bounds the range at that
+    end (AL 1: no draft accepted; K + 1: every one)."""
+    spec = fp.read_point(write_point(tmp_path / "mtp", _settings(4, method="mtp"), k=3, al=al))
+    fit = _fit_by_hand(_errors([0.05, -0.1, 0.02], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]))
+    found = fp.infer_acceptance(fit, spec, "mtp", 3)
+    assert found.acceptance_length == pytest.approx(al, abs=0.08)
+    if end == "low":
+        assert found.low == 1.0 and found.acceptance_length < found.high < 4.0
+    else:
+        assert found.high == 4.0 and 1.0 < found.low < found.acceptance_length
+
+
+def test_a_point_is_simulated_at_its_benchmarks_longest_lengths() -> None:
+    """A summary states the drawn lengths' range; the loop draws on [0.8 L, L] from its top."""
+    lengths = {"input_tokens": {"min": 819, "max": 1024}, "output_tokens": {"min": 204, "max": 256}}
+    load = _point(_settings(4, **lengths)).load()
+    assert (load.input_tokens, load.output_tokens) == (1024, 256)

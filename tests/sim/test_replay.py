@@ -165,6 +165,40 @@ def test_counts_only_acceptance_spreads_the_accepted_drafts_over_its_steps() -> 
     assert sorted(n for _, n in record.itl_runs) == [2, 2, 3, 3]
 
 
+def test_a_request_runs_the_decode_steps_the_server_counted() -> None:
+    """speclens serve counts every decode step (``num_decode_steps``) and its acceptance in
+    full, though ``max_tokens`` cut the last step: 2 verify steps accepting 4 and 1, 6 decode
+    steps, 10 tokens. Counted from its tokens (9 - 5) it ran 4 steps; it ran 6: 4 that drafted
+    nothing, the one that accepted 1, and last, always, the one that accepted 4 of which 2 were
+    kept (the only one that accepted 2 or more)."""
+    req = TraceRequest(0, 0.0, 10, 10, "c", 2, 5, {4: 1, 1: 1}, decode_steps=6)
+    for seed in range(5):
+        (record,) = replay(trace([req], 1), TRUE, K, 256, 8192, seed=seed).records
+        assert record.spec is not None and record.spec["num_decode_steps"] == 6
+        assert record.spec["acceptance_histogram"] == {4: 1, 1: 1}
+        emitted = [n for _, n in record.itl_runs]
+        assert emitted[-1] == 3 and sorted(emitted[:-1]) == [1, 1, 1, 1, 2], (seed, emitted)
+
+
+@pytest.mark.parametrize(
+    ("completion", "histogram", "decode_steps", "steps", "why"),
+    [(10, {4: 1, 1: 1}, 9, 4, "no step accepted the 5 it would lose"),
+     (10, {4: 1, 1: 1}, 3, 4, "short of the completion"),
+     (8, {4: 2}, 1, 2, "fewer steps than its verify steps")],
+)  # fmt: skip
+def test_decode_steps_that_cannot_be_fill_up_to_the_completion(
+    completion: int, histogram: dict[int, int], decode_steps: int, steps: int, why: str
+) -> None:
+    """Where the stated count cannot be the request's steps (another engine's count, or a stop
+    string's cut), the steps that drafted nothing fill up to its completion, as without one."""
+    accepted = sum(j * n for j, n in histogram.items())
+    req = TraceRequest(0, 0.0, 10, completion, "c", sum(histogram.values()), accepted, histogram,
+                       decode_steps=decode_steps)  # fmt: skip
+    (record,) = replay(trace([req], 1), TRUE, K, 256, 8192).records
+    assert record.spec is not None and record.spec["num_decode_steps"] == steps, why
+    assert sum(n for _, n in record.itl_runs) == completion - 1, why
+
+
 def test_token_counts_without_steps_decode_on_the_fewest_verify_steps_that_drafted_them() -> None:
     """llama.cpp counts drafted and accepted tokens only: 9 drafted at K 4 took at least 3
     verify steps; its 5 accepted drafts spread over them (2, 2, 1), the rest a token a step."""
@@ -284,6 +318,9 @@ def test_a_run_directory_is_a_trace_with_its_loop_k_and_acceptance(tmp_path: Pat
     for req in reqs:
         assert by[req.index].histogram == req.histogram
         assert by[req.index].output_tokens == req.output_tokens
+    rows = map(json.loads, (run / "records.jsonl").read_text().splitlines())
+    counted = {row["index"]: row["spec_decode_acceptance"]["num_decode_steps"] for row in rows}
+    assert {i: r.decode_steps for i, r in by.items()} == counted  # every step, drafted or not
 
 
 def test_a_llamacpp_run_is_a_trace_with_its_stated_k_cache_and_slots(tmp_path: Path) -> None:

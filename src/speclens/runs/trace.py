@@ -2,11 +2,12 @@
 
 Two sources. A bench (or sim) run directory: each measured request's start, prompt and
 completion tokens (and the prompt tokens the server took from its prefix cache, where it says),
-and its realized acceptance (verify steps, accepted drafts, histogram; or, as llama.cpp reports
-it, drafted and accepted tokens only), with the run's loop (closed at its concurrency, or open at
-its arrival times), K, and the most sequences the server decodes at once where it says. Or a
-Mooncake-style JSONL file, one request per line: ``timestamp`` (milliseconds), ``input_length``,
-``output_length``; open loop, no acceptance.
+and its realized acceptance (verify steps, accepted drafts, histogram, and every decode step
+where the server counts them; or, as llama.cpp reports it, drafted and accepted tokens only),
+with the run's loop (closed at its concurrency, or open at its arrival times), K, and the most
+sequences the server decodes at once where it says. Or a Mooncake-style JSONL file, one
+request per line: ``timestamp`` (milliseconds), ``input_length``, ``output_length``; open loop,
+no acceptance.
 
 Every problem is one line naming the file, the line or field, and what was expected.
 """
@@ -65,6 +66,7 @@ class TraceRequest:
     histogram: dict[int, int] | None = None  # {accepted drafts: verify steps}
     drafted: int | None = None  # draft tokens verified (where the engine counts only tokens)
     cached: int = 0  # prompt tokens the server took from its prefix cache (not computed)
+    decode_steps: int | None = None  # every decode step, drafted or not, where the server counts
 
     def verify_steps(self, k: int) -> int | None:
         """Its verify steps: as stated, or counted from its tokens (``counted_verify_steps``);
@@ -159,6 +161,7 @@ def _run_trace(path: Path) -> Trace:
             int(row["index"]), float(arrival), int(row["prompt_tokens"]),
             int(row["completion_tokens"]), str(row.get("category") or "trace"),
             *_acceptance(row.get("spec_decode_acceptance")), int(row.get("cached_tokens") or 0),
+            _decode_steps(row.get("spec_decode_acceptance")),
         ))  # fmt: skip
     if problems:
         raise TraceError(problems[:10])
@@ -184,6 +187,15 @@ def _acceptance(
     return (int(spec["num_spec_steps"]), int(spec["num_accepted_draft_tokens"]),
             {int(j): int(n) for j, n in histogram.items()} if histogram else None,
             drafted)  # fmt: skip
+
+
+def _decode_steps(spec: dict[str, Any] | None) -> int | None:
+    """Its decode steps as the server counted them (``num_decode_steps``: speclens serve and
+    sim), where it states acceptance and them; else None."""
+    if not spec or spec.get("num_accepted_draft_tokens") is None:
+        return None
+    steps = spec.get("num_decode_steps")
+    return int(steps) if steps else None
 
 
 def _k(run: Any) -> int | None:

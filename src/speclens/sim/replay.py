@@ -6,7 +6,11 @@ decode steps come from the trace instead of a forced schedule's draws.
 A request's decode steps: its verify steps each emit one token plus the drafts it accepted (the
 histogram's steps in a seeded random order; counts only, the accepted drafts spread as evenly
 as they go, over ``TraceRequest.verify_steps`` where the engine counts tokens, not steps), and
-steps that drafted nothing (one token each) fill up to its completion tokens.
+steps that drafted nothing (one token each) fill up to its completion tokens; where the server
+counted its decode steps (``num_decode_steps``), exactly those, the step ``max_tokens`` cut
+last. ``calibrate`` prices a step over the steps the server counted: a replay that ran fewer
+(on speclens serve with n-gram drafting, a request ends on a verify step whose accepted drafts
+``max_tokens`` cut, up to K steps short) ran fast by that many.
 A request whose trace states no acceptance decodes one token a step. A prefill computes only the
 prompt tokens the server did not take from its prefix cache (``cached_tokens``, where it said).
 """
@@ -56,6 +60,22 @@ class Recorded:
         spread: np.ndarray = np.minimum(each + (self.rng.permutation(steps) < extra), self.k)
         return spread
 
+    @staticmethod
+    def _plain_steps(need: int, accepted: np.ndarray, decode_steps: int | None) -> tuple[int, int]:
+        """(steps that drafted nothing, drafts the last step lost to ``max_tokens``). Where the
+        server counted its decode steps (``decode_steps``), as many as it ran: its accepted
+        drafts then emit past the completion by what ``max_tokens`` cut from its last step
+        (one of the verify steps that accepted that many). Else, or where the counts cannot be
+        so (another engine's, or a stop string's cut), the plain steps fill up to the completion.
+        """
+        emitted = int((1 + accepted).sum())
+        if decode_steps is not None and decode_steps >= accepted.size:
+            plain = decode_steps - accepted.size
+            cut = emitted + plain - need
+            if cut == 0 or (cut > 0 and bool((accepted >= cut).any())):
+                return plain, cut
+        return max(0, need - emitted), 0
+
     def trajectories(
         self, inputs: np.ndarray, outputs: np.ndarray, indices: Sequence[int]
     ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
@@ -69,12 +89,16 @@ class Recorded:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         need = max(completion - 1, 0)  # the prefill emits the first token
         accepted = self._verify_steps(r)
-        plain = max(0, need - int((1 + accepted).sum()))
+        plain, cut = self._plain_steps(need, accepted, r.decode_steps)
         order = self.rng.permutation(accepted.size + plain) if plain and accepted.size else None
         drafting = np.concatenate([np.ones(accepted.size, bool), np.zeros(plain, bool)])
         accepted = np.concatenate([accepted, np.zeros(plain, np.int64)])
         if order is not None:
             drafting, accepted = drafting[order], accepted[order]
+        if cut:  # the step max_tokens cut comes last: one that accepted at least what it lost
+            last = self.rng.choice(np.flatnonzero(drafting & (accepted >= cut)))
+            tail = [int(last), accepted.size - 1]
+            drafting[tail], accepted[tail] = drafting[tail[::-1]], accepted[tail[::-1]]
         total = np.cumsum(1 + accepted)
         steps = int(np.searchsorted(total, need)) + 1 if need else 0
         drafting, accepted = drafting[:steps], accepted[:steps]

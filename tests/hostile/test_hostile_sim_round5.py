@@ -99,3 +99,101 @@ def test_the_step_exact_loop_prints_no_engine_log_lines(run_cli, tmp_path: Path)
     for text in (out, err):
         assert "Forced speculative acceptance ON" not in text
         assert "synthetic" not in text and "INFO " not in text
+
+
+def _closed(tmp_path: Path, name: str, concurrency: int, requests: int) -> Path:
+    workload = {**SCENARIO["workload"], "concurrency": concurrency, "requests": requests}
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({**SCENARIO, "workload": workload}))
+    return path
+
+
+def test_a_swept_concurrency_over_the_requests_is_refused(run_cli, tmp_path) -> None:
+    """At concurrency 64 a closed loop of 32 requests would run concurrency 32's run again:
+    refused before any simulation, nothing written."""
+    path = _closed(tmp_path, "s.yaml", 8, 32)
+    out_dir = tmp_path / "run"
+    code, out, err = run_cli("sim", path, "--sweep", "concurrency=4,64", "--jobs", "1",
+                             "--output-dir", out_dir)  # fmt: skip
+    assert (code, out) == (2, ""), err
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"command line: --sweep: concurrency=64 with {path}: concurrency 64 "
+                           "is over workload.requests 32: ")  # fmt: skip
+    assert not out_dir.exists()
+
+
+def test_the_scenarios_own_concurrency_over_its_requests_is_named(run_cli, tmp_path) -> None:
+    path = _closed(tmp_path, "s.yaml", 64, 32)
+    for extra in ([], ["--sweep", "num_spec_tokens=1..2"]):
+        code, out, err = run_cli("sim", path, "--jobs", "1", *extra)
+        assert (code, out) == (1, ""), err
+        (line,) = err.strip().splitlines()
+        assert line.startswith(f"{path}: workload.concurrency: concurrency 64 is over "
+                               "workload.requests 32")  # fmt: skip
+
+
+def test_a_concurrency_equal_to_the_requests_keeps_its_burst_and_says_so(run_cli, tmp_path):
+    path = _closed(tmp_path, "s.yaml", 32, 32)
+    code, out, err = run_cli("sim", path, "--jobs", "1", "--json")
+    assert code == 0, err
+    warmup = json.loads(out)["warmup"]
+    assert (warmup["requests"], warmup["left_out_of"]) == (0, [])
+    code, out, err = run_cli("sim", path, "--sweep", "concurrency=4,32", "--jobs", "1")
+    assert code == 0, err
+    assert "latencies include the start-up burst at concurrency=32: " in out
+    assert "latencies leave out each point's warm-up" in out
+
+
+def test_a_context_schedule_refuses_a_concurrency_over_the_requests(run_cli, tmp_path) -> None:
+    path = _closed(tmp_path, "s.yaml", 8, 12)
+    code, out, err = run_cli("sim", path, *GRID, "--context", "1k")
+    assert (code, out) == (2, ""), err
+    assert err.startswith("command line: --sweep: concurrency=16 with ")
+
+
+def _ttft(run_cli, tmp_path: Path, requests: int) -> tuple[dict[str, Any], float]:
+    """sim's TTFT figures for a closed loop of 32 at ``requests``, and the standard error of
+    the measured requests' mean (from the run's records)."""
+    import statistics
+
+    workload = {**SCENARIO["workload"], "concurrency": 32, "requests": requests,
+                "input_tokens": {"min": 256, "max": 1024}, "output_tokens": {"min": 32, "max": 128}}  # fmt: skip
+    path = tmp_path / f"r{requests}.yaml"
+    path.write_text(yaml.safe_dump({**SCENARIO, "workload": workload}))
+    out_dir = tmp_path / f"run{requests}"
+    code, out, err = run_cli("sim", path, "--json", "--output-dir", out_dir)
+    assert code == 0, err
+    row = json.loads(out)
+    assert row["warmup"]["requests"] == 32 and row["warmup"]["left_out_of"] == [
+        "ttft", "tpot", "itl", "e2e"]  # fmt: skip
+    rows = [json.loads(line) for line in (out_dir / "records.jsonl").read_text().splitlines()]
+    measured = [r["ttft_s"] * 1e3 for r in rows if r["index"] >= 32]
+    assert len(measured) == requests - 32
+    assert row["latency_ms"]["ttft"]["mean"] == pytest.approx(statistics.fmean(measured))
+    summary = json.loads((out_dir / "summary.json").read_text())
+    written = summary["figures"]["latency_ms"]["ttft"]
+    for stat in ("mean", "p50", "p99"):  # the sketch's percentiles: within 2^-12 relative
+        assert written[stat] == pytest.approx(row["latency_ms"]["ttft"][stat], rel=2.0**-12)
+    return row, statistics.stdev(measured) / len(measured) ** 0.5
+
+
+def test_ttft_leaves_out_the_start_up_burst(run_cli, tmp_path: Path) -> None:
+    """32 requests admitted at once into an idle engine wait for one long prefill: with 64
+    requests they were half the figures (TTFT mean about 5x that of 512 requests). Left out as
+    a warm-up, both runs measure the same steady state: the means agree within 4 standard
+    errors (seed 0)."""
+    short, se_short = _ttft(run_cli, tmp_path, 64)
+    long, se_long = _ttft(run_cli, tmp_path, 512)
+    gap = abs(short["latency_ms"]["ttft"]["mean"] - long["latency_ms"]["ttft"]["mean"])
+    assert gap < 4 * (se_short**2 + se_long**2) ** 0.5
+    assert short["throughput"]["requests_per_s"] * short["makespan_s"] == pytest.approx(64)
+
+
+def test_the_printed_output_says_what_the_warm_up_left_out(run_cli, tmp_path: Path) -> None:
+    path = _closed(tmp_path, "s.yaml", 8, 32)
+    code, out, err = run_cli("sim", path, "--jobs", "1")
+    assert code == 0, err
+    assert "latencies leave out the warm-up: requests 0..7 (8 of 32), admitted at once into " in out
+    code, out, err = run_cli("sim", path, "--sweep", "concurrency=4,8", "--jobs", "1")
+    assert code == 0, err
+    assert "latencies leave out each point's warm-up: its first requests (as many as its " in out

@@ -151,7 +151,9 @@ def test_the_grid_answers_on_its_first_line(run_cli, tmp_path: Path) -> None:
 
 
 def test_the_sweep_report_opens_with_the_decision(run_cli, tmp_path: Path) -> None:
-    path = _scenario(tmp_path, requests=16)
+    path = _scenario(
+        tmp_path, requests=128
+    )  # twice the top concurrency: its warm-up, as many measured
     out_dir = tmp_path / "grid"
     code, _, err = run_cli("sim", path, "--sweep", "num_spec_tokens=1..2", "--sweep",
                            "concurrency=4,64", "--at-interactivity", "120",

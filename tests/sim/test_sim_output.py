@@ -16,6 +16,7 @@ from speclens.runs.figures import summarize
 from speclens.runs.record import from_json, row_problems
 from speclens.runs.report import record_from_row, record_row
 from speclens.runs.request import RunResult
+from speclens.sim import run_output
 from speclens.sim.run_output import ENGINE, spec_record
 from speclens.sim.scenario import Scenario
 from speclens.sim.simulate import simulate
@@ -105,7 +106,22 @@ def test_summary_figures_are_the_printed_figures(run) -> None:
     """Kills the mutation: ``run_output.from_trace`` timing a request's first decode gap from
     its arrival instead of its first token (the ITL would differ from what sim prints)."""
     result, records = run
-    _assert_same_figures(result, summarize(RunResult(records, 0.0, result["makespan_s"])))
+    summary = run_output.summary(records, result["makespan_s"], {}, {}, result)
+    _assert_same_figures(result, summary["figures"])
+
+
+def test_the_warm_up_is_left_out_of_the_latencies_only(run) -> None:
+    """The closed loop's first ``concurrency`` requests (6, on 2 replicas) are its warm-up:
+    summary.json's latencies are those of the others, its throughput and AL every request's."""
+    result, records = run
+    assert result["warmup"]["requests"] == 6
+    figures = run_output.summary(records, result["makespan_s"], {}, {}, result)["figures"]
+    every = summarize(RunResult(records, 0.0, result["makespan_s"]))
+    measured = summarize(RunResult(records[6:], 0.0, result["makespan_s"]))
+    assert [r.index for r in records[:6]] == list(range(6))
+    assert figures["latency_ms"] == measured["latency_ms"] != every["latency_ms"]
+    assert figures["throughput"] == every["throughput"]
+    assert figures["acceptance"] == every["acceptance"]
 
 
 def test_rows_read_back_give_the_same_figures(run) -> None:

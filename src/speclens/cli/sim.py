@@ -275,6 +275,7 @@ def sim(
         fast = not exact and not any(fallbacks)
         budget = max_request_steps or (MAX_FAST_REQUEST_STEPS if fast else MAX_REQUEST_STEPS)
         check(scenario, str(scenario_path), ks, budget, runs=len(grid), base=scenario_path.parent)
+        _check_closed_loop(scenario_path, scenario, grid)
         reg = load_registry(registry)
     out = _open_output(output_dir, scenario, axes, grid, seed) if output_dir else None
 
@@ -414,6 +415,7 @@ def _schedule_command(
         assert spec is not None
         if emit is not None:  # what the engine cannot take is refused before any simulation
             _check_emit(scenario_path, base_scenario, emit, spec.method, ks)
+        _check_closed_loop(scenario_path, base_scenario, grid)
         reg = load_registry(registry)
         resolved = {}
         for k in ks:
@@ -482,6 +484,22 @@ def _schedule_command(
         except OSError as exc:
             fail(f"{exc.filename or output_dir}: cannot write: {exc.strerror or exc}")
         (err_console if as_json else out_console).print(f"wrote {target_file}", markup=False)
+
+
+def _check_closed_loop(path: Path, scenario: Any, grid: list[dict[str, int]]) -> None:
+    """A closed loop at a concurrency over the requests (it would repeat the run at that many)
+    is refused before any simulation: a ``--sweep`` point exit 2, the scenario's own
+    concurrency exit 1."""
+    from speclens.sim.simulate import closed_loop_problem
+
+    for c in sorted({g["concurrency"] for g in grid if "concurrency" in g}, reverse=True):
+        problem = closed_loop_problem(scenario, c)
+        if problem:
+            fail(f"command line: --sweep: concurrency={c} with {path}: {problem}", code=2)
+        return
+    problem = closed_loop_problem(scenario)
+    if problem:
+        fail(f"{path}: workload.concurrency: {problem}")
 
 
 def _check_emit(path: Path, scenario: Any, engine: str, method: str, ks: list[int]) -> None:
@@ -681,6 +699,8 @@ def _print(rows: list[dict[str, Any]], axes: list[str]) -> None:
     )
     for index, pricing in rows[0].get("pricing", {}).items():
         out_console.print(f"pool {index} steps: {_pricing(pricing)}")
+    for line in _warmup_lines(rows, axes):
+        out_console.print(line, markup=False, highlight=False, soft_wrap=True)
     res = rows[0]["resolution"]
     if res:
         out_console.print(
@@ -693,6 +713,27 @@ def _print(rows: list[dict[str, Any]], axes: list[str]) -> None:
             )
             + (f"; source: {res['source']}" if res.get("source") else "")
         )
+
+
+def _warmup_lines(rows: list[dict[str, Any]], axes: list[str]) -> list[str]:
+    """What the latencies left out: the one run's line, or for a sweep the rule once and the
+    points too short to leave out theirs."""
+    notes = [r.get("warmup") for r in rows]
+    lines = {n["line"] for n in notes if n}
+    if len(lines) <= 1:
+        return sorted(lines)
+    out = []
+    if any(n and n["requests"] for n in notes):
+        out.append("latencies leave out each point's warm-up: its first requests (as many as "
+                   "its concurrency), admitted at once into idle engines at the start; "
+                   "throughput and acceptance count every request (warmup in --json)")  # fmt: skip
+    short = [" ".join(f"{a}={r['sweep'][a]}" for a in axes) for r, n in zip(rows, notes,
+             strict=True) if n and not n["requests"]]  # fmt: skip
+    if short:
+        out.append(f"latencies include the start-up burst at {', '.join(short)}: a warm-up as "
+                   "large as the concurrency would leave no request; raise workload.requests "
+                   "above it to leave it out")  # fmt: skip
+    return out
 
 
 def _pricing(p: dict[str, Any]) -> str:

@@ -243,6 +243,7 @@ def run_replica(
     draws: Trajectories | None = None,
     cached: Mapping[int, int] | None = None,
     front: float = 0.0,
+    warmup: int = 0,
 ) -> Counts:
     """Run one replica over ``requests`` (index, arrival, input tokens, output tokens) in
     arrival order, as ``simulate._run_replica`` drives the engine; finished requests go to
@@ -252,7 +253,9 @@ def run_replica(
     ``rates`` and ``coverage``; ``cached``: by request index, the prompt tokens its prefill
     takes from a prefix cache (a replay of a server that said so): not computed, so not priced,
     though they sit in its context; ``front``: seconds from a request's arrival to the engine
-    seeing it (a server's front end: HTTP, tokenizing, handing it over), which no step pays."""
+    seeing it (a server's front end: HTTP, tokenizing, handing it over), which no step pays;
+    ``warmup``: the first requests taken (a closed loop's admissions into the idle engine) count
+    in ``pooled`` and ``tally``'s totals (throughput) but in none of its latencies."""
     if draws is None:
         draws = _Draws(k, rates, coverage, rng)
     span = longest_output + 2
@@ -277,11 +280,14 @@ def run_replica(
     gaps = _Gaps(tally, k)
     clocks: list[float] = []  # with ``traced``: when each decode step ended
     traces: dict[int, tuple[Item, int, float]] = {}  # with ``traced``: item, first step, first
+    warm: set[int] = set()  # the warm-up's request indices
     while upcoming is not None or waiting or running or held:
         while upcoming is not None and (
             (concurrency is None and upcoming[1] + front <= clock)
             or (concurrency is not None and len(waiting) + len(held) + len(running) < concurrency)
         ):
+            if len(warm) < warmup:
+                warm.add(upcoming[0])
             if concurrency is not None:  # closed loop: it arrives as another leaves
                 held.append((upcoming[0], clock, *upcoming[2:]))
             else:
@@ -316,7 +322,7 @@ def run_replica(
                 index, arrival, _, outputs, emitted, context, drafted, _ = item
                 n = emitted.size
                 if not n:  # one output token: done at its prefill
-                    tally.add(arrival, clock, clock, outputs)
+                    _tallied(tally, index in warm, arrival, clock, clock, outputs)
                     pooled.record(arrival, clock, outputs)
                     if traced is not None:
                         traced(_trace(item, clock, np.empty(0)))
@@ -327,7 +333,8 @@ def run_replica(
                 seqs[at : at + n] += 1
                 contexts[at : at + n] += context
                 drafting[at : at + n] += drafted
-                tokens[np.arange(at + 1, at + n), emitted[1:]] += 1
+                if index not in warm:  # the later steps' ITL samples
+                    tokens[np.arange(at + 1, at + n), emitted[1:]] += 1
                 r = _Live(arrival, outputs, clock, int(emitted[0]))
                 live[index] = r
                 fresh.append(r)
@@ -360,14 +367,25 @@ def run_replica(
         while running and running[0][0] < decoded:
             index = heapq.heappop(running)[1]
             r = live.pop(index)
-            tally.itl.add_one((r.first_decode_time - r.first) / r.first_tokens, r.first_tokens)
-            tally.add(r.arrival, r.first, clock, r.output_tokens)
+            if index not in warm:
+                tally.itl.add_one((r.first_decode_time - r.first) / r.first_tokens, r.first_tokens)
+            _tallied(tally, index in warm, r.arrival, r.first, clock, r.output_tokens)
             pooled.record(r.arrival, clock, r.output_tokens)
             if traced is not None:
                 item, step, first = traces.pop(index)
                 traced(_trace(item, first, np.array(clocks[step : step + item[4].size])))
     gaps.flush()
     return Counts(draws.histogram, draws.request_steps, draws.drafting_steps)
+
+
+def _tallied(
+    tally: Tally, warm: bool, arrival: float, first: float, finish: float, outputs: int
+) -> None:
+    """A finished request in ``tally``: a warm-up one in its totals only."""
+    if warm:
+        tally.record(arrival, finish, outputs)
+    else:
+        tally.add(arrival, first, finish, outputs)
 
 
 def _seen(held: list[Item], waiting: deque[Item], clock: float, front: float) -> None:

@@ -134,13 +134,20 @@ def summary(
     simulation: dict[str, Any],
 ) -> dict[str, Any]:
     """summary.json in bench's shape: the figures from ``summarize`` over the records, timed by
-    the simulated makespan (first arrival to last finish, as ``speclens sim`` divides by)."""
+    the simulated makespan (first arrival to last finish, as ``speclens sim`` divides by); the
+    latencies, as sim's, leave out the warm-up ``simulation["warmup"]`` names (the first
+    requests by index)."""
     result = RunResult(list(records), started=0.0, duration=makespan)
     sent = len(records)
+    figures = summarize(result)
+    warm = (simulation.get("warmup") or {}).get("requests", 0)
+    if warm:
+        measured = [r for r in records if r.index >= warm]
+        figures["latency_ms"] = summarize(RunResult(measured, 0.0, makespan))["latency_ms"]
     return {
         "settings": settings,
         "server": server,
-        "figures": summarize(result),
+        "figures": figures,
         "server_check": {
             "available": False,
             "unreadable_after": False,

@@ -68,8 +68,12 @@ def arrivals(workload: Workload, seed: int, slot: int = 0, every: int = 1) -> It
             yield SimRequest(first + i, float(times[i]), int(inputs[i]), int(outputs[i]))
 
 
-def _record_exact(tally: Tally, r: SimRequest) -> None:
-    """A request the step-exact loop finished: its latencies, and an ITL sample per token."""
+def _record_exact(tally: Tally, r: SimRequest, warm: bool = False) -> None:
+    """A request the step-exact loop finished: its latencies, and an ITL sample per token (a
+    warm-up one in the totals only)."""
+    if warm:
+        tally.record(r.arrival, r.finish if r.finish is not None else 0.0, r.output_tokens)
+        return
     first = r.first_token if r.first_token is not None else math.nan
     tally.add(r.arrival, first, r.finish if r.finish is not None else math.nan, r.output_tokens)
     if len(r.token_times) > 1:
@@ -150,12 +154,14 @@ def _run_replica(
     engine: Engine,
     requests: Iterable[SimRequest],
     concurrency: int | None,
-    finished: Callable[[SimRequest], None] | None = None,
+    finished: Callable[[SimRequest, bool], None] | None = None,
     keep_steps: bool = True,
+    warmup: int = 0,
 ) -> None:
     """Drive ``engine`` over ``requests`` (in arrival order, consumed as they arrive); each
-    finished request goes to ``finished`` and is forgotten. ``keep_steps=False`` drops the
-    engine's per-step records as it goes (a long run would otherwise keep one per step)."""
+    finished request goes to ``finished`` (with whether it is one of the first ``warmup``
+    taken) and is forgotten. ``keep_steps=False`` drops the engine's per-step records as it
+    goes (a long run would otherwise keep one per step)."""
     from speclens.engine import SamplingParams
 
     def add(r: SimRequest) -> None:
@@ -166,12 +172,15 @@ def _run_replica(
     upcoming = next(stream, None)
     live: dict[str, SimRequest] = {}
     held: list[SimRequest] = []  # closed loop: arrived just after the step boundary one left at
+    warm: set[str] = set()  # the warm-up's request ids
     while upcoming is not None or engine.has_unfinished() or held:
         while upcoming is not None and (
             (concurrency is None and upcoming.arrival <= engine.clock)
             or (concurrency is not None and len(live) < concurrency)
         ):
             r = upcoming
+            if len(warm) < warmup:
+                warm.add(str(r.index))
             if concurrency is not None:
                 r.arrival = engine.clock  # closed loop: the next request arrives as one leaves
                 held.append(r)
@@ -206,7 +215,7 @@ def _run_replica(
                 r.acceptance = out.outputs[0].acceptance
                 del live[out.request_id]
                 if finished is not None:
-                    finished(r)
+                    finished(r, out.request_id in warm)
 
 
 def _with_k(pool: Pool, num_spec_tokens: int | None) -> Pool:
@@ -287,6 +296,11 @@ def simulate(
     use_fast = fast and fallback is None
     closed = concurrency or workload.concurrency
     per_replica = None if closed is None else max(1, math.ceil(closed / len(replicas)))
+    # A closed loop's warm-up: each replica's first admissions, all at once into its idle
+    # engine (the start-up burst), are left out of the latencies, as a benchmark's would be.
+    # A run too short for one (every request admitted at once) keeps them, and says so.
+    warm = warmup_requests(scenario, concurrency)
+    warmup = (per_replica or 0) if warm < count else 0
     histogram = AcceptanceHistogram()
     request_steps = drafting_steps = accepted = 0
     tally = Tally()
@@ -316,6 +330,7 @@ def simulate(
                 k, rates, draft_coverage, costs[pool_index], pool.engine.max_num_seqs,
                 limits.batched_tokens(pool), limits.longest(workload.output_tokens), per_replica,
                 np.random.default_rng([FAST_STREAM, seed, slot]), tally, pooled, traced,
+                warmup=warmup,
             )  # fmt: skip
             if k:
                 histogram.update(AcceptanceHistogram.from_dense(counts.histogram.tolist()))
@@ -330,13 +345,15 @@ def simulate(
             engine, draft_coverage, np.random.default_rng([COVERAGE_STREAM, seed, slot])
         )
 
-        def done(r: SimRequest, pooled: Totals = pooled, k: int = k, at: str = replica) -> None:
-            _record_exact(tally, r)
+        def done(
+            r: SimRequest, warm: bool, pooled: Totals = pooled, k: int = k, at: str = replica
+        ) -> None:
+            _record_exact(tally, r, warm)
             pooled.record(r.arrival, r.finish or 0.0, r.output_tokens)
             if keep_records:
                 records.append(run_output.from_exact(r, k, category, at))
 
-        _run_replica(engine, requests, per_replica, done, keep_steps=False)
+        _run_replica(engine, requests, per_replica, done, keep_steps=False, warmup=warmup)
         histogram.update(engine.stats.histogram)
         if drafted is not None:
             request_steps += drafted.request_steps
@@ -346,6 +363,7 @@ def simulate(
     extra = {"records": sorted(records, key=lambda r: r.index)} if keep_records else {}
     return {
         "requests": count,
+        "warmup": warmup_note(count, warm),
         "loop": "fast" if use_fast else "exact",
         "fallback": fallback,
         "makespan_s": makespan,
@@ -374,6 +392,54 @@ def simulate(
             for index, s in sorted(per_pool.items())
         },
         **extra,
+    }
+
+
+def warmup_requests(scenario: Scenario, concurrency: int | None = None) -> int:
+    """How many requests a run's warm-up takes (before the cap at the workload's requests): a
+    closed loop's concurrency (``concurrency``, else the workload's) rounded up to a multiple
+    of the replicas, each taking its share at once; 0 for an open loop."""
+    closed = concurrency or scenario.workload.concurrency
+    if closed is None:
+        return 0
+    replicas = len(_replicas(scenario, None))
+    return max(1, math.ceil(closed / replicas)) * replicas
+
+
+def closed_loop_problem(scenario: Scenario, concurrency: int | None = None) -> str | None:
+    """Why a closed loop at ``concurrency`` (else the workload's) would not run as stated: over
+    the workload's requests it never holds more than it sends, so it would repeat the run at
+    that many; or None."""
+    closed, requests = concurrency or scenario.workload.concurrency, scenario.workload.requests
+    if closed is None or closed <= requests:
+        return None
+    return (
+        f"concurrency {closed} is over workload.requests {requests}: a closed loop never holds "
+        f"more requests than it sends, so it would repeat concurrency {requests}'s run; raise "
+        f"workload.requests above {closed} (a warm-up of {closed} is left out of the latencies)"
+    )
+
+
+def warmup_note(requests: int, warmup: int) -> dict[str, Any] | None:
+    """What a run's latencies leave out: the closed loop's first ``warmup`` requests (by index:
+    each replica's first admissions into its idle engine), none where that would be every
+    request (said so), or None (an open loop: no warm-up)."""
+    if not warmup:
+        return None
+    if warmup >= requests:
+        return {
+            "requests": 0,
+            "left_out_of": [],
+            "line": f"latencies include the start-up burst: a warm-up of {warmup:,} (the "
+            f"concurrency) would leave none of the {requests:,} requests; raise "
+            f"workload.requests above {warmup:,} to leave it out",
+        }
+    return {
+        "requests": warmup,
+        "left_out_of": ["ttft", "tpot", "itl", "e2e"],
+        "line": f"latencies leave out the warm-up: requests 0..{warmup - 1} ({warmup:,} of "
+        f"{requests:,}), admitted at once into idle engines at the start; throughput and "
+        "acceptance count every request",
     }
 
 

@@ -87,6 +87,16 @@ def test_a_1_token_request_with_no_answer_says_how_long_it_waited() -> None:
     )
 
 
+def test_a_slow_1_token_request_has_the_runs_timeout_not_the_connect_bound() -> None:
+    """The connect bound (an unreachable URL fails fast) is not the tiny request's: a model
+    that takes longer than it to answer one token is served."""
+    with GarbageServer(Reply(200, JSON, orjson.dumps(COMPLETION), delay=1.5),
+                       get=models("m")) as server:  # fmt: skip
+        note = asyncio.run(preflight(server.url, "m", "completions", timeout=30,
+                                     connect_timeout=0.5))  # fmt: skip
+        assert note is None and len(_posts(server)) == 1
+
+
 def test_the_error_body_is_one_line_of_at_most_200_characters() -> None:
     body = b"line one\nline two\n" + b"x" * 500
     with (
@@ -164,4 +174,17 @@ def test_every_replica_is_checked_and_every_note_kept() -> None:
     ]
     assert str(caught.value) == (
         f"bench: {broken.url}: a 1-token request to /v1/completions for 'm' got HTTP 500: down"
+    )
+
+
+def test_only_named_models_are_listed() -> None:
+    data = [{"id": 5}, "m", {"object": "model"}, {"id": None}, {"id": "smollm2"}]
+    get = {"/v1/models": Reply(200, JSON, orjson.dumps({"object": "list", "data": data}))}
+    with (
+        GarbageServer(strict("smollm2"), get=get) as server,
+        pytest.raises(PreflightError) as caught,
+    ):
+        asyncio.run(preflight(server.url, "m", "completions"))
+    assert (
+        str(caught.value) == f"bench: --model: {server.url} does not serve 'm'; it serves 'smollm2'"
     )

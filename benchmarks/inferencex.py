@@ -11,20 +11,23 @@ date with the most concurrencies (the latest of ties):
 - uncalibrated: the roofline at its chip's defaults, fitted on every other chip's points
   (leave one chip out: never scored on the points it was fitted on);
 - held out: the roofline calibrated on the other MTP-off concurrencies, predicting the one left
-  out (leave one concurrency out);
+  out (leave one concurrency out); the fit starts from the chip's leave-one-chip-out defaults,
+  never from the chip's own (fitted on the point held out);
 - MTP on, where the deployment has an MTP run: the AL inferred from its lowest concurrency (K as
   InferenceX's scripts set it), then its error at every other concurrency, and the predicted
   speedup (MTP-off TPOT over MTP-on TPOT, both predicted) against the measured one at each
-  concurrency both runs have;
+  other concurrency both runs have (at the lowest the AL reproduces the measured MTP TPOT by
+  construction, so it is not scored);
 - beside them, the data's own spread: the same deployment's TPOT at one concurrency on different
   dates (max over min, less 1, the median over its concurrencies).
 
 Errors are |predicted / measured - 1| of median TPOT, median TTFT and total throughput per GPU;
 each figure is the median over deployments (each deployment's own median over its points).
 
-Each deployment's scoring and each chip's leave-one-chip-out fit is one call of
-``speclens.sim.fanout``: in ``--jobs`` processes, or with ``--ray`` as Ray tasks on a local Ray
-(``--ray``) or on the cluster at ADDRESS (``--ray HOST:PORT``); the figures are the same.
+Each chip's fits (leave one chip out, and its own defaults), then each deployment's scoring, is
+one call of ``speclens.sim.fanout``: in ``--jobs`` processes, or with ``--ray`` as Ray tasks on a
+local Ray (``--ray``) or on the cluster at ADDRESS (``--ray HOST:PORT``); the figures are the
+same. ``own_defaults`` is what the catalog's chip entries ship (``tests/sim`` regenerates it).
 """
 
 from __future__ import annotations
@@ -154,14 +157,20 @@ def _with_roofs(fit: Fit, points: Sequence[Point]) -> list[Fit]:
     return [replace(fit, roofline=replace(roofline(p), efficiency=e)) for p in points]
 
 
-def score(dep: dict[str, Any]) -> dict[str, Any]:
-    """A deployment's held-out, MTP and speedup figures."""
+def score(dep: dict[str, Any], start: dict[str, Any]) -> dict[str, Any]:
+    """A deployment's held-out, MTP and speedup figures. The held-out fits start from
+    ``start`` (the chip's leave-one-chip-out defaults and front latency: never fitted on this
+    chip's points); the fit on every MTP-off point, from which the AL is inferred, from the
+    chip's own defaults."""
     off: list[Point] = dep["off"]
     roof = roofline(off[0])
+    front = start["front_latency_s"]
+    unseen = replace(roof, efficiency=Efficiency(**{k: v for k, v in start.items()
+                                                    if k != "front_latency_s"}))  # fmt: skip
     held = []
     for i, p in enumerate(off):
         rest = off[:i] + off[i + 1 :]
-        held.append(_errors([p], fit_pooled(rest, [roof] * len(rest)))[0])
+        held.append(_errors([p], fit_pooled(rest, [unseen] * len(rest), front))[0])
     full = fit_pooled(off, [roof] * len(off))
     row: dict[str, Any] = {
         "deployment": "-".join(str(v) for v in dep["key"]), "date": dep["date"],
@@ -184,7 +193,7 @@ def score(dep: dict[str, Any]) -> dict[str, Any]:
         errors = _errors(on[1:], full, k, al)
         speedups = []
         measured_off = {p.concurrency: p for p in off}
-        for p in on:
+        for p in on[1:]:  # not on[0]: its TPOT is the one the AL was solved for
             if p.concurrency in measured_off:
                 q = measured_off[p.concurrency]
                 f_off = schedule(q.load()).figures(full.roofline, full.front_latency_s, q.gpus)
@@ -202,9 +211,23 @@ def score(dep: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _defaults(fit: Fit) -> dict[str, Any]:
+    return {**fit.roofline.efficiency.model_dump(), "front_latency_s": fit.front_latency_s}
+
+
+def own_defaults(deps: Sequence[dict[str, Any]], chip: str) -> dict[str, Any]:
+    """The chip's own defaults, what its catalog entry ships: one fit, from the global
+    defaults (never from its answer), on the MTP-off points of every deployment of the chip,
+    with how many points and deployments it took."""
+    mine = [d for d in deps if d["key"][0] == chip]
+    points = [p for d in mine for p in d["off"]]
+    own = fit_pooled(points, [roofline(p, False) for p in points], starts=1)
+    return {**_defaults(own), "points": len(points), "deployments": len(mine)}
+
+
 def uncalibrated(deps: Sequence[dict[str, Any]], chip: str) -> dict[str, Any]:
-    """The chip's points at defaults fitted on every other chip's points (leave one chip out),
-    and the chip's own defaults (fitted on its points: what its catalog entry ships)."""
+    """The chip's points at defaults fitted on every other chip's points (leave one chip out:
+    ``loco``, where its held-out fits start), and the chip's own defaults."""
     others = [p for d in deps if d["key"][0] != chip for p in d["off"]]
     mine = [d for d in deps if d["key"][0] == chip]
     pooled = fit_pooled(others, [roofline(p, False) for p in others], starts=1)
@@ -214,17 +237,15 @@ def uncalibrated(deps: Sequence[dict[str, Any]], chip: str) -> dict[str, Any]:
         errors.append(np.median(np.vstack([_errors([p], f) for p, f in zip(dep["off"], fits,
                                                                               strict=True)]),
                                 axis=0).tolist())  # fmt: skip
-    own_points = [p for d in mine for p in d["off"]]
-    own = fit_pooled(own_points, [roofline(p, False) for p in own_points], starts=1)
     return {"chip": chip, "deployments": len(mine), "errors": errors,
-            "defaults": {**own.roofline.efficiency.model_dump(),
-                         "front_latency_s": own.front_latency_s}}  # fmt: skip
+            "loco": _defaults(pooled), "defaults": own_defaults(deps, chip)}  # fmt: skip
 
 
 def task(call: tuple[str, Any]) -> dict[str, Any]:
-    """One fanned-out call: ``("score", deployment)`` or ``("chip", (deployments, chip))``."""
+    """One fanned-out call: ``("chip", (deployments, chip))`` or ``("score", (deployment,
+    its chip's leave-one-chip-out defaults))``."""
     kind, argument = call
-    return score(argument) if kind == "score" else uncalibrated(*argument)
+    return score(*argument) if kind == "score" else uncalibrated(*argument)
 
 
 def _median(values: Sequence[float]) -> float:
@@ -256,12 +277,14 @@ def main() -> None:
         print(f"skipped (not in the catalog): {', '.join(skipped)}")
     deps = [d for d in deps if d["key"][0] in known]
     chips = sorted({d["key"][0] for d in deps})
-    calls = [("score", d) for d in deps] + [("chip", (deps, c)) for c in chips]
     try:
-        results = fanout.run(task, calls, args.jobs, ray_address=args.ray)
+        chip_rows = fanout.run(task, [("chip", (deps, c)) for c in chips], args.jobs,
+                               ray_address=args.ray)  # fmt: skip
+        loco = {c["chip"]: c["loco"] for c in chip_rows}
+        rows = fanout.run(task, [("score", (d, loco[d["key"][0]])) for d in deps], args.jobs,
+                          ray_address=args.ray)  # fmt: skip
     except fanout.FanoutError as exc:
         raise SystemExit(f"--ray: {exc}") from None
-    rows, chip_rows = results[: len(deps)], results[len(deps) :]
     took = time.perf_counter() - start
     where = f"{args.jobs} process(es)" if args.ray is None else f"Ray ({args.ray})"
     print(f"{len(deps)} deployments, {sum(len(d['off']) for d in deps)} MTP-off points, "
@@ -309,6 +332,8 @@ def main() -> None:
         unit = " (abs. difference)" if name == "speedup" else ""
         print(f"| {name}{unit} | {value:.1%} | {'-' if goal is None else f'<= {goal:.0%}'} | "
               f"{met} |")  # fmt: skip
+    print()
+    print(f"speedup: {len(speed)} comparisons, each at a concurrency the AL was not inferred at")
     print()
     print("| chip | deployments | uncalibrated TPOT / TTFT / tput (LOCO) | own defaults |")
     print("|---|---|---|---|")

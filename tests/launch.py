@@ -28,6 +28,11 @@ ZYGOTE = Path(__file__).with_name("zygote.py")
 _READ_AT_IMPORT = ("OMP_", "MKL_", "KMP_", "PYTHON", "TORCH", "CUDA", "LD_", "GOMP")
 
 
+#: How long the start-up server may take to fork a command once it has its imports done (a fork
+#: takes milliseconds; a loaded machine stretches that to seconds).
+FORK_TIMEOUT_S = 60.0
+
+
 def _import_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(_READ_AT_IMPORT)}
 
@@ -38,7 +43,7 @@ class _Zygote:
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = _import_env(env)
         self.proc = subprocess.Popen(
-            [sys.executable, str(ZYGOTE)],
+            [sys.executable, str(ZYGOTE), str(os.getpid())],  # it ends when this process does
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=dict(env),
@@ -50,6 +55,7 @@ class _Zygote:
         self.codes: dict[int, int] = {}
         self.cpu: dict[int, float] = {}
         self.next_id = 0
+        self.ready = False
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -57,7 +63,9 @@ class _Zygote:
         for line in self.proc.stdout:
             reply = json.loads(line)
             with self.changed:
-                if "id" in reply:
+                if "ready" in reply:
+                    self.ready = True
+                elif "id" in reply:
                     self.pids[reply["id"]] = reply["pid"]
                 else:
                     self.codes[reply["pid"]] = reply["code"]
@@ -72,6 +80,7 @@ class _Zygote:
         return self.proc.poll() is None
 
     def fork(self, request: dict[str, Any]) -> int:
+        deadline = None  # counted from when the server has its imports done
         with self.changed:
             request_id = self.next_id
             self.next_id += 1
@@ -81,6 +90,12 @@ class _Zygote:
             while request_id not in self.pids:
                 if not self.alive:
                     raise RuntimeError("the tests' start-up server died")
+                if deadline is None and self.ready:
+                    deadline = time.monotonic() + FORK_TIMEOUT_S
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the tests' start-up server forked nothing in {FORK_TIMEOUT_S:.0f} s"
+                    )
                 self.changed.wait(1.0)
             return self.pids.pop(request_id)
 

@@ -8,15 +8,21 @@ It skips only the teardown of every module (over a second of copy-on-write fault
 the import (about 4 s of CPU each), paid here once.
 
 Requests arrive on stdin, one JSON object per line; replies go to stdout, one per line:
-``{"id": n, "pid": p}`` when a child is started and ``{"pid": p, "code": c, "cpu": s}`` when it
+``{"ready": p}`` once its imports are done, ``{"id": n, "pid": p}`` when a child is started and ``{"pid": p, "code": c, "cpu": s}`` when it
 ends, with ``c`` as ``subprocess`` gives it (the exit status, or minus the signal) and ``s`` the
-CPU seconds it used (user and system; the import it skipped is not among them). EOF on stdin ends it.
+CPU seconds it used (user and system; the import it skipped is not among them).
+
+It lives no longer than the test process that started it (whose pid is its one argument): EOF
+on stdin ends it, and so does that process gone (the kernel's parent-death signal, and its parent
+pid checked every 50 ms), even where a fork of it keeps the pipe open. Each child dies with it
+(the parent-death signal, SIGKILL), so a test run that was killed leaves none of them running.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import json
 import os
 import random
@@ -55,6 +61,28 @@ def _reseed() -> None:
 os.register_at_fork(after_in_child=_reseed)
 
 
+#: The signal the kernel sends it when the thread that started it ends; it ends itself where its
+#: parent process has gone with that thread.
+PARENT_GONE = signal.SIGUSR1
+#: What that signal did in the process that started it: what it does in each child, as before.
+PARENT_GONE_AT_START = signal.getsignal(PARENT_GONE)
+PR_SET_PDEATHSIG = 1
+
+
+def _prctl(option: int, value: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}, {value})")
+
+
+def _die_with(parent: int, sig: int) -> None:
+    """``sig`` to this process when ``parent`` (its parent now) goes; at once where it has
+    already gone."""
+    _prctl(PR_SET_PDEATHSIG, sig)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+
+
 def _reply(obj: dict[str, Any]) -> None:
     os.write(1, (json.dumps(obj) + "\n").encode())
 
@@ -66,8 +94,10 @@ def _open(target: dict[str, Any] | None) -> int:
     return os.open(target["path"], os.O_WRONLY | os.O_CREAT | mode, 0o644)
 
 
-def _become(request: dict[str, Any]) -> None:
+def _become(request: dict[str, Any], zygote: int) -> None:
     """In the child: turn into the command, then leave through the interpreter's normal exit."""
+    signal.signal(PARENT_GONE, PARENT_GONE_AT_START)
+    _die_with(zygote, signal.SIGKILL)
     if request.get("new_session"):
         os.setsid()
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -134,9 +164,11 @@ def _reap() -> None:
         _reply({"pid": pid, "code": os.waitstatus_to_exitcode(status), "cpu": cpu})
 
 
-def main() -> None:
+def _serve(parent: int) -> None:
+    """Fork a child for each request until EOF on stdin, or until ``parent`` has gone."""
+    zygote = os.getpid()
     pending = b""
-    while True:
+    while os.getppid() == parent:
         ready, _, _ = select.select([0], [], [], 0.05)
         _reap()
         if not ready:
@@ -152,8 +184,21 @@ def main() -> None:
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                _become(request)  # never returns: the child ends as the interpreter does
+                _become(request, zygote)  # never returns: it ends as the interpreter does
             _reply({"id": request["id"], "pid": pid})
+
+
+def main() -> None:
+    parent = int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid()
+
+    def parent_gone(_sig: int, _frame: object) -> None:
+        if os.getppid() != parent:
+            sys.exit(0)
+
+    signal.signal(PARENT_GONE, parent_gone)
+    _die_with(parent, PARENT_GONE)
+    _reply({"ready": os.getpid()})
+    _serve(parent)
 
 
 if __name__ == "__main__":

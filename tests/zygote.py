@@ -193,12 +193,13 @@ def main() -> None:
 
     def parent_gone(_sig: int, _frame: object) -> None:
         if os.getppid() != parent:
-            sys.exit(0)
+            os._exit(0)
 
     signal.signal(PARENT_GONE, parent_gone)
     _die_with(parent, PARENT_GONE)
     _reply({"ready": os.getpid()})
     _serve(parent)
+    os._exit(0)  # nothing to tear down: its children go as it does, at once
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +12,19 @@ import pytest
 from typer.testing import CliRunner
 
 from speclens.cli import app
+
+
+def _as_ctrl_c(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM to the test run (a cancelled job, ``kill``) ends it as Ctrl-C does, through
+    every fixture's teardown, so the servers and Ray clusters the fixtures started are stopped
+    (by default a SIGTERM ends Python at once, and they run on)."""
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _as_ctrl_c)
 
 
 @pytest.fixture(scope="module")

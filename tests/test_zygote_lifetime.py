@@ -159,3 +159,43 @@ def test_a_start_up_server_that_stops_answering_fails_the_fork_in_bounded_time(
     took, message = lines[1].split(" ", 1)
     assert message == "the tests' start-up server forked nothing in 3 s"
     assert 3.0 <= float(took) < 30.0
+
+
+#: A test whose fixture's teardown leaves a mark, and which waits to be stopped.
+STOPPED_TEST = """
+import time
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def marked():
+    yield
+    Path("torn-down").write_text("yes")
+
+
+def test_waits(marked):
+    Path("started").write_text("yes")
+    time.sleep(300)
+"""
+
+
+def test_a_sigterm_to_the_test_run_tears_its_fixtures_down(tmp_path: Path) -> None:
+    (tmp_path / "test_stopped.py").write_text(STOPPED_TEST)
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+         "test_stopped.py"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+            assert run.poll() is None, "the test run ended before its test started"
+            time.sleep(0.2)
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=60)
+    finally:
+        run.kill()
+    assert (tmp_path / "torn-down").exists(), "the fixture was not torn down"

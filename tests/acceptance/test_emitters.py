@@ -168,6 +168,22 @@ def test_sglang_sets_the_length_and_the_method_that_matches_it() -> None:
     )
 
 
+def test_sglang_serves_with_the_same_flags_the_k_schedule_writes() -> None:
+    """``profiles resolve --emit sglang`` names the flags that turn speculation on, the very
+    line ``serving`` writes for ``sim --context --emit sglang``; a method SGLang has no
+    ``--speculative-algorithm`` for is refused by both."""
+    from speclens.acceptance.emit import serving
+
+    for method, k in (("mtp", 3), ("eagle3", 5), ("dspark", 5), ("ngram", 4)):
+        line = serving("sglang", method, k).line
+        assert line.startswith("--speculative-algorithm ")
+        assert f"sglang: serve with {line} " in emit(resolution(2.0, k), "sglang", method).notes[0]
+    for call in (lambda: emit(resolution(2.0, 3), "sglang", "medusa"),
+                 lambda: serving("sglang", "medusa", 3)):  # fmt: skip
+        with pytest.raises(EmitRefused, match="sglang: --speculative-algorithm has a name for"):
+            call()
+
+
 # ----------------------------------------------------------------------------- TensorRT-LLM
 
 

@@ -92,3 +92,93 @@ def test_bounds_and_misuse_are_refused_in_one_line(run_cli, tmp_path) -> None:
         code, out, err = run_cli("sim", path, *args)
         assert code == 2 and out == "", (args, err)
         assert len(err.strip().splitlines()) == 1 and message in err, (args, err)
+
+
+def test_the_schedule_says_each_ks_al_its_source_and_how_steps_were_priced(run_cli, tmp_path):
+    """Each K's AL and where it came from, and the step pricing, printed and in the JSON: the
+    AL is the one a plain ``sim`` at that K resolves (the same registry profile)."""
+    path = _write(tmp_path, "s.yaml", SCENARIO)
+    code, out, err = run_cli("sim", path, *GRID, "--context", "1k")
+    assert code == 0, err
+    code, js, err = run_cli("sim", path, *GRID, "--context", "1k", "--json")
+    assert code == 0, err
+    sched = json.loads(js)["schedule"]
+    assert [a["num_spec_tokens"] for a in sched["acceptance"]] == [1, 2]
+    for k, entry in zip((1, 2), sched["acceptance"], strict=True):
+        code, plain, err = run_cli("sim", path, "--sweep", f"num_spec_tokens={k}", "--json")
+        assert code == 0, err
+        resolved = json.loads(plain)[0]["resolution"]
+        assert entry["acceptance_length"] == resolved["acceptance_length"]
+        assert entry["source"] == resolved["source"] and entry["source"]
+        assert entry["line"] in out.replace("\n", "")
+        assert entry["line"].startswith(f"acceptance at K {k}: AL {resolved['acceptance_length']:g}"
+                                        f" from the {resolved['layer']} layer")  # fmt: skip
+    (pricing,) = sched["pricing"]
+    assert pricing["line"].startswith("pool 0 steps: roofline of kimi-k3 on 8 x b300")
+    assert pricing["line"] in out.replace("\n", "")
+    assert sched["deployment"] == {
+        "hardware": "b300", "engine": None, "precision": None, "tensor_parallel": 8,
+        "expert_parallel": 1, "dp_attention": False, "disaggregated": False, "gpus": 8,
+    }  # fmt: skip
+
+
+def test_emitted_sglang_flags_turn_speculation_on_and_vllm_is_one_line(run_cli, tmp_path):
+    """SGLang's lines name ``--speculative-algorithm`` (DSpark: DSPARK, K its block size);
+    vLLM's identical setting at both contexts is one line naming both."""
+    path = _write(tmp_path, "s.yaml", SCENARIO)
+    code, js, err = run_cli("sim", path, *GRID, "--context", "1k,4k", "--json", "--emit",
+                            "sglang")  # fmt: skip
+    assert code == 0, err
+    lines = json.loads(js)["schedule"]["emit"]["lines"]
+    flags = [line for line in lines if line.startswith("sglang: --")]
+    assert flags and all(line.startswith("sglang: --speculative-algorithm DSPARK "
+                                         "--speculative-dspark-block-size ") for line in flags)  # fmt: skip
+    code, js, err = run_cli("sim", path, *GRID, "--context", "1k,4k", "--json", "--emit", "vllm")
+    assert code == 0, err
+    sched = json.loads(js)["schedule"]
+    same = all(len({c["num_spec_tokens"] for c in row["cells"]}) == 1 for row in sched["rows"])
+    assert same  # the scenario's best K does not move between 1k and 4k
+    (line,) = sched["emit"]["lines"]
+    assert line.startswith("vllm: --speculative-config ") and line.endswith("  # 1k, 4k")
+
+
+def test_output_dir_writes_the_schedule_page(run_cli, tmp_path):
+    """``--output-dir`` writes report.html beside k_schedule.json: the schedule as a table
+    whose every number is the file's, one plot a context, the AL per K, the pricing and the
+    flags; static and self-contained."""
+    from reportkit import external_references, field_mismatches, scan
+
+    path = _write(tmp_path, "s.yaml", SCENARIO)
+    out_dir = tmp_path / "run"
+    code, out, err = run_cli("sim", path, *GRID, "--context", "1k,4k", "--emit", "sglang",
+                             "--output-dir", out_dir)  # fmt: skip
+    assert code == 0, err
+    assert f"wrote {out_dir / 'report.html'}" in out
+    sched = json.loads((out_dir / "k_schedule.json").read_text())
+    page = (out_dir / "report.html").read_text()
+    parsed = scan(page)
+    assert field_mismatches(parsed.fields, sched) == []
+    shown = {path for path, _ in parsed.fields}
+    for i, row in enumerate(sched["rows"]):
+        for j, _ in enumerate(row["cells"]):
+            assert f"rows[{i}].cells[{j}].num_spec_tokens" in shown
+            assert f"rows[{i}].cells[{j}].tok_s_gpu" in shown
+    assert {f"acceptance[{i}].acceptance_length" for i in (0, 1)} <= shown
+    assert page.count('<figure class="plot"') == 2 and page.count("<svg") == 2
+    assert "<caption>Best K by concurrency and context</caption>" in page
+    assert sched["pricing"][0]["line"] in page
+    assert "--speculative-algorithm DSPARK" in page
+    assert external_references(page) == [] and "<script" not in page
+
+
+def test_an_output_dir_that_cannot_take_the_page_is_refused_before_simulating(run_cli, tmp_path):
+    path = _write(tmp_path, "s.yaml", SCENARIO)
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    (out_dir / "report.html").symlink_to(tmp_path / "elsewhere.html")
+    code, out, err = run_cli("sim", path, *GRID, "--context", "1k", "--output-dir", out_dir)
+    assert (code, out) == (2, "")
+    assert err.strip() == (f"command line: --output-dir: {str(out_dir)!r}: report.html is a "
+                           "symbolic link (never written through)")  # fmt: skip
+    assert not (tmp_path / "elsewhere.html").exists()
+    assert not (out_dir / "k_schedule.json").exists()

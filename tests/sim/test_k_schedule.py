@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from speclens.acceptance.emit import EmitRefused
 from speclens.sim import schedule as sc
 from speclens.sim.scenario import load_scenario, roofline
 
@@ -96,7 +97,8 @@ def test_engine_flags_one_line_per_distinct_k() -> None:
         '--speculative-config \'{"method": "dspark", "num_speculative_tokens": 4}\''
     )
     assert sc.flags("sglang", "eagle3", 3) == (
-        "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+        "--speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 "
+        "--speculative-num-draft-tokens 4"
     )
     assert sc.flags("trtllm", "mtp", 2) == "speculative_config: {max_draft_len: 2}"
     assert sc.flags("atom", "mtp", 2) == "--method mtp --num-speculative-tokens 2"
@@ -123,6 +125,51 @@ def test_vllm_takes_k_by_batch_size_one_server_per_context() -> None:
         '"num_speculative_tokens_per_batch_size": [[1, 8, 4], [9, 64, 2]]}\'  # 1k'
     )
     assert lines[2].endswith("[[1, 8, 2], [9, 64, 0]]}'  # 8k")
+
+
+def test_sglang_flags_turn_speculation_on_with_the_methods_algorithm() -> None:
+    """SGLang serves no speculation without ``--speculative-algorithm``: every line for K > 0
+    names it (an MTP head runs as EAGLE), DSpark takes K as its block size, n-gram as a chain
+    of K + 1 draft tokens, and a method SGLang has no name for is refused."""
+    chain = "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+    assert sc.flags("sglang", "mtp", 3) == f"--speculative-algorithm EAGLE {chain}"
+    assert sc.flags("sglang", "eagle", 3) == f"--speculative-algorithm EAGLE {chain}"
+    assert sc.flags("sglang", "draft_model", 3) == f"--speculative-algorithm STANDALONE {chain}"
+    assert sc.flags("sglang", "dspark", 5) == (
+        "--speculative-algorithm DSPARK --speculative-dspark-block-size 5 "
+        "--speculative-num-draft-tokens 6"
+    )
+    assert sc.flags("sglang", "ngram", 4) == (
+        "--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 1 "
+        "--speculative-num-draft-tokens 5"
+    )
+    assert "speculative" not in sc.flags("sglang", "mtp", 0).replace("no speculative flags", "")
+    with pytest.raises(EmitRefused, match="sglang: --speculative-algorithm has a name for"):
+        sc.flags("sglang", "medusa", 2)
+    lines = sc.emit_lines(sc.schedule(_points(), gpus=2), "sglang", "eagle3")
+    assert all("--speculative-algorithm EAGLE3" in line for line in lines
+               if line.startswith("sglang: --"))  # fmt: skip
+    assert lines[-1] == ("note: sglang: --speculative-algorithm EAGLE3 also needs "
+                         "--speculative-draft-model-path")  # fmt: skip
+
+
+def test_vllm_gets_one_line_when_every_context_shares_it() -> None:
+    """Two contexts with the same K by batch size are one vLLM server: one line naming both,
+    no "one server per context" header; a context that differs gets its own line."""
+    same = [(c, k, n, _row(v)) for c in (1024, 8192)
+            for (k, n), v in {(0, 8): 100, (2, 8): 150, (0, 64): 400, (2, 64): 300}.items()]  # fmt: skip
+    lines = sc.emit_lines(sc.schedule(same, gpus=2), "vllm", "mtp")
+    assert lines == [
+        'vllm: --speculative-config \'{"method": "mtp", "num_speculative_tokens": 2, '
+        '"num_speculative_tokens_per_batch_size": [[1, 8, 2], [9, 64, 0]]}\'  # 1k, 8k'
+    ]
+    three = same + [(32768, k, n, _row(v)) for (k, n), v in
+                    {(0, 8): 100, (2, 8): 90, (0, 64): 400, (2, 64): 300}.items()]  # fmt: skip
+    lines = sc.emit_lines(sc.schedule(three, gpus=2), "vllm", "mtp")
+    assert lines[0].startswith("vllm picks K by batch size, not by context")
+    assert lines[1].endswith("# 1k, 8k")
+    assert lines[2] == "vllm: (no speculative flags: serve without speculation)  # 32k"
+    assert len(lines) == 3
 
 
 def test_a_context_that_keeps_k_names_no_term() -> None:

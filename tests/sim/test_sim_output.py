@@ -120,7 +120,8 @@ def test_the_warm_up_is_left_out_of_the_latencies_only(run) -> None:
     measured = summarize(RunResult(records[6:], 0.0, result["makespan_s"]))
     assert [r.index for r in records[:6]] == list(range(6))
     assert figures["latency_ms"] == measured["latency_ms"] != every["latency_ms"]
-    assert figures["throughput"] == every["throughput"]
+    shared = {k: v for k, v in figures["throughput"].items() if k in every["throughput"]}
+    assert shared == every["throughput"]
     assert figures["acceptance"] == every["acceptance"]
 
 
@@ -210,3 +211,98 @@ def test_a_sweep_writes_a_sweep_directory(run_cli, tmp_path: Path) -> None:
         al = stats["figures"]["realized_al"]["mean"]
         assert al == pytest.approx(row["realized_acceptance_length"], abs=1e-12)
     assert (out / "sweep.csv").read_text().startswith("id,engine,concurrency")
+
+
+def test_every_run_and_sweep_point_records_its_deployment(run_cli, tmp_path: Path) -> None:
+    """A scenario naming b200 x 8 (one pool of TP 8): each run directory's settings state the
+    chip, the precision, the parallelism and the GPUs under the names a published run uses,
+    and its figures the deployment's total tokens/s and each per GPU, from the run's own
+    token counts and makespan."""
+    scenario = {**SCENARIO, "model": "deepseek-r1", "hardware": "b200", "precision": "fp8",
+                "deployment": {"pools": [{"parallel": 8, "engine": {
+                    "speculative": {"method": "mtp", "num_spec_tokens": 2}}}]}}  # fmt: skip
+    path = tmp_path / "b200.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    out = tmp_path / "sweep"
+    code, _, stderr = run_cli("sim", path, "--acceptance-length", "2.4", "--sweep",
+                              "concurrency=2,6", "--jobs", "1", "--output-dir", out)  # fmt: skip
+    assert code == 0, stderr
+    code, _, stderr = run_cli("sim", path, "--acceptance-length", "2.4", "--output-dir",
+                              tmp_path / "one")  # fmt: skip
+    assert code == 0, stderr
+    for run in (out / "points" / "c2-r0", out / "points" / "c6-r0", tmp_path / "one"):
+        summary = json.loads((run / "summary.json").read_text())
+        settings = summary["settings"]
+        assert {k: settings[k] for k in ("hardware", "precision", "tensor_parallel",
+                                         "expert_parallel", "dp_attention", "disaggregated",
+                                         "gpus", "method", "num_spec_tokens")} == {
+            "hardware": "b200", "precision": "fp8", "tensor_parallel": 8, "expert_parallel": 1,
+            "dp_attention": False, "disaggregated": False, "gpus": 8, "method": "mtp",
+            "num_spec_tokens": 2,
+        }  # fmt: skip
+        fig = summary["figures"]
+        tokens = fig["throughput"]["total_output_tokens"] + fig["throughput"]["total_prompt_tokens"]
+        total = fig["throughput"]["total_tokens_per_s"]
+        assert total == pytest.approx(tokens / fig["duration_s"], rel=1e-12)
+        assert fig["throughput"]["total_tokens_per_s_per_gpu"] == pytest.approx(total / 8)
+        assert fig["throughput"]["output_tokens_per_s_per_gpu"] == pytest.approx(
+            fig["throughput"]["output_tokens_per_s"] / 8
+        )
+
+
+def test_a_pool_without_speculation_records_no_method(run_cli, tmp_path: Path) -> None:
+    """A scenario that does not speculate states no method (compare reads a run with a method
+    as speculating), and pools of different parallelism state no one tensor parallelism."""
+    scenario = {**SCENARIO, "deployment": {"pools": [{"parallel": 2}, {"parallel": 1}]}}
+    path = tmp_path / "plain.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    code, _, stderr = run_cli("sim", path, "--output-dir", tmp_path / "run")
+    assert code == 0, stderr
+    settings = json.loads((tmp_path / "run" / "summary.json").read_text())["settings"]
+    assert (settings["method"], settings["num_spec_tokens"]) == (None, None)
+    assert (settings["tensor_parallel"], settings["gpus"], settings["hardware"]) == (None, 3, None)
+
+
+def test_sim_against_a_published_run_compares_per_gpu(run_cli, tmp_path: Path) -> None:
+    """A simulated b200 x 8 sweep against InferenceX's published b200 x 8 points: the
+    deployment check reads both (not "unknown"), and the pair is a prediction whose total
+    tokens/s per GPU is the simulated run's own total over its 8 GPUs."""
+    from publishedkit import metrics, point, write_points
+
+    pts = [point(hardware="b200", conc=c, spec_method="mtp", metrics=metrics(conc=c))
+           for c in (2, 6)]  # fmt: skip
+    published = tmp_path / "published"
+    code, _, err = run_cli("import", "inferencex", write_points(tmp_path / "p.json", pts),
+                           "--output-dir", published)  # fmt: skip
+    assert code == 0, err
+    (measured,) = published.iterdir()
+    scenario = {**SCENARIO, "model": "deepseek-r1", "hardware": "b200", "precision": "fp8",
+                "deployment": {"pools": [{"parallel": 8, "engine": {
+                    "speculative": {"method": "mtp", "num_spec_tokens": 2}}}]}}  # fmt: skip
+    path = tmp_path / "b200.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    predicted = tmp_path / "predicted"
+    code, _, err = run_cli("sim", path, "--acceptance-length", "2.4", "--sweep",
+                           "concurrency=2,6", "--jobs", "1", "--output-dir", predicted)  # fmt: skip
+    assert code == 0, err
+    code, out, err = run_cli("compare", measured, predicted, "--json")
+    assert code == 0, err
+    (pair,) = json.loads(out)["pairs"]
+    checks = {c["name"]: c for c in pair["checks"]}
+    assert checks["deployment"]["ok"] is True, checks["deployment"]
+    assert checks["deployment"]["detail"].startswith("hardware b200, precision fp8, "
+                                                     "tensor_parallel 8")  # fmt: skip
+    assert checks["k"]["detail"] == "MTP K 2 in both"
+    assert pair["verdict"] == "prediction"
+    for row in pair["fidelity"]["points"]:
+        summary = json.loads((predicted / "points" / f"c{row['concurrency']}-r0" /
+                              "summary.json").read_text())  # fmt: skip
+        fig = summary["figures"]
+        total = (fig["throughput"]["total_output_tokens"]
+                 + fig["throughput"]["total_prompt_tokens"]) / fig["duration_s"]  # fmt: skip
+        got = row["figures"]["total_tokens_per_s_per_gpu"]
+        assert got["predicted"] == pytest.approx(total / 8, rel=1e-9)
+        assert got["measured"] == pytest.approx(2 * row["concurrency"] / (0.01 * 8))
+    code, text, err = run_cli("compare", measured, predicted)
+    assert code == 0, err
+    assert "deployment: unknown" not in text and "total tok/s/GPU" in text

@@ -30,6 +30,13 @@ ENGINES = ("vllm", "atom", "sglang", "trtllm")
 #: ATOM's ``--method`` choices (``atom/model_engine/arg_utils.py``).
 ATOM_METHODS = ("mtp", "eagle3", "dspark")
 
+#: SGLang's ``--speculative-algorithm`` name for each method (``python/sglang/srt/speculative/
+#: spec_info.py``, ``SpeculativeAlgorithm``; ``python/sglang/srt/server_args.py``,
+#: ``_handle_speculative_decoding``, which reads ``NEXTN`` as ``EAGLE``): an MTP head runs as
+#: EAGLE, as InferenceX's DeepSeek MTP scripts start it; a separate draft model as STANDALONE.
+SGLANG_ALGORITHMS = {"mtp": "EAGLE", "eagle": "EAGLE", "eagle3": "EAGLE3", "dspark": "DSPARK",
+                     "draft_model": "STANDALONE", "ngram": "NGRAM"}  # fmt: skip
+
 #: vLLM 0.32 methods that find their draft without a ``model`` key (``vllm/config/
 #: speculative.py``, ``SpeculativeConfig.__post_init__``); any other needs one.
 VLLM_SELF_DRAFTING = ("ngram", "ngram_gpu", "suffix", "mtp", "dspark", "extract_hidden_states")
@@ -57,9 +64,13 @@ def _number(value: float) -> str:
 
 
 def check_method(engine: str, method: str) -> None:
-    """Refuse a method ``engine`` has no flag for (ATOM's ``--method`` choices)."""
+    """Refuse a method ``engine`` has no flag for (ATOM's ``--method`` choices, SGLang's
+    ``--speculative-algorithm`` names)."""
     if engine == "atom" and method not in ATOM_METHODS:
         raise EmitRefused(f"atom: --method takes {', '.join(ATOM_METHODS)}; got {method!r}")
+    if engine == "sglang" and method not in SGLANG_ALGORITHMS:
+        raise EmitRefused(f"sglang: --speculative-algorithm has a name for "
+                          f"{', '.join(SGLANG_ALGORITHMS)}; got {method!r}")  # fmt: skip
 
 
 def _method_notes(engine: str, method: str) -> tuple[str, ...]:
@@ -68,7 +79,23 @@ def _method_notes(engine: str, method: str) -> tuple[str, ...]:
         return (f'vllm: method {method} also needs the draft\'s "model" key in this JSON',)
     if engine == "atom" and method == "eagle3":
         return ("atom: --method eagle3 also needs --draft-model",)
+    if engine == "sglang" and method in ("eagle", "eagle3", "dspark", "draft_model"):
+        return (f"sglang: --speculative-algorithm {SGLANG_ALGORITHMS[method]} also needs "
+                "--speculative-draft-model-path",)  # fmt: skip
     return ()
+
+
+def _sglang(method: str, k: int) -> str:
+    """SGLang's flags for a chain of K drafts with ``method`` (``check_method`` first)."""
+    algorithm = SGLANG_ALGORITHMS[method]
+    if method == "dspark":  # _handle_dspark: num_steps 1, topk 1, draft tokens block size + 1
+        return (f"--speculative-algorithm DSPARK --speculative-dspark-block-size {k} "
+                f"--speculative-num-draft-tokens {k + 1}")  # fmt: skip
+    if method == "ngram":  # NGRAM: topk is the BFS breadth; draft tokens count the root
+        return (f"--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 1 "
+                f"--speculative-num-draft-tokens {k + 1}")  # fmt: skip
+    return (f"--speculative-algorithm {algorithm} --speculative-num-steps {k} "
+            f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")  # fmt: skip
 
 
 def vllm_config(config: dict[str, object]) -> str:
@@ -83,9 +110,12 @@ def serving(engine: str, method: str, k: int) -> Emission:
 
     - vLLM (``vllm/config/speculative.py``, ``SpeculativeConfig``): ``--speculative-config``
       JSON with ``method`` and ``num_speculative_tokens``.
-    - SGLang (``python/sglang/srt/server_args.py``): ``--speculative-num-steps`` K,
+    - SGLang (``python/sglang/srt/server_args.py``): ``--speculative-algorithm`` (the
+      method's name, ``SGLANG_ALGORITHMS``), ``--speculative-num-steps`` K,
       ``--speculative-eagle-topk 1`` (a chain) and ``--speculative-num-draft-tokens`` K + 1;
-      ``--speculative-algorithm`` for the method is the user's to add.
+      DSpark takes K as ``--speculative-dspark-block-size`` (``_handle_dspark`` sets one step
+      and top-k 1 itself), n-gram as ``--speculative-num-draft-tokens`` K + 1 with a BFS
+      breadth of 1 (its top-k).
     - TensorRT-LLM (``tensorrt_llm/llmapi/llm_args.py``, ``DecodingBaseConfig``): the
       ``speculative_config`` YAML's ``max_draft_len`` (its ``decoding_type`` names the method).
     - ATOM (``atom/model_engine/arg_utils.py``): ``--method`` and ``--num-speculative-tokens``.
@@ -99,10 +129,7 @@ def serving(engine: str, method: str, k: int) -> Emission:
     if engine == "vllm":
         line = vllm_config({"method": method, "num_speculative_tokens": k})
     elif engine == "sglang":
-        line = (
-            f"--speculative-num-steps {k} --speculative-eagle-topk 1 "
-            f"--speculative-num-draft-tokens {k + 1}"
-        )
+        line = _sglang(method, k)
     elif engine == "trtllm":
         line = f"speculative_config: {{max_draft_len: {k}}}"
     else:
@@ -184,14 +211,16 @@ def emit_sglang(res: Resolution, method: str) -> Emission:
     ``SGLANG_SIMULATE_ACC_METHOD=match-expected`` draws floor or ceil with the fraction as
     weight, which is the minimum-variance schedule; the older default ``multinomial`` draws a
     rounded normal and misses the mean, so the method is spelled out)."""
+    check_method("sglang", method)
     _one_number("sglang", res, "SGLANG_SIMULATE_ACC_LEN")
     line = (
         f"SGLANG_SIMULATE_ACC_LEN={_number(res.acceptance_length)} "
         "SGLANG_SIMULATE_ACC_METHOD=match-expected"
     )
     notes = [
-        f"sglang: serve with --speculative-num-steps {res.num_spec_tokens} (the length is "
-        "clamped to [1, num_steps + 1])"
+        f"sglang: serve with {_sglang(method, res.num_spec_tokens)} (the length is clamped to "
+        "[1, K + 1])",
+        *_method_notes("sglang", method),
     ]
     if method == "dspark" and res.acceptance_length != 1.0:
         notes.append("sglang: DSpark refuses a simulated length above 1 without a verify-all "

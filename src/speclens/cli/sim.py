@@ -383,6 +383,7 @@ def _schedule_command(
     schedule table first, then each K's loss at long context named by its term, then the
     engine flags with ``--emit``."""
     from speclens.acceptance import WorkloadAcceptance, resolve
+    from speclens.sim import run_output
     from speclens.sim import schedule as sc
     from speclens.sim.scenario import load_scenario, roofline
     from speclens.sim.simulate import fast_fallback
@@ -397,7 +398,14 @@ def _schedule_command(
     if emit is not None and emit not in sc.ENGINES:
         fail(f"--emit: expected one of {', '.join(sc.ENGINES)}, got {emit!r}", code=2)
     if plot is not None:
-        fail("--plot does not go with --context (the schedule is a table)", code=2)
+        fail("--plot does not go with --context (the schedule is a table; --output-dir "
+             "writes its page with the plot)", code=2)  # fmt: skip
+    if output_dir is not None:
+        from speclens.sim.run_output import SCHEDULE_FILES, output_problem
+
+        problem = output_problem(output_dir, SCHEDULE_FILES)
+        if problem:
+            fail(problem, code=2)
     ks = sorted({g["num_spec_tokens"] for g in grid})
     concurrencies = sorted({g["concurrency"] for g in grid})
     size = len(contexts) * (len(ks) + 1) * len(concurrencies)
@@ -470,6 +478,13 @@ def _schedule_command(
          "tpot_p50_ms": (r["latency_ms"].get("tpot") or {}).get("p50")}
         for (c, k, n), r in zip(keys, rows, strict=True)
     ]  # fmt: skip
+    sched["acceptance"] = [{**resolved[k].model_dump(), "line": _acceptance_text(
+        resolved[k].model_dump(), f" at K {k}")} for k in ks]  # fmt: skip
+    pricing = next((r.get("pricing") for (_, k, _), r in zip(keys, rows, strict=True) if k), None)
+    sched["pricing"] = [{"pool": int(i), **p, "line": f"pool {i} steps: {_pricing(p)}"}
+                        for i, p in (pricing or {}).items()]  # fmt: skip
+    sched["model"], sched["method"] = base_scenario.model, spec.method
+    sched["deployment"] = run_output.deployment(base_scenario)
     if emit is not None:
         sched["emit"] = {"engine": emit, "lines": sc.emit_lines(sched, emit, spec.method)}
     if as_json:
@@ -477,13 +492,18 @@ def _schedule_command(
     else:
         _print_schedule(sched)
     if output_dir is not None:
+        from speclens.runs.html_schedule import write_schedule_report
+
         target_file = output_dir / "k_schedule.json"
         try:
             output_dir.mkdir(parents=True, exist_ok=True)
             target_file.write_text(json.dumps(sched, indent=2) + "\n")
+            page = write_schedule_report(output_dir)
         except OSError as exc:
             fail(f"{exc.filename or output_dir}: cannot write: {exc.strerror or exc}")
-        (err_console if as_json else out_console).print(f"wrote {target_file}", markup=False)
+        console = err_console if as_json else out_console
+        for path in (target_file, page):
+            console.print(f"wrote {path}", markup=False)
 
 
 def _check_closed_loop(path: Path, scenario: Any, grid: list[dict[str, int]]) -> None:
@@ -548,6 +568,8 @@ def _print_schedule(sched: dict[str, Any]) -> None:
         say(loss["line"])
     if not sched["losses"]:
         say("no context's best K is below the shortest context's")
+    for item in (*sched.get("acceptance", []), *sched.get("pricing", [])):
+        say(item["line"])
     for line in sched.get("emit", {}).get("lines", []):
         say(line)
 
@@ -703,16 +725,22 @@ def _print(rows: list[dict[str, Any]], axes: list[str]) -> None:
         out_console.print(line, markup=False, highlight=False, soft_wrap=True)
     res = rows[0]["resolution"]
     if res:
-        out_console.print(
-            f"acceptance: AL {res['acceptance_length']:g} from the {res['layer']} layer"
-            + (f" ({res['profile_set']}: {res['profile']})" if res.get("profile") else "")
-            + (
-                f", drafting on {res['draft_coverage']:g} of decode steps"
-                if res["draft_coverage_stated"]
-                else ""
-            )
-            + (f"; source: {res['source']}" if res.get("source") else "")
+        out_console.print(_acceptance_text(res))
+
+
+def _acceptance_text(res: dict[str, Any], where: str = "") -> str:
+    """``acceptance: AL 2.5 from the profile layer (set: key); source: ...``: the AL a run
+    used and where it came from (``where``, `` at K 3``, when a line a K)."""
+    return (
+        f"acceptance{where}: AL {res['acceptance_length']:g} from the {res['layer']} layer"
+        + (f" ({res['profile_set']}: {res['profile']})" if res.get("profile") else "")
+        + (
+            f", drafting on {res['draft_coverage']:g} of decode steps"
+            if res["draft_coverage_stated"]
+            else ""
         )
+        + (f"; source: {res['source']}" if res.get("source") else "")
+    )
 
 
 def _warmup_lines(rows: list[dict[str, Any]], axes: list[str]) -> list[str]:

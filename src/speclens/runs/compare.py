@@ -86,7 +86,9 @@ def aggregate_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
     prediction against a measurement, or published figures only (checks did not run)."""
     both = a.aggregate_only and b.aggregate_only
     predicted = [x for x in (a, b) if x.prediction]
-    one_prediction = both and len(predicted) == 1
+    # A prediction against a published measurement, whether the prediction kept its records
+    # (sim --output-dir) or is aggregate-only too (sim --trace on published points).
+    one_prediction = len(predicted) == 1 and (b if predicted[0] is a else a).aggregate_only
     found, ab = aggregate_checks(a, b, named, one_prediction)
     failed = [c for c in found if c.ok is False]
     not_run = [c.name for c in found if c.ok is None]

@@ -350,11 +350,18 @@ def _settings_of(item: Input, names: Sequence[str]) -> set[tuple[Any, ...]]:
     return {tuple(orjson.dumps(run.settings.get(n)).decode() for n in names) for run in item.runs}
 
 
+def states_deployment(run: Run) -> bool:
+    """An aggregate-only run states its deployment; so does a simulated run that records one
+    (``settings.tensor_parallel``, written by ``sim --output-dir``)."""
+    return run.aggregate_only or (is_predicted(run) and "tensor_parallel" in run.settings)
+
+
 def check_deployment(a: Input, b: Input, lenient: bool) -> Check:
     """The same chip, engine, precision, parallelism and GPUs (an aggregate-only run states
-    them; a field a prediction leaves null is not compared when ``lenient``)."""
+    them, as a simulated run does; a field a prediction leaves null is not compared when
+    ``lenient``)."""
     for item in (a, b):
-        if not all(run.aggregate_only for run in item.runs):
+        if not all(states_deployment(run) for run in item.runs):
             return Check("deployment", None, f"unknown: {item.label} is not aggregate-only and "
                          "records no chip, parallelism or GPUs")  # fmt: skip
         found = _settings_of(item, DEPLOYMENT)
@@ -366,8 +373,12 @@ def check_deployment(a: Input, b: Input, lenient: bool) -> Check:
               if da[n] != db[n] and not (lenient and "null" in (da[n], db[n]))]  # fmt: skip
     if differ:
         return Check("deployment", False, "; ".join(differ).replace('"', ""))
-    shown = ", ".join(f"{n} {da[n]}" for n in DEPLOYMENT if da[n] != "null").replace('"', "")
-    return Check("deployment", True, f"{shown or 'nothing stated'} in both")
+    shown = ", ".join(f"{n} {da[n]}" for n in DEPLOYMENT
+                      if da[n] != "null" and da[n] == db[n]).replace('"', "")  # fmt: skip
+    unstated = [f"{n} ({(a if da[n] == 'null' else b).label} states none)" for n in DEPLOYMENT
+                if da[n] != db[n]]  # fmt: skip
+    return Check("deployment", True, f"{shown or 'nothing stated'} in both"
+                 + (f"; not compared: {', '.join(unstated)}" if unstated else ""))  # fmt: skip
 
 
 def check_published_lengths(a: Input, b: Input) -> Check:

@@ -184,6 +184,15 @@ _SETTINGS = (
     ("acceptance_profile", lambda v: _name(v), "null or a name (at most 256 characters)"),
     ("settings_schema", lambda v: v is None or (isinstance(v, str) and 0 < len(v) <= 64),
      f"null or a schema name ({SETTINGS_SCHEMA!r})"),
+    # The deployment a simulated run records (compare's deployment check reads it).
+    ("hardware", lambda v: _name(v), "null or a chip name"),
+    ("engine", lambda v: _name(v), "null or an engine name"),
+    ("precision", lambda v: _name(v), "null or a precision name"),
+    ("tensor_parallel", lambda v: _count(v), "null or an integer > 0"),
+    ("expert_parallel", lambda v: _count(v), "null or an integer > 0"),
+    ("dp_attention", lambda v: v is None or isinstance(v, bool), "null or true or false"),
+    ("disaggregated", lambda v: v is None or isinstance(v, bool), "null or true or false"),
+    ("method", lambda v: _name(v), "null or a method name"),
 )  # fmt: skip
 
 

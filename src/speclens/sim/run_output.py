@@ -144,6 +144,7 @@ def summary(
     if warm:
         measured = [r for r in records if r.index >= warm]
         figures["latency_ms"] = summarize(RunResult(measured, 0.0, makespan))["latency_ms"]
+    figures["throughput"].update(_deployment_throughput(figures, settings.get("gpus")))
     return {
         "settings": settings,
         "server": server,
@@ -159,6 +160,21 @@ def summary(
         "simulation": simulation,
         "warnings": [],
     }  # fmt: skip
+
+
+def _deployment_throughput(figures: dict[str, Any], gpus: object) -> dict[str, float]:
+    """What a published run states of its deployment's throughput: total (prompt and output)
+    tokens/s over the run, and output and total per GPU where its GPUs are known (``compare``
+    reads a pair with a published run on total tokens/s per GPU)."""
+    throughput, duration = figures["throughput"], figures["duration_s"]
+    if not duration or duration <= 0:
+        return {}
+    total = (throughput["total_output_tokens"] + throughput["total_prompt_tokens"]) / duration
+    out = {"total_tokens_per_s": total}
+    if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0:
+        out |= {"output_tokens_per_s_per_gpu": throughput["output_tokens_per_s"] / gpus,
+                "total_tokens_per_s_per_gpu": total / gpus}  # fmt: skip
+    return out
 
 
 def write_run(
@@ -181,12 +197,17 @@ RUN_FILES = ("records.jsonl", "summary.json", "summary.csv", "acceptance_histogr
              "al_vs_tpot.png", "latency_cdf.png", "report.html")  # fmt: skip
 
 
-def output_problem(out_dir: Path) -> str | None:
-    """Why ``out_dir`` cannot take a run's files (one line naming the option), or None."""
+#: The files ``sim --context --output-dir`` writes: the schedule and its page.
+SCHEDULE_FILES = ("k_schedule.json", "report.html")
+
+
+def output_problem(out_dir: Path, files: Sequence[str] = RUN_FILES) -> str | None:
+    """Why ``out_dir`` cannot take a run's files (``files``; one line naming the option), or
+    None."""
     where = f"command line: --output-dir: {str(out_dir)!r}"
     if out_dir.exists() and not out_dir.is_dir():
         return f"{where}: is not a directory, expected a directory to write the run into"
-    for name in RUN_FILES:
+    for name in files:
         path = out_dir / name
         if path.is_symlink():
             return f"{where}: {name} is a symbolic link (never written through)"
@@ -247,7 +268,8 @@ def run_settings(
         "executor": "sim", "scenario": source, "num_spec_tokens": num_spec_tokens,
         "acceptance_source": _text(resolution.get("source")),
         "acceptance_profile": _text(resolution.get("profile")),
-        "hardware": scenario.hardware, "gpus": scenario_gpus(scenario),
+        "method": _method(scenario) if num_spec_tokens else None,
+        **deployment(scenario, row),
         "loop": row["loop"], "fallback": row["fallback"], "shard": None,
         "settings_schema": SETTINGS_SCHEMA,
     }  # fmt: skip
@@ -276,6 +298,36 @@ def workload_sha256(scenario: Scenario) -> str:
     return hashlib.sha256(
         _WORKLOAD_DIGEST + orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)
     ).hexdigest()
+
+
+def deployment(scenario: Scenario, row: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The deployment a simulated run records in its settings, under the names an
+    aggregate-only run states (``compare``'s deployment check reads them): the chip (the
+    scenario's ``hardware``, else the chip its roofline priced), the precision, the tensor
+    parallelism (each pool's ``parallel``; null when pools differ), no expert parallelism or
+    DP attention (a scenario states neither, and the roofline prices neither), prefill and
+    decode pools as disaggregated, and the GPUs summed. ``engine`` is null: the simulator is
+    no serving engine."""
+    pools = scenario.deployment.pools
+    parallel = {pool.parallel for pool in pools}
+    chip = scenario.hardware
+    if chip is None and row is not None:
+        priced = [p.get("chip") for p in (row.get("pricing") or {}).values()
+                  if isinstance(p, dict)]  # fmt: skip
+        chip = next((c for c in priced if isinstance(c, str)), None)
+    return {
+        "hardware": chip, "engine": None, "precision": scenario.precision,
+        "tensor_parallel": parallel.pop() if len(parallel) == 1 else None,
+        "expert_parallel": 1, "dp_attention": False,
+        "disaggregated": any(pool.role != "mixed" for pool in pools),
+        "gpus": scenario_gpus(scenario),
+    }  # fmt: skip
+
+
+def _method(scenario: Scenario) -> str | None:
+    pools = scenario.speculating
+    spec = pools[0].engine.speculative if pools else None
+    return spec.method if spec is not None else None
 
 
 def scenario_gpus(scenario: Scenario) -> int:

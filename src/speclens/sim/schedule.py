@@ -217,21 +217,23 @@ def batch_ranges(sched: dict[str, Any], index: int) -> list[list[int]]:
 def _vllm_dynamic(sched: dict[str, Any], method: str) -> list[str]:
     """vLLM's dynamic K (``vllm/config/speculative.py``, ``num_speculative_tokens_per_batch_size``:
     inclusive ``(first, last, K)`` batch-size ranges, K 0 allowed, ``num_speculative_tokens``
-    the largest; ``vllm/v1/spec_decode/dynamic/utils.py``): one line per context, since vLLM
-    has no context axis (vLLM RFC #48627 proposes one)."""
-    lines = []
+    the largest; ``vllm/v1/spec_decode/dynamic/utils.py``): one line per distinct setting,
+    naming the contexts it serves; more than one only where contexts differ, since vLLM has no
+    context axis (vLLM RFC #48627 proposes one)."""
+    by_line: dict[str, list[str]] = {}
     for i, c in enumerate(sched["contexts"]):
         ranges = batch_ranges(sched, i)
         top = max(r[2] for r in ranges)
         if top == 0:
-            lines.append(f"vllm: {flags('vllm', method, 0)}  # {tokens(c)}")
-            continue
-        config: dict[str, object] = {"method": method, "num_speculative_tokens": top}
-        if len({r[2] for r in ranges}) > 1:
-            config["num_speculative_tokens_per_batch_size"] = ranges
-        line = emit.vllm_config(config)
-        lines.append(f"vllm: {line}  # {tokens(c)}")
-    if len(set(lines)) > 1:
+            line = flags("vllm", method, 0)
+        else:
+            config: dict[str, object] = {"method": method, "num_speculative_tokens": top}
+            if len({r[2] for r in ranges}) > 1:
+                config["num_speculative_tokens_per_batch_size"] = ranges
+            line = emit.vllm_config(config)
+        by_line.setdefault(line, []).append(tokens(c))
+    lines = [f"vllm: {line}  # {', '.join(where)}" for line, where in by_line.items()]
+    if len(by_line) > 1:
         lines.insert(0, "vllm picks K by batch size, not by context: one server per context "
                         "length (routed by prompt length)")  # fmt: skip
     return lines
@@ -239,7 +241,7 @@ def _vllm_dynamic(sched: dict[str, Any], method: str) -> list[str]:
 
 def emit_lines(sched: dict[str, Any], engine: str, method: str) -> list[str]:
     """One line per distinct K of the schedule, naming where it wins (an engine serves one K
-    a server)."""
+    a server), then what else the engine needs for the method (``note: ...``)."""
     where: dict[int, dict[int, list[str]]] = {}
     for row in sched["rows"]:
         head = str(row["concurrency"]) if row.get("concurrency") else (
@@ -251,10 +253,11 @@ def emit_lines(sched: dict[str, Any], engine: str, method: str) -> list[str]:
     by = "concurrency " if sched["tok_s_user"] is None else ""
     w = {k: [f"{tokens(c)}: {by}{', '.join(heads)}" for c, heads in sorted(ctx.items())]
          for k, ctx in where.items()}  # fmt: skip
+    notes = [*dict.fromkeys(n for k in where if k for n in emit.serving(engine, method, k).notes)]
     if engine == "vllm" and sched["tok_s_user"] is None:
-        return _vllm_dynamic(sched, method)
+        return _vllm_dynamic(sched, method) + [f"note: {n}" for n in notes]
     lines = [f"{engine}: {flags(engine, method, k)}  # {'; '.join(w[k])}" for k in sorted(w)]
     if len(where) > 1:
         lines.insert(0, f"{engine} serves one K a server: the schedule wants {len(where)} "
                         "(one server per line, routed by batch size and context)")  # fmt: skip
-    return lines
+    return lines + [f"note: {n}" for n in notes]

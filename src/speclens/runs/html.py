@@ -10,8 +10,8 @@ compare the page to the file. Plots are drawn from aggregates and downsampled sa
 run of 100k requests renders in about the time of a small one.
 
 Each page type is a module of its own: a run (``html_run``), an aggregate-only run
-(``html_aggregate``), a sweep (``html_sweep``) and a compare (``html_compare``); the plots
-are ``html_plots``.
+(``html_aggregate``), a sweep (``html_sweep``), a compare (``html_compare``) and a K schedule
+(``html_schedule``); the plots are ``html_plots``.
 """
 
 from __future__ import annotations

@@ -315,7 +315,12 @@ BAD_FIELDS = [
     ),
     # method
     pytest.param(
-        (*P0, "method"), "guessed", "profiles[0].method", "measured, copied", True, id="method-bad"
+        (*P0, "method"),
+        "guessed",
+        "profiles[0].method",
+        "measured, inferred, copied",
+        True,
+        id="method-bad",
     ),
     pytest.param(
         (*P0, "method"),
@@ -613,6 +618,40 @@ def test_a_valid_variation_is_accepted(
     tmp_path: Path, where: tuple[str | int, ...], value: object
 ) -> None:
     load(AcceptanceProfileSet, write(tmp_path, mutate(valid_set(), where, value)))
+
+
+def _inferred() -> dict[str, Any]:
+    """The fixture with its copied profile turned into an inferred one: a source and a rationale,
+    no hardware, engine image nor sampling (what the run did not state is not made up)."""
+    data = valid_set()
+    profile = data["profiles"][1]
+    del profile["copied_from"]
+    profile |= {"method": "inferred", "rationale": "AL from a run's TPOT, other Ks from a model.",
+                "provenance": {"source": "speclens calibrate --acceptance-from c4"}}  # fmt: skip
+    return data
+
+
+def test_an_inferred_profile_needs_a_source_and_a_rationale_only(tmp_path: Path) -> None:
+    loaded = load(AcceptanceProfileSet, write(tmp_path, _inferred()))
+    assert [p.method for p in loaded.profiles] == ["measured", "inferred", "assumed"]
+    assert (
+        loaded.profiles[1].provenance is not None and loaded.profiles[1].provenance.hardware is None
+    )
+    for field in ("provenance", "rationale"):
+        data = mutate(_inferred(), (*P1, field), DELETE)
+        file = write(tmp_path, data, f"no-{field}.yaml")
+        assert_problem(
+            problems_of(file), file, f"profiles[1].{field}", "required with method inferred"
+        )
+
+
+def test_a_wrong_method_lists_inferred_among_the_methods(tmp_path: Path) -> None:
+    file = write(tmp_path, mutate(valid_set(), (*P0, "method"), "guessed"))
+    hit = assert_problem(problems_of(file), file, "profiles[0].method", "expected one of")
+    assert (
+        hit.message
+        == "expected one of measured, inferred, copied, assumed, got a string ('guessed')"
+    )
 
 
 def test_rates_exactly_0_01_from_the_length_are_within_tolerance(tmp_path: Path) -> None:

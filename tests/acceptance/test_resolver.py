@@ -338,6 +338,9 @@ def test_two_matching_registry_sets_of_one_method_are_ambiguous(tmp_path: Path) 
         pytest.param("measured", "assumed", id="measured-over-assumed"),
         pytest.param("measured", "copied", id="measured-over-copied"),
         pytest.param("copied", "assumed", id="copied-over-assumed"),
+        pytest.param("measured", "inferred", id="measured-over-inferred"),
+        pytest.param("inferred", "copied", id="inferred-over-copied"),
+        pytest.param("inferred", "assumed", id="inferred-over-assumed"),
     ],
 )
 def test_a_better_method_outranks_a_worse_one_in_another_set(
@@ -350,7 +353,8 @@ def test_a_better_method_outranks_a_worse_one_in_another_set(
         if method == "measured":
             return measured(acceptance_length=al)
         extra = {"copied_from": f"x/y/k{K}/thinking-on/coding"} if method == "copied" else {}
-        provenance = {"provenance": {"source": SOURCE}} if method == "copied" else {}
+        cited = method in ("copied", "inferred")
+        provenance = {"provenance": {"source": SOURCE}} if cited else {}
         return assumed(acceptance_length=al, method=method, **extra, **provenance)
 
     # the worse set's name sorts first, so a first-found rule would pick it
@@ -359,6 +363,15 @@ def test_a_better_method_outranks_a_worse_one_in_another_set(
     assert r.profile_set == "z-better"
     assert r.method == better
     assert r.acceptance_length == 2.5
+
+
+def test_two_inferred_sets_of_one_key_are_ambiguous(tmp_path: Path) -> None:
+    """Two runs' inferred curves for one key: neither outranks the other, so both are named."""
+    inferred = assumed(method="inferred", provenance={"source": "calibrate --acceptance-from c4"})
+    reg = registry_of(tmp_path, **{"run-a": [inferred], "run-b": [inferred]})
+    with pytest.raises(AmbiguousProfile) as exc:
+        run(reg)
+    assert "method inferred" in str(exc.value) and "run-a, run-b" in str(exc.value)
 
 
 def test_two_sets_matching_the_fallback_are_ambiguous(tmp_path: Path) -> None:

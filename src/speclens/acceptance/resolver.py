@@ -50,7 +50,7 @@ class Resolution(BaseModel):
     #: The set and profile key that supplied it (profile layers only).
     profile_set: str | None = None
     profile: str | None = None
-    #: The profile's method (measured, copied, assumed); None for inline values.
+    #: The profile's method (measured, inferred, copied, assumed); None for inline values.
     method: str | None = None
     #: The cited source: the profile's provenance.source, or the inline value's source.
     source: str | None = None
@@ -136,8 +136,9 @@ def _from_profile(
     )
 
 
-#: A measured value outranks a copied one, which outranks an assumed one.
-METHOD_RANK = {"measured": 0, "copied": 1, "assumed": 2}
+#: A measured value outranks one inferred from a run (its TPOT, a model of the curve), which
+#: outranks one copied from another key, which outranks an assumed one.
+METHOD_RANK = {"measured": 0, "inferred": 1, "copied": 2, "assumed": 3}
 
 
 def _best(hits: list[tuple[str, Profile]]) -> list[tuple[str, Profile]]:

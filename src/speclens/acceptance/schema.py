@@ -43,8 +43,10 @@ from speclens.acceptance.quantity import (
 Loc = tuple[str | int, ...]
 ThinkingMode = Literal["on", "off"]
 #: How a profile's value was obtained. ``not_charged`` exists for deployments, never in a profile.
-METHODS = ("measured", "copied", "assumed", "not_charged")
-PROFILE_METHODS = ("measured", "copied", "assumed")
+#: ``inferred``: derived from a run that did not count it (``calibrate --acceptance-from``: the AL a
+#: run's TPOT implies, and the AL at other K from ``acceptance.curve``'s model).
+METHODS = ("measured", "inferred", "copied", "assumed", "not_charged")
+PROFILE_METHODS = ("measured", "inferred", "copied", "assumed")
 CATEGORY_PATTERN = r"^[a-z0-9_-]+$"
 _CATEGORY_RE = re.compile(CATEGORY_PATTERN)
 
@@ -260,9 +262,12 @@ def _thinking(value: object) -> object:
 
 def _method(value: object) -> object:
     if value == "not_charged":
-        raise _fail("'not_charged' is refused in a profile: use measured, copied or assumed")
+        raise _fail(
+            f"'not_charged' is refused in a profile: use {', '.join(PROFILE_METHODS[:-1])} or "
+            f"{PROFILE_METHODS[-1]}"
+        )
     if value not in PROFILE_METHODS:
-        raise _fail(f"expected one of measured, copied, assumed, got {_describe(value)}")
+        raise _fail(f"expected one of {', '.join(PROFILE_METHODS)}, got {_describe(value)}")
     return value
 
 
@@ -298,7 +303,9 @@ DraftCoverage = Annotated[
     ),
     BeforeValidator(_draft_coverage),  # after Field: the schema keeps the JSON Schema bounds
 ]
-ProfileMethod = Annotated[Literal["measured", "copied", "assumed"], BeforeValidator(_method)]
+ProfileMethod = Annotated[
+    Literal["measured", "inferred", "copied", "assumed"], BeforeValidator(_method)
+]
 
 
 def _number(value: object) -> float | None:

@@ -101,7 +101,7 @@ def test_the_sweep_and_compare_pages_show_intervals_and_the_pairs_label(dirs: Re
     fields = {path for path, _ in scan(_page(dirs.sweep)).fields}
     assert {"stats[0].figures.output_tokens_per_s.low", "stats[1].figures.realized_al.high",
             "stats[1].figures.tokens_per_s_per_user.mean"} <= fields  # fmt: skip
-    assert "Throughput against interactivity" in _page(dirs.sweep)
+    assert "Output throughput against interactivity" in _page(dirs.sweep)
     compare = _page(dirs.compare)
     assert 'class="banner pass"' in compare
     data = orjson.loads((dirs.compare / "compare.json").read_bytes())
@@ -347,6 +347,13 @@ def run_layout(summary: dict[str, Any], al_interval: str) -> dict[str, _Table]:
         run_rows.append(["goodput (req/s)",
                          f"{j.n(*g, 'requests_per_s')} ({j.n(*g, 'fraction')} within {slo})"])  # fmt: skip
     out["Run"] = _Table("Run", None, run_rows)
+    lat = ("figures", "latency_ms")
+    out["At a glance"] = _Table("At a glance", None, [
+        ["requests", f"{j.n(*r, 'completed')} completed, {j.n(*r, 'failed')} failed"],
+        ["output throughput (tok/s)", j.n(*tp, "output_tokens_per_s")],
+        ["token-weighted AL", f"{j.n(*a, 'token_weighted_al')} {al_interval}".strip()],
+        ["TTFT p50 (ms)", j.n(*lat, "ttft", "p50")], ["TPOT p50 (ms)", j.n(*lat, "tpot", "p50")],
+    ])  # fmt: skip
     keys = ["mean", "p50", "p90", "p99", "min", "max"]
     out["Latency (ms)"] = _Table("Latency (ms)", ["metric", *keys], [
         [name.upper(), *(j.n("figures", "latency_ms", name, k) for k in keys)]
@@ -421,7 +428,7 @@ def run_layout(summary: dict[str, Any], al_interval: str) -> dict[str, _Table]:
 
 _SETTINGS = ("concurrency", "request_rate", "num_speculative_tokens", "acceptance_length")
 _POINT_FIGURES = {
-    "output tok/s": "output_tokens_per_s", "req/s": "requests_per_s",
+    "output tok/s (whole server)": "output_tokens_per_s", "req/s": "requests_per_s",
     "tok/s/user": "tokens_per_s_per_user", "TTFT ms": "ttft_ms", "TPOT ms": "tpot_ms",
     "ITL ms": "itl_ms", "E2E ms": "e2e_ms", "realized AL": "realized_al",
 }  # fmt: skip
@@ -434,10 +441,21 @@ def _settings(j: _Json, *parts: str | int) -> str:
 
 
 def sweep_layout(sweep: dict[str, Any]) -> dict[str, _Table]:
+    """A load sweep of one setting (no engine, K or AL named): one line, "sweep", whose peak is
+    its point of the most output tokens/s."""
     j = _Json(sweep)
     axes = "; ".join(f"{k}: {j.t('axes', k)}" for k in j.get("axes") or {})
     stats = "Figures per point (mean, 95% interval)"
+    peak = max(range(len(sweep["stats"])),
+               key=lambda i: sweep["stats"][i]["figures"]["output_tokens_per_s"]["mean"])  # fmt: skip
+    f = ("stats", peak, "figures")
+    caption = "Peak output throughput per setting (mean, 95% interval)"
     return {
+        caption: _Table(caption, ["setting", "load", "output tok/s (whole server)", "tok/s/user",
+                                  "realized AL"], [
+            ["sweep", f"concurrency {j.n('stats', peak, 'settings', 'concurrency')}",
+             *(j.interval(*f, k) for k in ("output_tokens_per_s", "tokens_per_s_per_user",
+                                           "realized_al"))]]),
         "Sweep": _Table("Sweep", None, [
             ["kind", j.t("kind")], ["rounds", j.n("rounds")], ["axes", axes or "-"]]),
         stats: _Table(stats, ["engine", "settings", "rounds ok", *_POINT_FIGURES], [

@@ -35,6 +35,9 @@ MAX_JSON_BYTES = 64 * 1024 * 1024
 MAX_TABLE_ROWS = 2000
 
 REPORT_NAME = "report.html"
+#: What a figure with no evidence behind it reads, on a page and in the console (a category
+#: with no verify step has no AL; its 1.0 is the formula's empty case).
+NO_DATA = "no data"
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 _STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5em auto;

@@ -19,7 +19,8 @@ _SAFE_URL = re.compile(r"https?://[^\s\"'<>]{1,2000}\Z")
 def aggregate_page(summary: dict[str, Any]) -> Page:
     """An aggregate-only run (a published result, or a prediction of one): its settings, its
     provenance (the run's URL as a plain link: the page fetches nothing), the published
-    figures, and no plot that needs per-request rows."""
+    figures, and no plot that needs per-request rows. Its throughputs are the published ones,
+    each named: output tokens first (what every decision reads), then input + output."""
     f = Fields(summary)
     s = ("settings",)
     model = f.get(*s, "model") or "?"
@@ -66,10 +67,11 @@ def aggregate_page(summary: dict[str, Any]) -> Page:
     ])  # fmt: skip
     t, i = ("figures", "throughput"), ("figures", "interactivity")
     page.table("Throughput and interactivity", None, [
-        ("total throughput (tok/s)", f.num(*t, "total_tokens_per_s", digits=1)),
-        ("total throughput per GPU (tok/s/GPU)", f.num(*t, "total_tokens_per_s_per_gpu", digits=1)),
-        ("output throughput (tok/s)", f.num(*t, "output_tokens_per_s", digits=1)),
         ("output throughput per GPU (tok/s/GPU)", f.num(*t, "output_tokens_per_s_per_gpu", digits=1)),
+        ("output throughput (tok/s)", f.num(*t, "output_tokens_per_s", digits=1)),
+        ("total throughput per GPU, input + output (tok/s/GPU)",
+         f.num(*t, "total_tokens_per_s_per_gpu", digits=1)),
+        ("total throughput, input + output (tok/s)", f.num(*t, "total_tokens_per_s", digits=1)),
         ("interactivity, median (tok/s/user)", f.num(*i, "p50", digits=2)),
         ("interactivity, mean (tok/s/user)", f.num(*i, "mean", digits=2)),
         ("acceptance length", f.num("figures", "acceptance", "acceptance_length", digits=4)),

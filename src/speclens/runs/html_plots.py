@@ -23,11 +23,15 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator
 from matplotlib.typing import RcKeyType
 
+from speclens.runs.html import NO_DATA
+
 #: Points per latency CDF and per scatter: what a reader can see, whatever the run's size.
 CDF_POINTS = 400
 SCATTER_POINTS = 1500
 #: Bars in the per-category plot (the categories with the most verify steps).
 MAX_CATEGORY_BARS = 40
+#: A curve plot's title ends so only where it draws an interval.
+CI_TITLE = " (95% CI)"
 
 _RC: dict[RcKeyType, Any] = {
     "svg.fonttype": "path",
@@ -172,13 +176,19 @@ def position_plot(observed: Sequence[float], expected: Sequence[float] | None) -
 
 
 def category_plot(rows: Sequence[tuple[str, float, int]], forced: float | None) -> str:
-    """AL per category, ``rows`` as (category, AL, verify steps), the busiest first."""
+    """AL per category, ``rows`` as (category, AL, verify steps), the busiest first. A category
+    with no verify step has no AL (its 1.0 is the formula's empty case): no bar, "no data"."""
     shown = sorted(rows, key=lambda r: -r[2])[:MAX_CATEGORY_BARS]
     fig, ax = new_figure(6.4, max(2.5, 0.3 * len(shown) + 1.2), left=0.3)
     names = [label(r[0], 28) for r in shown]
-    ax.barh(range(len(shown)), [r[1] for r in shown], color="#2ca02c")
+    stepped = [i for i, r in enumerate(shown) if r[2] > 0]
+    ax.barh(stepped, [shown[i][1] for i in stepped], color="#2ca02c")
+    for i, r in enumerate(shown):
+        if r[2] <= 0:
+            ax.text(0.01, i, NO_DATA, transform=ax.get_yaxis_transform(), va="center",
+                    color="#555555")  # fmt: skip
     ax.set_yticks(range(len(shown)), names)
-    ax.invert_yaxis()
+    ax.set_ylim(len(shown) - 0.5, -0.5)  # the busiest on top, every row in view
     if forced is not None:
         ax.axvline(forced, color="#d62728", linestyle="--", label=f"forced AL {forced:g}")
         legend_outside(fig, ax)
@@ -232,20 +242,27 @@ def _errors(
     return np.array([below, above])
 
 
+def _has_bar(errors: np.ndarray | None) -> bool:
+    return errors is not None and bool(np.any(errors > 0))
+
+
 def curve_plot(series: Sequence[Series], xlabel: str, ylabel: str, title: str, name: str) -> str:
-    """Points with CI bars on both axes, one colour per series, joined in x order when ``line``."""
+    """Points with CI bars on both axes, one colour and one legend entry per series, joined in x
+    order when ``line``. A ``title`` ending in " (95% CI)" keeps it only when a bar is drawn."""
     fig, ax = new_figure()
+    bars = False
     for s in series:
         order = sorted(range(len(s.x)), key=lambda i: s.x[i])
         x = [s.x[i] for i in order]
         y = [s.y[i] for i in order]
-        x_err = [s.x_err[i] for i in order] if s.x_err else None
-        y_err = [s.y_err[i] for i in order] if s.y_err else None
-        ax.errorbar(x, y, xerr=_errors(x, x_err), yerr=_errors(y, y_err), marker="o",
-                    capsize=3, linestyle="-" if s.line else "none", label=label(s.label))  # fmt: skip
+        x_err = _errors(x, [s.x_err[i] for i in order] if s.x_err else None)
+        y_err = _errors(y, [s.y_err[i] for i in order] if s.y_err else None)
+        bars = bars or _has_bar(x_err) or _has_bar(y_err)
+        ax.errorbar(x, y, xerr=x_err, yerr=y_err, marker="o", capsize=3,
+                    linestyle="-" if s.line else "none", label=label(s.label))  # fmt: skip
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(title if bars else title.removesuffix(CI_TITLE))
     legend_outside(fig, ax)
     return to_svg(fig, name)
 

@@ -14,6 +14,7 @@ import orjson
 
 from speclens.runs.figures import DERIVED
 from speclens.runs.html import (
+    NO_DATA,
     Fields,
     Page,
     esc,
@@ -157,16 +158,44 @@ def run_page(summary: dict[str, Any], samples: Samples) -> Page:
     model = f.get("settings", "model") or f.get("server", "model") or "?"
     page = Page(f"speclens run: {model}", "summary.json")
     _run_banners(page, f)
+    for i, _ in f.rows("warnings"):
+        page.banner("warn", "warning: " + f.text("warnings", i))
+    _glance_table(page, f, samples)
+    _verdict_table(page, f)
     _run_overview(page, f)
     _latency_table(page, f)
     _acceptance_table(page, f, samples)
     _derived_table(page, f)
     _replica_table(page, f)
-    _verdict_table(page, f)
-    for i, _ in f.rows("warnings"):
-        page.banner("warn", "warning: " + f.text("warnings", i))
     _run_plots(page, f, samples)
     return page
+
+
+def _glance_table(page: Page, f: Fields, samples: Samples) -> None:
+    """The few figures a reader wants first: what finished, the output throughput, the
+    realized AL with its interval, and the median TTFT and TPOT."""
+    fig = ("figures",)
+    lat = (*fig, "latency_ms")
+    page.table("At a glance", None, [
+        ("requests", f"{f.num(*fig, 'requests', 'completed')} completed, "
+                     f"{f.num(*fig, 'requests', 'failed')} failed"),
+        *_output_rows(f),
+        ("token-weighted AL", f.num(*fig, "acceptance", "token_weighted_al", digits=4)
+         + _al_interval(samples)),
+        ("TTFT p50 (ms)", f.num(*lat, "ttft", "p50", digits=2)),
+        ("TPOT p50 (ms)", f.num(*lat, "tpot", "p50", digits=2)),
+    ])  # fmt: skip
+
+
+def _output_rows(f: Fields) -> list[tuple[str, str]]:
+    """The run page's one throughput, output tokens per second (input tokens are counted apart,
+    never added in): the server's, and per GPU where the run states it."""
+    t = ("figures", "throughput")
+    rows = [("output throughput (tok/s)", f.num(*t, "output_tokens_per_s", digits=1))]
+    if is_number(f.get(*t, "output_tokens_per_s_per_gpu")):
+        rows.append(("output throughput per GPU (tok/s/GPU)",
+                     f.num(*t, "output_tokens_per_s_per_gpu", digits=1)))  # fmt: skip
+    return rows
 
 
 def verdict_word(verdict: Mapping[str, Any]) -> str:
@@ -226,7 +255,7 @@ def _run_overview(page: Page, f: Fields) -> None:
                      f"{f.num(*fig, 'requests', 'warmup')} warm-up"),
         ("duration (s)", f.num(*fig, "duration_s")),
         ("request throughput (req/s)", f.num(*fig, "throughput", "requests_per_s", digits=2)),
-        ("output throughput (tok/s)", f.num(*fig, "throughput", "output_tokens_per_s", digits=1)),
+        *_output_rows(f),
         ("output tokens", f.num(*fig, "throughput", "total_output_tokens")),
         ("prompt tokens", f.num(*fig, "throughput", "total_prompt_tokens")),
     ]  # fmt: skip
@@ -301,13 +330,13 @@ def _acceptance_table(page: Page, f: Fields, samples: Samples) -> None:
     rows.append(("histogram (accepted: steps)", hist or "-"))
     rows.append(("zero-step requests", f.num(*a, "zero_step_requests")))
     for cat, _ in f.items(*a, "al_by_category"):
-        rows.append(
-            (
-                f"AL ({esc(cat)})",
-                f"{f.num(*a, 'al_by_category', cat, 'al', digits=4)} over "
-                f"{f.num(*a, 'al_by_category', cat, 'verify_steps')} steps",
-            )
-        )
+        c = (*a, "al_by_category", cat)
+        steps = f.num(*c, "verify_steps")
+        rows.append((
+            f"AL ({esc(cat)})",
+            f"{NO_DATA} ({steps} verify steps)" if f.get(*c, "verify_steps") == 0
+            else f"{f.num(*c, 'al', digits=4)} over {steps} steps",
+        ))  # fmt: skip
     inconsistent = f.get(*a, "inconsistent_requests")
     if isinstance(inconsistent, list) and inconsistent:
         rows.append(("inconsistent requests", esc(len(inconsistent))))

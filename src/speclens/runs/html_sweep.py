@@ -1,5 +1,7 @@
-"""report.html for a sweep: its identity, the decision of ``--at-interactivity`` when there
-is one, the figures per point with their intervals, the points and the sweep's plots."""
+"""report.html for a sweep, top-down: its identity, what went wrong, the decision of
+``--at-interactivity`` when there is one, each setting's peak, the plots (one line per engine,
+K and AL), then the figures per point with their intervals and the points. Its one throughput
+is output tokens/s: of the whole server, or per GPU where every point states its GPUs."""
 
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ def decision_section(page: Page, f: Fields) -> None:
     page.add(f'<p class="decision"><strong>{f.text("decision", "headline")}</strong></p>')
     compared = isinstance(f.get("decision", "choices"), list)
     key = "choices" if compared else "ks"
-    rows = []
+    rows, intervals = [], False
     for i, e in f.rows("decision", key):
         d = ("decision", key, i)
         k = e.get("num_spec_tokens") if isinstance(e, dict) else None
@@ -68,17 +70,20 @@ def decision_section(page: Page, f: Fields) -> None:
         value = f.num(*d, "tok_s_gpu", digits=0) if reason is None else esc(str(reason))
         ratio = f.num(*d, "ratio_to_best", digits=3)
         if compared:
-            value += _between(f, d, "low", "high", 0)
-            ratio += _between(f, d, "ratio_low", "ratio_high", 3)
+            bounds = _between(f, d, "low", "high", 0), _between(f, d, "ratio_low", "ratio_high", 3)
+            intervals = intervals or any(bounds)
+            value, ratio = value + bounds[0], ratio + bounds[1]
             rows.append([f.text(*d, "label"), f.num(*d, "num_spec_tokens"), value, ratio])
         else:
             rows.append([f.num(*d, "num_spec_tokens") if k else "no speculation",
                          f.num(*d, "acceptance_length", digits=2), value, ratio])  # fmt: skip
     target = f.get("decision", "tok_s_user")
+    figure = str(f.get("decision", "figure") or "output tok/s/GPU")
+    ci = " (95% CI)" if intervals else ""
     page.table(
         f"at {target:g} tok/s/user" if is_number(target) else "at the target interactivity",
-        ["input", "K", "tok/s/GPU (95% CI)", "ratio to best (95% CI)"] if compared
-        else ["K", "AL", "tok/s/GPU", "ratio to best"],
+        ["input", "K", f"{figure}{ci}", f"ratio to best{ci}"] if compared
+        else ["K", "AL", figure, "ratio to best"],
         rows, empty="nothing was compared",
     )  # fmt: skip
     if f.get("decision", "lead"):
@@ -107,30 +112,51 @@ def _settings_text(f: Fields, *parts: str | int) -> str:
 def sweep_page(
     sweep: dict[str, Any], sweep_dir: Path, decision: Mapping[str, Any] | None = None
 ) -> Page:
+    """Top-down: what was swept, the decision (``--at-interactivity``) or what went wrong,
+    each setting's peak, the plots, then every point's figures and the points themselves."""
     f = Fields(sweep)
     page = Page(f"speclens sweep: {f.get('kind') or '?'} axes", "sweep.json")
     points = [p for _, p in f.rows("points") if isinstance(p, dict)]
     summaries = _point_summaries(points, sweep_dir)
     page.add('<p class="identity">' + " · ".join(
         f"{name} <strong>{value}</strong>" for name, value in _identity(f, summaries)) + "</p>")  # fmt: skip
-    if decision is not None:
-        decision_section(page, Fields({"decision": decision}))
     bad = [p for p in points if p.get("status") != "ok"]
     if bad:
         page.banner("fail", f"{len(bad)} of {len(points)} points did not finish ok: "
                     + esc(", ".join(f"{p.get('id')} ({p.get('status')})" for p in bad[:20])))  # fmt: skip
-    axes = "; ".join(f"{esc(k)}: {f.text('axes', k)}" for k, _ in f.items("axes"))
-    page.table("Sweep", None, [("kind", f.text("kind")), ("rounds", f.num("rounds")),
-                               ("axes", axes or "-")])  # fmt: skip
     published = sum(s.get("aggregate_only") is True for s in summaries)
     if published:
         page.banner("warn", f"{published} of {len(points)} points are {esc(AGGREGATE_LINE)}: "
                     "their figures have no interval (n/a: aggregate-only)")  # fmt: skip
-    _stats_table(page, f)
-    _points_table(page, f, sweep_dir)
+    if decision is not None:
+        decision_section(page, Fields({"decision": decision}))
+    gpus = _gpus(summaries)
+    _peak_table(page, f, gpus)
     page.heading("Plots")
-    page.plots(_sweep_plots(f))
+    page.plots(_sweep_plots(f, gpus))
+    page.heading("Every point")
+    _stats_table(page, f, gpus)
+    axes = "; ".join(f"{esc(k)}: {f.text('axes', k)}" for k, _ in f.items("axes"))
+    page.table("Sweep", None, [("kind", f.text("kind")), ("rounds", f.num("rounds")),
+                               ("axes", axes or "-")])  # fmt: skip
+    _points_table(page, f, sweep_dir)
     return page
+
+
+def _gpus(summaries: Sequence[Mapping[str, Any]]) -> int | None:
+    """The GPUs behind the sweep's points, when every point's run that states its settings
+    states the same count (points with no run have no figures)."""
+    stated = {s["settings"].get("gpus") for s in summaries}
+    one = next(iter(stated)) if len(stated) == 1 else None
+    return one if isinstance(one, int) and not isinstance(one, bool) and one > 0 else None
+
+
+def output_title(gpus: int | None, per_gpu: bool = False) -> str:
+    """The sweep page's one throughput, named: output tokens (never input + output) per second,
+    of the whole server or per GPU."""
+    if per_gpu and gpus:
+        return "output tok/s/GPU"
+    return f"output tok/s ({gpus} GPUs)" if gpus else "output tok/s (whole server)"
 
 
 def _point_summaries(points: Sequence[Mapping[str, Any]], sweep_dir: Path) -> list[dict[str, Any]]:
@@ -201,7 +227,7 @@ def _identity(f: Fields, summaries: Sequence[Mapping[str, Any]]) -> list[tuple[s
     ]  # fmt: skip
 
 
-def _stats_table(page: Page, f: Fields) -> None:
+def _stats_table(page: Page, f: Fields, gpus: int | None = None) -> None:
     rows = []
     for i, _ in f.rows("stats"):
         s = ("stats", i)
@@ -212,8 +238,10 @@ def _stats_table(page: Page, f: Fields) -> None:
         for i, _ in f.rows("stats") for name, _, _ in POINT_FIGURES
         if f.get("stats", i, "figures", name, "method")
     })  # fmt: skip
+    titles = [output_title(gpus) if name == "output_tokens_per_s" else title
+              for name, title, _ in POINT_FIGURES]  # fmt: skip
     page.table("Figures per point (mean, 95% interval)",
-               ["engine", "settings", "rounds ok", *(t for _, t, _ in POINT_FIGURES)], rows,
+               ["engine", "settings", "rounds ok", *titles], rows,
                empty="no point has finished yet")  # fmt: skip
     page.note(
         "interval methods: " + esc(", ".join(methods) or "-") + " (t: Student t across "
@@ -251,41 +279,94 @@ def _bounds(f: Fields, *parts: str | int) -> tuple[float, float]:
     )
 
 
+def _setting(f: Fields, i: int) -> tuple[Any, Any, Any]:
+    """A stats entry's (engine, K, AL): what one line of a sweep's plot holds fixed."""
+    return (
+        f.get("stats", i, "engine"),
+        f.get("stats", i, "settings", "num_speculative_tokens"),
+        f.get("stats", i, "settings", "acceptance_length"),
+    )
+
+
+def settings_lines(f: Fields, label: str = "") -> dict[str, list[int]]:
+    """The stats entries per line: one line per engine, K and AL, named by ``label``, the engine,
+    and K and AL where the sweep has more than one of them ("sweep" when nothing names it)."""
+    keys = {i: _setting(f, i) for i, _ in f.rows("stats")}
+    varies = [len({key[n] for key in keys.values()}) > 1 for n in range(3)]
+    lines: dict[str, list[int]] = {}
+    for i, (engine, k, al) in keys.items():
+        parts = [label, engine if engine else ""]
+        if varies[1]:
+            parts.append(f"K {k}" if k is not None else "K not set")
+        if varies[2]:
+            parts.append(f"AL {al:g}" if is_number(al) else "AL not set")
+        name = " ".join(str(part) for part in parts if part) or "sweep"
+        lines.setdefault(name, []).append(i)
+    return lines
+
+
 def stats_series(
     f: Fields, x_name: str, y_name: str, label: str = "", scale: float = 1.0
 ) -> list[Any]:
-    """Per engine, the stats' (x, y) means with their intervals (y divided by ``scale``)."""
+    """One series a line (``settings_lines``): the stats' (x, y) means with their intervals
+    (y divided by ``scale``)."""
     from speclens.runs.html_plots import Series
 
-    by_engine: dict[str, Any] = {}
-    for i, _ in f.rows("stats"):
-        x, y = (
-            f.get("stats", i, "figures", x_name, "mean"),
-            f.get("stats", i, "figures", y_name, "mean"),
-        )
-        if not (is_number(x) and is_number(y)):
+    out = []
+    for name, entries in settings_lines(f, label).items():
+        s = Series(name, [], [], [], [])
+        for i in entries:
+            x, y = (
+                f.get("stats", i, "figures", x_name, "mean"),
+                f.get("stats", i, "figures", y_name, "mean"),
+            )
+            if not (is_number(x) and is_number(y)):
+                continue
+            lo, hi = _bounds(f, "stats", i, "figures", y_name)
+            s.x.append(float(x))
+            s.y.append(float(y) / scale)
+            s.x_err.append(_bounds(f, "stats", i, "figures", x_name))
+            s.y_err.append((lo / scale, hi / scale))
+        if s.x:
+            out.append(s)
+    return out  # fmt: skip
+
+
+def _peak_table(page: Page, f: Fields, gpus: int | None) -> None:
+    """Per line of the plots, its point of the most output throughput: the load it ran at, the
+    throughput, the interactivity and the realized AL there."""
+    rows = []
+    for name, entries in settings_lines(f).items():
+        means = [(f.get("stats", i, "figures", "output_tokens_per_s", "mean"), i) for i in entries]
+        found = [(m, i) for m, i in means if is_number(m)]
+        if not found:
             continue
-        engine = f.get("stats", i, "engine")
-        name = " ".join(str(part) for part in (label, engine) if part) or "sweep"
-        s = by_engine.setdefault(name, Series(name, [], [], [], []))
-        lo, hi = _bounds(f, "stats", i, "figures", y_name)
-        s.x.append(float(x))
-        s.y.append(float(y) / scale)
-        s.x_err.append(_bounds(f, "stats", i, "figures", x_name))
-        s.y_err.append((lo / scale, hi / scale))
-    return list(by_engine.values())  # fmt: skip
+        i = max(found)[1]
+        s = ("stats", i)
+        load = ", ".join(
+            f"{key.replace('_', ' ')} {f.num(*s, 'settings', key)}"
+            for key in ("concurrency", "request_rate") if is_number(f.get(*s, "settings", key))
+        ) or "-"  # fmt: skip
+        rows.append((esc(name), load,
+                     *(f.interval(*s, "figures", key, digits=d) for key, d in
+                       (("output_tokens_per_s", 1), ("tokens_per_s_per_user", 1),
+                        ("realized_al", 4)))))  # fmt: skip
+    page.table("Peak output throughput per setting (mean, 95% interval)",
+               ["setting", "load", output_title(gpus), "tok/s/user", "realized AL"], rows,
+               empty="no point has finished yet")  # fmt: skip
 
 
-def _sweep_plots(f: Fields) -> list[str]:
+def _sweep_plots(f: Fields, gpus: int | None = None) -> list[str]:
     from speclens.runs import html_plots as hp
 
     svgs = []
-    pareto = stats_series(f, "tokens_per_s_per_user", "output_tokens_per_s")
+    pareto = stats_series(f, "tokens_per_s_per_user", "output_tokens_per_s", scale=gpus or 1.0)
     if pareto:
-        svgs.append(plot("Pareto curve", hp.curve_plot, pareto, "tokens/s per user",
-                         "output tokens/s", "Throughput against interactivity (95% CI)", "pareto"))  # fmt: skip
+        svgs.append(plot("Pareto curve", hp.curve_plot, pareto, "tok/s/user",
+                         output_title(gpus, per_gpu=True),
+                         "Output throughput against interactivity" + hp.CI_TITLE, "pareto"))  # fmt: skip
     al = stats_series(f, "tpot_ms", "realized_al")
     if al:
         svgs.append(plot("AL against TPOT", hp.curve_plot, al, "TPOT (ms)", "realized AL",
-                         "Realized AL against TPOT per point (95% CI)", "sweep-al"))  # fmt: skip
+                         "Realized AL against TPOT per point" + hp.CI_TITLE, "sweep-al"))  # fmt: skip
     return svgs

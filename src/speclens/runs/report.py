@@ -19,6 +19,7 @@ from rich.table import Table
 
 from speclens.runs.figures import DERIVED
 from speclens.runs.files import open_new
+from speclens.runs.html import NO_DATA
 from speclens.runs.request import RequestRecord
 
 
@@ -96,7 +97,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     )
     table.add_row("zero-step requests", str(acc["zero_step_requests"]))
     for category, row in acc["al_by_category"].items():
-        table.add_row(f"AL ({category})", f"{row['al']:.4f} over {row['verify_steps']} steps")
+        table.add_row(f"AL ({escape(str(category))})", category_al_text(row))
     if acc["inconsistent_requests"]:
         table.add_row("inconsistent requests", str(len(acc["inconsistent_requests"])))
     server = summary.get("server_check") or {}
@@ -119,6 +120,14 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         )
     if verdict:
         print_verdict(console, verdict, acc)
+
+
+def category_al_text(row: dict[str, Any]) -> str:
+    """A category's AL over its verify steps; "no data" when it had none (its 1.0 is the
+    formula's empty case, not a measured AL)."""
+    if not row["verify_steps"]:
+        return f"{NO_DATA} (0 verify steps)"
+    return f"{row['al']:.4f} over {row['verify_steps']} steps"
 
 
 #: How a goodput SLO's metric reads in a sentence.

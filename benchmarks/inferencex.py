@@ -1,7 +1,7 @@
 """speclens's predictions against InferenceX's published DeepSeek-R1 runs on GPUs.
 
     python benchmarks/inferencex.py [--data ../shared/data/inferencex] [--jobs 2] [--json OUT]
-        [--ray [ADDRESS]]
+        [--ray [ADDRESS]] [--write-trust PATH]
 
 The data (``benchmarks.json`` and ``benchmarks-history.json``: see its README) is imported as
 ``speclens import inferencex`` does. Every single-node deployment (chip, engine, precision,
@@ -28,6 +28,8 @@ Each chip's fits (leave one chip out, and its own defaults), then each deploymen
 one call of ``speclens.sim.fanout``: in ``--jobs`` processes, or with ``--ray`` as Ray tasks on a
 local Ray (``--ray``) or on the cluster at ADDRESS (``--ray HOST:PORT``); the figures are the
 same. ``own_defaults`` is what the catalog's chip entries ship (``tests/sim`` regenerates it).
+``--write-trust PATH`` writes the figures as the accuracy table the package states beside its
+predictions (``speclens.sim.trust``; ``src/speclens/registry/catalog/accuracy/inferencex.yaml``).
 """
 
 from __future__ import annotations
@@ -173,7 +175,8 @@ def score(dep: dict[str, Any], start: dict[str, Any]) -> dict[str, Any]:
         held.append(_errors([p], fit_pooled(rest, [unseen] * len(rest), front))[0])
     full = fit_pooled(off, [roof] * len(off))
     row: dict[str, Any] = {
-        "deployment": "-".join(str(v) for v in dep["key"]), "date": dep["date"],
+        "deployment": "-".join(str(v) for v in dep["key"]), "chip": dep["key"][0],
+        "date": dep["date"],
         "concurrencies": [p.concurrency for p in off],
         "held_out": np.median(np.array(held), axis=0).tolist(),
         "spread": float(np.median(dep["spread"])) if dep["spread"] else None,
@@ -225,9 +228,9 @@ def own_defaults(deps: Sequence[dict[str, Any]], chip: str) -> dict[str, Any]:
     return {**_defaults(own), "points": len(points), "deployments": len(mine)}
 
 
-def uncalibrated(deps: Sequence[dict[str, Any]], chip: str) -> dict[str, Any]:
-    """The chip's points at defaults fitted on every other chip's points (leave one chip out:
-    ``loco``, where its held-out fits start), and the chip's own defaults."""
+def leave_chip_out(deps: Sequence[dict[str, Any]], chip: str) -> tuple[Fit, list[list[float]]]:
+    """The fit on every other chip's points, and each of the chip's deployments' median error
+    (TPOT, TTFT, throughput per GPU) at it."""
     others = [p for d in deps if d["key"][0] != chip for p in d["off"]]
     mine = [d for d in deps if d["key"][0] == chip]
     pooled = fit_pooled(others, [roofline(p, False) for p in others], starts=1)
@@ -237,8 +240,78 @@ def uncalibrated(deps: Sequence[dict[str, Any]], chip: str) -> dict[str, Any]:
         errors.append(np.median(np.vstack([_errors([p], f) for p, f in zip(dep["off"], fits,
                                                                               strict=True)]),
                                 axis=0).tolist())  # fmt: skip
-    return {"chip": chip, "deployments": len(mine), "errors": errors,
+    return pooled, errors
+
+
+def uncalibrated(deps: Sequence[dict[str, Any]], chip: str) -> dict[str, Any]:
+    """The chip's points at defaults fitted on every other chip's points (leave one chip out:
+    ``loco``, where its held-out fits start), and the chip's own defaults."""
+    pooled, errors = leave_chip_out(deps, chip)
+    return {"chip": chip, "deployments": len(errors), "errors": errors,
             "loco": _defaults(pooled), "defaults": own_defaults(deps, chip)}  # fmt: skip
+
+
+#: The trust table's figures are rounded to a tenth of a percentage point, as printed here.
+TRUST_DIGITS = 3
+TRUST_ERROR = ("|predicted / measured - 1| of median TPOT, median TTFT and throughput per GPU: "
+               "each deployment's median over its points, then the median over deployments")  # fmt: skip
+
+
+def _rates(values: Sequence[float]) -> dict[str, float]:
+    return {name: round(float(v), TRUST_DIGITS)
+            for name, v in zip(("tpot", "ttft", "throughput"), values, strict=True)}  # fmt: skip
+
+
+def chip_trust(deps: Sequence[dict[str, Any]], chip: str, loco_errors: Sequence[Sequence[float]],
+               rows: Sequence[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """The chip's entry in the trust table (``speclens.sim.trust``): its deployments and
+    MTP-off points, its median leave-one-chip-out error (``loco_errors``, each deployment's),
+    its held-out and MTP errors (its deployments' ``score`` rows)."""
+    mine = [r for r in rows if r["chip"] == chip]
+    entry: dict[str, Any] = {
+        "deployments": len(mine),
+        "points": sum(len(d["off"]) for d in deps if d["key"][0] == chip),
+        "uncalibrated": _rates(np.median(np.array(loco_errors), axis=0)),
+        "held_out": _rates(np.median(np.array([r["held_out"] for r in mine]), axis=0)),
+    }  # fmt: skip
+    mtp = [r["mtp"]["error"] for r in mine if "error" in r.get("mtp", {})]
+    if mtp:
+        entry["speculating"] = _rates(np.median(np.array(mtp), axis=0))
+        entry["speculating_deployments"] = len(mtp)
+    return entry
+
+
+def trust_table(deps: Sequence[dict[str, Any]], figures: dict[str, float],
+                chip_rows: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]
+                ) -> dict[str, Any]:  # fmt: skip
+    """The package's accuracy table (``registry/catalog/accuracy/inferencex.yaml``, read by
+    ``speclens.sim.trust``): the medians over every deployment, and each chip's."""
+    f = {k: round(v, TRUST_DIGITS) for k, v in figures.items()}
+    speculating = sum(1 for r in rows if "error" in r.get("mtp", {}))
+    return {
+        "kind": "Accuracy",
+        "source": "benchmarks/inferencex.py --write-trust, on InferenceX's published "
+                  "single-node DeepSeek-R1 runs",
+        "error": TRUST_ERROR,
+        "held_out": {"deployments": len(rows), "tpot": f["held_out_tpot"],
+                     "ttft": f["held_out_ttft"], "throughput": f["held_out_throughput"]},
+        "speculating": {"deployments": speculating, "tpot": f["mtp_tpot"],
+                        "ttft": f["mtp_ttft"], "throughput": f["mtp_throughput"],
+                        "speedup": f["speedup"]},
+        "uncalibrated": {"deployments": sum(len(c["errors"]) for c in chip_rows),
+                         "tpot": f["uncalibrated_tpot"], "ttft": f["uncalibrated_ttft"],
+                         "throughput": f["uncalibrated_throughput"]},
+        "chips": {c["chip"]: chip_trust(deps, c["chip"], c["errors"], rows) for c in chip_rows},
+    }  # fmt: skip
+
+
+def write_trust(path: Path, table: dict[str, Any]) -> None:
+    """The table as YAML, headed by how it was made."""
+    import yaml
+
+    head = ("# Written by `python benchmarks/inferencex.py --write-trust PATH`: regenerate it, "
+            "never edit it.\n")  # fmt: skip
+    path.write_text(head + yaml.safe_dump(table, sort_keys=False), encoding="utf-8")
 
 
 def task(call: tuple[str, Any]) -> dict[str, Any]:
@@ -260,6 +333,9 @@ def main() -> None:
                         help="run the calls as Ray tasks: alone on a local Ray of --jobs CPUs, "
                         "or on the cluster at ADDRESS (HOST:PORT)")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--write-trust", type=Path, default=None, metavar="PATH",
+                        help="write the accuracy table speclens states beside its predictions "
+                        "(src/speclens/registry/catalog/accuracy/inferencex.yaml)")  # fmt: skip
     args = parser.parse_args()
     if args.ray is not None:
         problem = fanout.address_problem(args.ray)
@@ -347,6 +423,8 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"figures": figures, "deployments": rows,
                                          "chips": chip_rows}, indent=1, default=float))  # fmt: skip
+    if args.write_trust:
+        write_trust(args.write_trust, trust_table(deps, figures, chip_rows, rows))
 
 
 if __name__ == "__main__":

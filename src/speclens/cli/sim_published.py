@@ -41,6 +41,7 @@ def predict_command(
     from speclens.sim.calibrate import extrapolation, fit_warnings, read_cost_file
     from speclens.sim.closed_loop import schedule
     from speclens.sim.roofline import Roofline
+    from speclens.sim.trust import for_pricing
 
     with reported():
         cost, meta = read_cost_file(step_cost)
@@ -66,6 +67,9 @@ def predict_command(
         fail(fitted, 1)
     if output_dir is not None and output_dir.exists() and any(output_dir.iterdir()):
         fail(f"command line: --output-dir: {output_dir}: exists and is not empty", 2)
+    with reported():  # the fit's own errors, read before any replay
+        trust = for_pricing({**cost.describe(), "source": f"from {step_cost}"}, meta,
+                            speculating).as_dict()  # fmt: skip
     front = float(meta.get("front_latency_s") or 0.0)
     kk, al = int(k or 0), float(acceptance_length or 1.0)
     priced = [(p, _roofline(cost, method if speculating else None, precision, p)) for p in points]
@@ -79,7 +83,7 @@ def predict_command(
         figures = schedule(p.load(kk, al)).figures(roof, front, p.gpus)
         _check_figures(figures, p, step_cost)
         summary = _summary(p, figures, method if speculating else None, k, acceptance_length,
-                           step_cost, trace, notes)  # fmt: skip
+                           step_cost, trace, notes, trust)  # fmt: skip
         summaries.append(summary)
         rows.append({
             "concurrency": p.concurrency,
@@ -90,7 +94,8 @@ def predict_command(
         })  # fmt: skip
     result = {"trace": str(trace), "step_cost": str(step_cost),
               "method": method if speculating else None, "num_spec_tokens": k,
-              "acceptance_length": acceptance_length, "points": rows, "notes": notes}  # fmt: skip
+              "acceptance_length": acceptance_length, "points": rows, "trust": trust,
+              "notes": notes}  # fmt: skip
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:
@@ -193,7 +198,8 @@ def _check_figures(figures: Any, point: Any, step_cost: Path) -> None:
 
 
 def _summary(point: Any, figures: Any, method: str | None, k: int | None, al: float | None,
-             step_cost: Path, trace: Path, notes: list[str]) -> dict[str, Any]:  # fmt: skip
+             step_cost: Path, trace: Path, notes: list[str],
+             trust: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     from speclens import __version__
 
     settings = {**point.settings, "executor": "sim", "method": method,
@@ -206,7 +212,7 @@ def _summary(point: Any, figures: Any, method: str | None, k: int | None, al: fl
         "server": {"engine": "speclens", "version": __version__, "executor": "sim",
                    "model": settings.get("model"), "hardware": settings.get("hardware")},
         "provenance": {"source": "speclens-sim", "trace": str(point.path),
-                       "step_cost": str(step_cost), "notes": notes},
+                       "step_cost": str(step_cost), "trust": trust, "notes": notes},
         "figures": block,
     }  # fmt: skip
 
@@ -235,3 +241,4 @@ def _print(result: dict[str, Any]) -> None:
         cells = [f"{row[key]['trace']:9.2f} {row[key]['predicted']:9.2f}"
                  for key in ("tpot_ms", "ttft_ms", "throughput_per_gpu")]  # fmt: skip
         out_console.print(f"  {row['concurrency']:>11}   " + "     ".join(cells), markup=False)
+    out_console.print(result["trust"]["line"], markup=False)

@@ -32,7 +32,7 @@ AB = ("--label", "A", "--label", "B")
 def _compare(*paths: Path, differ: tuple[str, ...] = (), gpus: list[int] | None = None) -> dict:
     labels = labels_for(len(paths), [])
     inputs = read_inputs(list(paths), labels, gpus or [1] * len(paths))
-    return cmp.compare(inputs, differ)
+    return cmp.compare(inputs, differ, metric="output")
 
 
 def _checks(result: dict) -> dict[str, dict]:
@@ -243,7 +243,7 @@ def test_matched_rows_that_round_alike_read_apart(monkeypatch: pytest.MonkeyPatc
 
     curves = iter([curve(12.0, 15.6, 16.1), curve(12.0, 15.6, 16.1), curve(12.0, 20.0),
                    curve(12.0, 20.0)])  # fmt: skip
-    monkeypatch.setattr(compare_deltas, "pareto", lambda item: next(curves))
+    monkeypatch.setattr(compare_deltas, "pareto", lambda item, metric="output": next(curves))
     a, b = SimpleNamespace(label="A"), SimpleNamespace(label="B")
     close, _ = matched_interactivity(a, b, "")  # type: ignore[arg-type]
     assert [m["sentence"].split(" tok/s/user")[0] for m in close] == ["at 12.0", "at 15.6",

@@ -53,7 +53,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Input], dict[str
     root = tmp_path_factory.mktemp("two")
     paths = [load_sweep(root / "h200", 1.0), load_sweep(root / "b300", 1.6)]
     inputs = read_inputs(paths, ["h200", "b300"], [1, 1])
-    return inputs, cmp.compare(inputs)
+    return inputs, cmp.compare(inputs, metric="output")
 
 
 def _inside(inputs: list[Input]) -> float:
@@ -81,10 +81,14 @@ def test_each_input_is_read_on_its_own_curve_with_its_interval(two: Any) -> None
     assert gain["ratio"] == pytest.approx(b300["tok_s_gpu"] / h200["tok_s_gpu"])
     assert gain["low"] < gain["ratio"] < gain["high"]
     assert decision["headline"].startswith(
-        f"at {x:g} tok/s/user, b300 delivers {b300['tok_s_gpu']:,.0f} tok/s/GPU (95% CI "
+        f"at {x:g} tok/s/user, b300 delivers {b300['tok_s_gpu']:,.0f} output tok/s/GPU (95% CI "
     )
     assert f"{gain['ratio'] - 1:+.1%} (95% CI " in decision["headline"]
-    assert "over h200 (best of h200, b300)" in decision["headline"]
+    # one round each: the highest, not the best
+    assert decision["headline"].endswith(
+        "over h200 (highest of h200, b300; not resolved: fewer than 3 rounds a side (h200: 1, "
+        "b300: 1))"
+    )
     # one round a point: the interval is request-to-request only, and said so
     assert decision["interval"] == ONE_RUN_EACH
 
@@ -120,7 +124,7 @@ def test_the_sentence_is_the_one_sim_prints() -> None:
          "do not reach 40 tok/s/user (see the table)"),
         ([(0, 250.0), (1, 300.0), (4, 280.0)],
          "at 40 tok/s/user, K 1 delivers 300 tok/s/GPU, +20.0% over no speculation (best of no "
-         "speculation, K 1..4)"),
+         "speculation, K 1, 4)"),  # the Ks that ran: K 2 and 3 did not
         ([(1, None), (2, None)],
          "at 40 tok/s/user, no K reaches that interactivity (K 1..2): every curve's slowest "
          "point is faster (the batch stops growing: raise the concurrency or max_num_seqs)"),
@@ -216,7 +220,7 @@ def test_the_page_leads_with_the_decision_and_heads_tables_with_labels(
         assert f'data-field="decision.choices[{j}].low"' in page, entry
     headers = re.findall(r"<th>([^<]*)</th>", page)
     assert "h200" in headers and "b300" in headers and "b300 / h200" in headers
-    assert "h200 tok/s/GPU" in headers and "b300 tok/s/GPU" in headers
+    assert "h200 output tok/s/GPU" in headers and "b300 output tok/s/GPU" in headers
     assert not {"A", "B", "B / A", "A tok/s/GPU", "B tok/s/GPU"} & set(headers)
 
 
@@ -310,8 +314,9 @@ def test_each_interval_is_z_times_the_interpolated_se(two: Any) -> None:
         w = (x - x0) / (x1 - x0)
         se0, se1 = (f["output_tokens_per_s"].half_width / z for f in (f0, f1))
         half = z * math.sqrt((1 - w) ** 2 * se0**2 + w**2 * se1**2)
-        assert entry["low"] == pytest.approx(entry["tok_s_gpu"] - half, rel=1e-9)
-        assert entry["high"] == pytest.approx(entry["tok_s_gpu"] + half, rel=1e-9)
+        y = entry["tok_s_gpu"]  # on the log scale: log y's SE is SE / y
+        assert entry["low"] == pytest.approx(y * math.exp(-half / y), rel=1e-9)
+        assert entry["high"] == pytest.approx(y * math.exp(half / y), rel=1e-9)
 
 
 def test_a_lead_from_one_run_each_is_never_called_significant(two: Any) -> None:
@@ -319,6 +324,7 @@ def test_a_lead_from_one_run_each_is_never_called_significant(two: Any) -> None:
     decision = cd.decide(inputs, _inside(inputs))
     gain = decision["gain_over_first"]
     assert gain["low"] > 1  # clear of 1 on request-to-request variation alone
-    assert (
-        decision["lead"] == "b300's lead over h200: one run each, so not significant on that alone"
+    assert decision["lead"] == (
+        "b300's lead over h200: not resolved, fewer than 3 rounds a side (h200: 1, b300: 1)"
     )
+    assert decision["resolved"] is False

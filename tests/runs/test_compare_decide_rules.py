@@ -20,7 +20,7 @@ from speclens.runs.decision import TOO_FAST
 from speclens.runs.rundir import InputError, Run
 from speclens.runs.stats import Interval
 
-STUDENT = "95% intervals across rounds (Student t)"
+STUDENT = "95% intervals across rounds (Student t, on the log scale)"
 
 
 def _t(df: float) -> float:
@@ -69,15 +69,18 @@ def test_the_interval_is_t_times_the_interpolated_se_on_welch_df() -> None:
     df = (v1 + v2) ** 2 / (v1**2 / 2 + v2**2 / 4)
     half = _t(df) * math.sqrt(v1 + v2)
     assert entry["tok_s_gpu"] == pytest.approx(87.5, rel=1e-12)
-    assert entry["low"] == pytest.approx(87.5 - half, rel=1e-9)
-    assert entry["high"] == pytest.approx(87.5 + half, rel=1e-9)
+    # on the log scale: log y's SE is se / y (delta method), so the bounds are y exp(-+t se / y)
+    assert entry["low"] == pytest.approx(87.5 * math.exp(-half / 87.5), rel=1e-9)
+    assert entry["high"] == pytest.approx(87.5 * math.exp(half / 87.5), rel=1e-9)
     assert half > 1.1 * 1.96 * math.sqrt(v1 + v2)  # the t quantile, not the normal's, nor 1
     assert entry["interval_basis"] == "rounds"
 
 
 def test_one_repeated_input_at_a_point_keeps_the_points_own_interval() -> None:
     (entry,) = cd.decide([_input("a", _point(10, 100, 8, rounds=3))], 10)["choices"]
-    assert (entry["low"], entry["high"]) == pytest.approx((92.0, 108.0), rel=1e-12)
+    # +-8 on 100 as t x SE: on the log scale 100 exp(-+0.08)
+    assert (entry["low"], entry["high"]) == pytest.approx((100 * math.exp(-0.08),
+                                                           100 * math.exp(0.08)), rel=1e-12)  # fmt: skip
 
 
 def test_the_best_is_the_highest_and_its_gain_is_over_the_first() -> None:
@@ -86,7 +89,9 @@ def test_the_best_is_the_highest_and_its_gain_is_over_the_first() -> None:
     assert decision["best"] == "b" and decision["best_tok_s_gpu"] == pytest.approx(150)
     assert decision["gain_over_first"]["ratio"] == pytest.approx(1.5)
     assert [e["ratio_to_best"] for e in decision["choices"]] == pytest.approx([2 / 3, 1, 0.8])
-    assert decision["headline"].startswith("at 20 tok/s/user, b delivers 150 tok/s/GPU (95% CI ")
+    assert decision["headline"].startswith(
+        "at 20 tok/s/user, b delivers 150 output tok/s/GPU (95% CI "
+    )
     assert ", +50.0% (95% CI " in decision["headline"]
     assert decision["headline"].endswith(" over a (best of a, b, c)")
 
@@ -115,13 +120,14 @@ def test_the_lead_is_over_the_runner_up_with_its_own_interval() -> None:
     low, high = _lead_ci((150, 2), (120, 2))
     assert low > 1
     assert decision["lead"] == (
-        f"b's lead over c, +25.0% (95% CI {low - 1:+.1%} to {high - 1:+.1%})"
+        f"b's lead over c, +25.0% (95% CI {low - 1:+.1%} to {high - 1:+.1%}): resolved"
     )
+    assert decision["resolved"] is True
 
 
 def test_a_lead_over_the_first_input_leaves_its_figure_to_the_headline() -> None:
     decision = cd.decide([_flat("a", 120, 2), _flat("b", 150, 2)], 20)
-    assert decision["lead"] == "b's lead over a"
+    assert decision["lead"] == "b's lead over a: resolved"
     assert ", +25.0% (95% CI " in decision["headline"]
 
 
@@ -129,7 +135,10 @@ def test_a_lead_whose_interval_reaches_1_is_not_a_clear_win() -> None:
     decision = cd.decide([_flat("a", 50, 1), _flat("b", 102, 6), _flat("c", 100, 6)], 20)
     low, high = _lead_ci((102, 6), (100, 6))
     assert low < 1 < high
-    assert decision["lead"].endswith(": inside the interval, not a clear win")
+    assert decision["lead"].endswith(": not resolved, the lead is inside its 95% interval")
+    assert decision["headline"].endswith(
+        "(highest of a, b, c; not resolved: the lead is inside its 95% interval)"
+    )
     assert decision["lead"].startswith(f"b's lead over c, +2.0% (95% CI {low - 1:+.1%} to ")
 
 
@@ -140,7 +149,8 @@ def test_a_tie_is_not_a_win() -> None:
     same[0] = _flat("x", 50, 0)
     decision = cd.decide(same, 20)
     assert decision["lead"] == (
-        "a's lead over b, +0.0% (95% CI +0.0% to +0.0%): inside the interval, not a clear win"
+        "a's lead over b, +0.0% (95% CI +0.0% to +0.0%): not resolved, the lead is inside its "
+        "95% interval"
     )
 
 
@@ -151,15 +161,16 @@ def test_a_lead_is_only_significant_when_both_sides_repeated() -> None:
             [_flat("a", 50, 1), _flat("b", 150, 1), _flat("c", 100, 1, rounds=second_rounds)], 20
         )
         repeated = second_rounds > 0
-        assert decision["lead"].endswith(": one run each, so not significant on that alone") is (
-            not repeated
-        ), decision["lead"]
+        assert decision["lead"].endswith(
+            ": not resolved, fewer than 3 rounds a side (b: 3, c: 1)"
+        ) is (not repeated), decision["lead"]
+        assert decision["lead"].endswith(": resolved") is repeated
         assert decision["interval"] == (STUDENT if repeated else ONE_RUN_EACH)
 
 
 def test_a_lead_over_a_choice_of_no_throughput_has_no_interval_and_no_figure() -> None:
     decision = cd.decide([_flat("a", 150, 1), _input("b", _point(20, 0, 1, rounds=3))], 20)
-    assert decision["lead"] == "a's lead over b: no interval"
+    assert decision["lead"] == "a's lead over b: no interval (b reads 0), not resolved"
 
 
 def test_one_choice_reaching_the_target_has_no_lead() -> None:
@@ -204,8 +215,10 @@ def test_no_input_reaching_says_why_only_when_every_curve_is_too_fast() -> None:
 
 
 def test_the_span_names_ks_only_for_the_ks_of_one_sweep() -> None:
-    a = _input("a", _point(10, 100, 2, num_speculative_tokens=1), _point(30, 50, 2))
-    b = _input("b", _point(10, 120, 2, num_speculative_tokens=2), _point(30, 60, 2))
+    a = _input("a", _point(10, 100, 2, rounds=3, num_speculative_tokens=1),
+               _point(30, 50, 2, rounds=3))  # fmt: skip
+    b = _input("b", _point(10, 120, 2, rounds=3, num_speculative_tokens=2),
+               _point(30, 60, 2, rounds=3))  # fmt: skip
     assert cd.decide([a, b], 20)["headline"].endswith("(best of a, b)")
     assert cd.decide([a, b], 20, by_k=True)["headline"].endswith("(best of K 1..2)")
     assert cd.decide([a, b], 5, by_k=True)["headline"].startswith(
@@ -231,7 +244,7 @@ def test_each_reason_a_choice_has_no_figure() -> None:
         None,
         "its curve spans 25.0 to 40.2 tok/s/user, not 20",
         "its one point is at 30.0 tok/s/user, not 20",
-        "aggregate-only: no output tok/s/GPU with an interval",
+        "aggregate-only: publishes no interactivity with output tokens/s per GPU",
         "no point with TPOT and throughput",
     ]
 
@@ -249,11 +262,15 @@ def test_the_terminal_lines() -> None:
     half = _t(df) * se
     lines = cd.decision_lines(decision)
     assert lines[0] == decision["headline"]
-    assert lines[1] == "b's lead over a"
-    assert lines[2].startswith(f"  a: 50 tok/s/GPU (95% CI {50 - half:,.0f} to {50 + half:,.0f}), "
+    assert lines[1] == "b's lead over a: resolved"
+
+    def ci(y: float) -> str:
+        return f"95% CI {y * math.exp(-half / y):,.0f} to {y * math.exp(half / y):,.0f}"
+
+    assert lines[2].startswith(f"  a: 50 output tok/s/GPU ({ci(50)}), "
                                "0.333x of the best (95% CI 0.")  # fmt: skip
-    assert lines[3].startswith(f"  b: 150 tok/s/GPU (95% CI {150 - half:,.0f} to "
-                               f"{150 + half:,.0f}), 1.000x of the best (95% CI 0.")  # fmt: skip
+    assert lines[3].startswith(f"  b: 150 output tok/s/GPU ({ci(150)}), 1.000x of the best "
+                               "(95% CI 0.")  # fmt: skip
     assert lines[4] == "  far: its curve spans 50.0 to 60.0 tok/s/user, not 20"
     assert lines[5] == f"  (output tokens/s per GPU; {STUDENT})"
     assert len(lines) == 6

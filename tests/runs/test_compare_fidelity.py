@@ -81,7 +81,7 @@ def _pair(tmp_path: Path, b_order: list[int] | None = None) -> tuple[Path, Path]
 
 def _fidelity(*paths: Path) -> Any:
     inputs = read_inputs(list(paths), labels_for(len(paths), []), [1] * len(paths))
-    return cmp.compare(inputs)["pairs"][0]["fidelity"]
+    return cmp.compare(inputs, metric="output")["pairs"][0]["fidelity"]
 
 
 def test_errors_request_by_request_by_hand(tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_throughput_error_is_the_deltas_figure_not_the_summarys(tmp_path: Path) 
     the same figure the matched-concurrency delta shows."""
     a, b = _pair(tmp_path)
     inputs = read_inputs([a, b], ["A", "B"], [1, 1])
-    pair = cmp.compare(inputs)["pairs"][0]
+    pair = cmp.compare(inputs, metric="output")["pairs"][0]
     assert pair["fidelity"]["throughput_error"] == pytest.approx(THROUGHPUT_ERROR, rel=1e-12)
     delta = next(r for r in pair["deltas"]["matched_concurrency"]
                  if r["figure"] == "output_tokens_per_s")  # fmt: skip

@@ -58,7 +58,7 @@ def _sweep(path: Path, points: dict[int, tuple[float, tuple[float, float]]]) -> 
 
 def _pair(tmp_path: Path, gpus: list[int]) -> dict[str, Any]:
     paths = [_sweep(tmp_path / "a", A), _sweep(tmp_path / "b", B)]
-    result = cmp.compare(read_inputs(paths, ["A", "B"], gpus))
+    result = cmp.compare(read_inputs(paths, ["A", "B"], gpus), metric="output")
     pair: dict[str, Any] = result["pairs"][0]
     assert pair["comparable"], pair["label"]
     return pair
@@ -110,7 +110,7 @@ def test_the_deltas_at_matched_interactivity(tmp_path: Path, gpus: list[int]) ->
         assert m["low_pct"] == pytest.approx((low - 1) * 100, rel=1e-9)
         assert m["high_pct"] == pytest.approx((high - 1) * 100, rel=1e-9)
         assert m["sentence"] == (f"at {x:.0f} tok/s/user, B delivers {(r - 1) * 100:+.0f}% "
-                                 f"tok/s/GPU (CI {(low - 1) * 100:+.0f}% to "
+                                 f"output tok/s/GPU (CI {(low - 1) * 100:+.0f}% to "
                                  f"{(high - 1) * 100:+.0f}%)")  # fmt: skip
     # at 40, B is read at weight 0.25: 0.75 * 195 + 0.25 * 63 (per GPU, B has one)
     assert rows[0]["b_tok_s_gpu"] == pytest.approx(162.0, rel=1e-9)
@@ -172,7 +172,7 @@ def _al(histograms: list[dict[int, int]]) -> tuple[float, float]:
 
 def test_the_al_difference_and_its_interval(tmp_path: Path) -> None:
     a, b = _natural(tmp_path / "a", A_STEPS), _natural(tmp_path / "b", B_STEPS)
-    result = cmp.compare(read_inputs([a, b], ["A", "B"], [1, 1]))
+    result = cmp.compare(read_inputs([a, b], ["A", "B"], [1, 1]), metric="output")
     check = next(c for c in result["pairs"][0]["checks"] if c["name"] == "acceptance")
     assert check["ok"] and check["detail"].startswith("natural acceptance: A AL "), check
     (al_a, se_a), (al_b, se_b) = _al(A_STEPS), _al(B_STEPS)

@@ -42,7 +42,7 @@ def test_the_compare_page_shows_compares_own_numbers(run_cli, tmp_path: Path) ->
         assert html.escape(m["sentence"], quote=False) in page, m["sentence"]
         for key in ("tokens_per_s_per_user", "a_tok_s_gpu", "b_tok_s_gpu", "delta_pct"):
             assert f"pairs[0].deltas.matched_interactivity[{j}].{key}" in shown
-        said = re.search(r"delivers ([+-]\d+)% tok/s/GPU \(CI ([+-]\d+)% to ([+-]\d+)%\)",
+        said = re.search(r"delivers ([+-]\d+)% total tok/s/GPU \(CI ([+-]\d+)% to ([+-]\d+)%\)",
                          m["sentence"])  # fmt: skip
         assert said, m["sentence"]
         numbers = [round(m[k]) for k in ("delta_pct", "low_pct", "high_pct")]

@@ -69,7 +69,7 @@ def sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _pair(*paths: Path) -> dict[str, Any]:
     inputs = read_inputs(list(paths), labels_for(len(paths), []), [None] * len(paths))
-    out = cmp.compare(inputs)
+    out = cmp.compare(inputs, metric="output")
     return {"inputs": out["inputs"], **out["pairs"][0]}
 
 

@@ -64,8 +64,13 @@ def test_sweeps_read_as_inferencex_does(sweeps: tuple[Path, Path]) -> None:
     assert ab["headline"]["tokens_per_s_per_user"] == high
     assert ab["headline"]["off_tok_s_gpu"] == pytest.approx(off_at, rel=1e-12)
     assert ab["headline"]["delta_pct"] == pytest.approx(delta, rel=1e-12)
-    assert ab["headline"]["sentence"] == f"at 200 tok/s/user, MTP delivers {delta:+.0f}% tok/s/GPU"
-    assert ab["headline"]["sentence"] == "at 200 tok/s/user, MTP delivers +44% tok/s/GPU"
+    # no target given: the line says which interactivity it chose, and why
+    why = "the highest interactivity both curves reach; --at-interactivity X reads it at yours"
+    assert ab["headline"]["chosen"] == why
+    assert ab["headline"]["sentence"] == (
+        f"at 200 tok/s/user ({why}), MTP delivers {delta:+.0f}% total tok/s/GPU"
+    )
+    assert f"({why}), MTP delivers +44% total tok/s/GPU" in ab["headline"]["sentence"]
     # a row at each of the speculating side's points inside the overlap
     assert [r["tokens_per_s_per_user"] for r in ab["table"]] == [50.0, 90.0, 150.0, 200.0]
     for row, (_, x, y, _) in zip(ab["table"], sorted(ON, key=lambda p: p[1]), strict=True):
@@ -95,7 +100,10 @@ def test_single_runs_at_one_concurrency(tmp_path: Path) -> None:
     on = write_point(tmp_path / "on", summary(tpot_p50=10.87, total_per_gpu=850.0,
                                                interactivity=92.0, method="eagle", k=2))  # fmt: skip
     ab = _pair(off, on)["speculation"]
-    assert ab["headline"]["sentence"] == "at 92 tok/s/user, EAGLE delivers -15% tok/s/GPU"
+    assert ab["headline"]["sentence"] == (
+        "at 92 tok/s/user (the speculating run's, at the concurrency both ran), EAGLE delivers "
+        "-15% total tok/s/GPU"
+    )
     assert ab["speedup"][0]["sentence"] == f"EAGLE speedup {20.0 / 10.87:.2f}x at concurrency 4"
     assert _pair(on, off)["speculation"]["headline"] == ab["headline"]
 
@@ -141,13 +149,16 @@ def test_cli_prints_the_sentence_and_writes_it(run_cli, sweeps: tuple[Path, Path
     code, out, err = run_cli("compare", *sweeps, *AB, "--output-dir", out_dir)
     assert code == 0, err
     assert "A vs B: comparable as a speculation A/B" in out
-    assert "at 200 tok/s/user, MTP delivers +44% tok/s/GPU (no interval: aggregate-only)" in out
+    assert "MTP delivers +44% total tok/s/GPU (no interval: aggregate-only)" in " ".join(
+        out.split()
+    )
     assert "MTP speedup 1.65x at concurrency 32 (median TPOT 33.00 ms off, 20.00 ms on)" in out
     saved = orjson.loads((out_dir / "compare.json").read_bytes())
     ab = saved["pairs"][0]["speculation"]
-    assert ab["headline"]["sentence"] == "at 200 tok/s/user, MTP delivers +44% tok/s/GPU"
+    assert ab["headline"]["sentence"].endswith("MTP delivers +44% total tok/s/GPU")
     page = (out_dir / "report.html").read_text()
-    assert "at 200 tok/s/user, MTP delivers +44% tok/s/GPU" in page
+    assert "MTP delivers +44% total tok/s/GPU" in page
+    assert '<div class="banner pass" role="alert">at 200 tok/s/user' in page  # a gain
     assert "MTP speedup 1.65x at concurrency 32" in page
     assert 'data-field="pairs[0].speculation.headline.delta_pct"' in page
 

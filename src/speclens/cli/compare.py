@@ -61,7 +61,15 @@ def compare(
         "--at-interactivity",
         metavar="X",
         help="Which input delivers the most tok/s/GPU at X tok/s/user (each input's own "
-        "Pareto curve, interpolated, with its interval): said first.",
+        "curve, interpolated, with its interval; published and predicted inputs labelled): "
+        "said first.",
+    ),
+    metric: str = typer.Option(
+        "total",
+        "--metric",
+        metavar="output|total",
+        help="The throughput stated everywhere: total (input + output) tokens/s per GPU, "
+        "InferenceX's throughput per GPU, or output tokens/s per GPU.",
     ),
 ) -> None:
     """Compare runs and sweeps of any engine: same prompts, sampling, lengths, K and acceptance
@@ -72,6 +80,7 @@ def compare(
     from speclens.runs import compare as cmp
     from speclens.runs import compare_decide as cd
     from speclens.runs.compare_checks import NAMEABLE
+    from speclens.runs.compare_deltas import METRICS
     from speclens.runs.compare_inputs import MAX_INPUTS, labels_for, read_inputs
     from speclens.runs.rundir import InputError
 
@@ -90,6 +99,9 @@ def compare(
     if at_interactivity is not None and not 0 < at_interactivity <= cd.MAX_TARGET:
         fail(f"command line: --at-interactivity: expected tok/s/user in (0, {cd.MAX_TARGET:g}], "
              f"got {at_interactivity:g}", 2)  # fmt: skip
+    if metric not in METRICS:
+        fail(f"command line: --metric: expected one of {', '.join(METRICS)}, got {metric!r:.60}",
+             2)  # fmt: skip
     counts = _gpus(gpus, len(inputs))
     try:
         labels = labels_for(len(inputs), label, inputs)
@@ -97,14 +109,15 @@ def compare(
         named = list(differ)
         if whole is not None:
             read, named = cd.whole_sweep(read, named)
-        result = cmp.compare(read, named, seed)
+        result = cmp.compare(read, named, seed, metric, at_interactivity)
         if whole is not None:  # each choice against the first, not every pair
             result["pairs"] = [p for p in result["pairs"] if p["a"] == read[0].label]
             result["sweep"] = str(whole)
             for entry, item in zip(result["inputs"], read, strict=True):
                 entry["select"] = cd.selection(item)
         if at_interactivity is not None:
-            result["decision"] = cd.decide(read, at_interactivity, by_k=whole is not None)
+            result["decision"] = cd.decide(read, at_interactivity, by_k=whole is not None,
+                                           metric=metric)  # fmt: skip
     except ValidationError as exc:
         fail([str(p) for p in exc.problems], 2)
     except InputError as exc:

@@ -21,7 +21,9 @@ from typing import Any
 
 from speclens.runs.compare_checks import aggregate_checks, checks, who_is_aggregate_only
 from speclens.runs.compare_deltas import (
+    DEFAULT_METRIC,
     ONE_RUN_EACH,
+    input_curve,
     matched_concurrency,
     matched_interactivity,
     published_deltas,
@@ -47,9 +49,17 @@ def _figures(point: Point, seed: int) -> dict[str, Interval]:
         raise InputError([str(exc)], 1) from None
 
 
-def compare_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
+def compare_pair(
+    a: Input,
+    b: Input,
+    named: Sequence[str],
+    metric: str = DEFAULT_METRIC,
+    target: float | None = None,
+) -> dict[str, Any]:
+    """One pair's checks, verdict and deltas; throughput the ``metric``'s (total or output
+    tokens/s); ``target``: the tok/s/user a speculation A/B's headline reads at."""
     if a.aggregate_only or b.aggregate_only:
-        return aggregate_pair(a, b, named)
+        return aggregate_pair(a, b, named, metric, target)
     found = checks(a, b, named)
     failed = [c for c in found if not c.ok]
     comparable = not failed
@@ -66,8 +76,8 @@ def compare_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
         label = (f"comparable as a prediction against a measurement: {predicted[0].label} "
                  f"predicts {measured.label}")  # fmt: skip
     prefix = "" if comparable else f"NOT COMPARABLE ({', '.join(c.name for c in failed)}): "
-    interactivity, note = matched_interactivity(a, b, prefix)
-    rows = matched_concurrency(a, b)
+    interactivity, note = matched_interactivity(a, b, prefix, metric)
+    rows = matched_concurrency(a, b, metric)
     one_run = any(row["interval_basis"] == "requests" for row in rows)
     return {
         "a": a.label, "b": b.label, "comparable": comparable, "verdict": verdict,
@@ -79,7 +89,13 @@ def compare_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def aggregate_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
+def aggregate_pair(
+    a: Input,
+    b: Input,
+    named: Sequence[str],
+    metric: str = DEFAULT_METRIC,
+    target: float | None = None,
+) -> dict[str, Any]:
     """A pair with an aggregate-only input: the checks that need per-request data say so and
     neither pass nor fail; the deployment, published lengths, load and speculation are checked
     from the settings. Its verdict: not comparable (a check failed), a speculation A/B, a
@@ -104,7 +120,7 @@ def aggregate_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
                  f"predicts {measured.label} ({len(not_run)} checks need per-request data)")  # fmt: skip
     elif ab is not None and both:
         verdict = "speculation A/B"
-        speculation = speculation_ab(*ab)
+        speculation = speculation_ab(*ab, metric=metric, target=target)
         label = "comparable as a speculation A/B"
         if predicted:  # a predicted side is said, whichever it is
             label += f" ({' and '.join(x.label for x in predicted)} predicted)"
@@ -115,21 +131,30 @@ def aggregate_pair(a: Input, b: Input, named: Sequence[str]) -> dict[str, Any]:
                  "intervals")  # fmt: skip
     comparable = verdict in VERDICTS[:3]
     prefix = "" if comparable else ("NOT COMPARABLE: " if failed else "UNCHECKED: ")
-    interactivity, note = published_interactivity(a, b, prefix)
+    interactivity, note = published_interactivity(a, b, prefix, metric)
     return {
         "a": a.label, "b": b.label, "comparable": comparable, "verdict": verdict,
         "checks": [c.to_json() for c in found],
-        "deltas": {"matched_concurrency": published_deltas(a, b),
+        "deltas": {"matched_concurrency": published_deltas(a, b, metric),
                    "matched_interactivity": interactivity, "interactivity_note": note},
         "fidelity": fid, "speculation": speculation, "label": label,
     }  # fmt: skip
 
 
-def compare(inputs: Sequence[Input], named: Sequence[str] = (), seed: int = 0) -> dict[str, Any]:
+def compare(
+    inputs: Sequence[Input],
+    named: Sequence[str] = (),
+    seed: int = 0,
+    metric: str = DEFAULT_METRIC,
+    target: float | None = None,
+) -> dict[str, Any]:
     """compare.json: every input, and every pair (A against each later input) with its checks,
-    deltas and, for two single runs of the same requests, fidelity."""
+    deltas and, for two single runs of the same requests, fidelity. Throughput is the
+    ``metric``'s throughout (``metric`` in the object); ``target``: ``--at-interactivity``."""
     for item in inputs:
         for point in item.points:
             point.figures = _figures(point, seed)
-    pairs = [compare_pair(a, b, named) for i, a in enumerate(inputs) for b in inputs[i + 1 :]]
-    return {"schema": SCHEMA, "inputs": [item.to_json() for item in inputs], "pairs": pairs}
+    pairs = [compare_pair(a, b, named, metric, target)
+             for i, a in enumerate(inputs) for b in inputs[i + 1 :]]  # fmt: skip
+    described = [{**item.to_json(), "curve": input_curve(item, metric)} for item in inputs]
+    return {"schema": SCHEMA, "metric": metric, "inputs": described, "pairs": pairs}

@@ -1,12 +1,17 @@
 """``speclens compare --at-interactivity X`` and ``speclens compare SWEEP_DIR``.
 
-The decision: each input's output tok/s per GPU at X tok/s/user, read off the input's own Pareto
-curve (``compare_deltas.pareto``, linear between the curve's two neighbours around X,
-``compare_deltas.interpolate``, never extrapolated) with its 95% interval, and which input
-delivers the most; its gain over the first input is a ratio with its interval
-(``compare_deltas.ratio``). An input whose curve does not span X has no figure there and says
-which range it spans. The sentence is the one ``speclens sim --at-interactivity`` prints
-(``speclens.runs.decision``).
+The decision: each input's tok/s per GPU (total or output, ``--metric``) at X tok/s/user, read
+off the input's own curve wherever X lies inside it, never extrapolated (``reading``): a measured
+input's Pareto front (``compare_deltas.pareto``, linear between the two neighbours around X,
+``compare_deltas.interpolate``) with its 95% interval on the log scale; an aggregate-only
+input's published curve (linear in log throughput), labelled so, with no interval; a predicted
+input's own curve, its band the prediction's expected error where known
+(``Input.expected_error``). Then which input delivers the most and its gain over the first input
+(or, where the first is best, the runner-up against it) as a ratio with its interval
+(``compare_deltas.ratio``). The lead is "not resolved" unless both sides have an interval, each
+measured side has ``MIN_ROUNDS`` rounds, and the ratio's interval clears 1. An input whose curve
+does not span X says which range it spans. The sentence is the one ``speclens sim
+--at-interactivity`` prints (``speclens.runs.decision``).
 
 One sweep given alone is compared whole: its points are grouped by what the sweep varies
 besides the load (K above all, and the engine and forced AL where those vary too); each group
@@ -17,6 +22,7 @@ AL 2.5"). A sweep that varies only the load has nothing to compare within it.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,9 +36,15 @@ from speclens.runs.compare_deltas import (
     Estimate,
     finite,
     interpolate,
+    log_bounds,
+    log_interpolate,
+    metric_words,
     pareto,
     quantile,
     ratio,
+    throughput_curve,
+    total_factor,
+    unit,
 )
 from speclens.runs.compare_inputs import Input, Point
 from speclens.runs.decision import Choice, headline, k_name, k_span
@@ -121,11 +133,17 @@ def workload_digest(items: Sequence[Input]) -> str | None:
     return digest
 
 
-def _bounds(est: Estimate) -> tuple[float | None, float | None]:
-    if not math.isfinite(est.se):
-        return None, None
-    q = quantile(est.df)
-    return est.mean - q * est.se, est.mean + q * est.se
+#: Rounds a side below which a lead is "not resolved", whatever its interval says: two
+#: rounds' Student t has 1 degree of freedom (t = 12.7), so its interval says little.
+MIN_ROUNDS = 3
+
+
+def _kind(item: Input) -> str:
+    """How an input's figure is known: "predicted" (a simulator's), "aggregate-only"
+    (published, no interval) or "measured"."""
+    return (
+        "predicted" if item.prediction else "aggregate-only" if item.aggregate_only else "measured"
+    )
 
 
 def _basis(item: Input) -> str:
@@ -142,27 +160,69 @@ def _single_k(item: Input) -> int | None:
     return next(iter(ks)) if len(ks) == 1 else None
 
 
-def decide(inputs: Sequence[Input], target: float, *, by_k: bool = False) -> dict[str, Any]:
+def _rounds_at(curve: Sequence[CurvePoint], x: float) -> int:
+    """The fewest rounds behind the curve points a reading at ``x`` rests on."""
+    for left, right in itertools.pairwise(curve):
+        if left.x <= x <= right.x:
+            return min(left.rounds, right.rounds)
+    return min((c.rounds for c in curve), default=0)
+
+
+def reading(
+    item: Input, target: float, metric: str
+) -> tuple[list[tuple[float, float]], Estimate | None, int]:
+    """An input's curve ((tok/s/user, tok/s/GPU) points), its figure at ``target`` and the
+    rounds behind it. Measured: its Pareto front, linear between neighbours, with its SE.
+    Aggregate-only: the published curve, linear in log throughput (``log_interpolate``), no
+    SE. Predicted: its own curve read the same way, its SE the expected error's
+    (``Input.expected_error``: the band value / (1 + e) to value x (1 + e)), else none: the
+    spread of a simulator's requests is not the prediction's error."""
+    if item.aggregate_only:
+        published = throughput_curve(item, metric)
+        value = log_interpolate(published, target)
+        est = None if value is None else Estimate(value, math.nan, math.inf)
+        curve, rounds = published, 1
+    else:
+        front = pareto(item, metric)
+        est = interpolate(front, target)
+        curve, rounds = [(c.x, c.y.mean) for c in front], _rounds_at(front, target)
+    if est is not None and item.prediction:
+        error = item.expected_error
+        se = (est.mean * math.log1p(error) / quantile(math.inf)
+              if error is not None and error >= 0 and est.mean > 0 else math.nan)  # fmt: skip
+        est = Estimate(est.mean, se, math.inf)
+    return curve, est, rounds
+
+
+def decide(
+    inputs: Sequence[Input], target: float, *, by_k: bool = False, metric: str = "output"
+) -> dict[str, Any]:
     """The decision at ``target`` tok/s/user over ``inputs`` (their figures computed: after
-    ``compare.compare``). ``by_k``: the inputs are the Ks of one sweep (the sentence names K)."""
+    ``compare.compare``), in ``metric`` tokens/s per GPU. ``by_k``: the inputs are the Ks of
+    one sweep (the sentence names K). Every kind of input is read at the target where its
+    curve spans it (``reading``), labelled by its ``kind``."""
     entries: list[dict[str, Any]] = []
     estimates: list[Estimate | None] = []
     for item in inputs:
-        curve = pareto(item)
-        est = interpolate(curve, target)
-        low, high = _bounds(est) if est is not None else (None, None)
+        curve, est, rounds = reading(item, target, metric)
+        low, high = log_bounds(est) if est is not None else (None, None)
+        kind = _kind(item)
         entry: dict[str, Any] = {
             "label": item.label, "num_spec_tokens": _single_k(item), "gpus": item.gpus,
-            "tok_s_gpu": est.mean if est else None, "low": low, "high": high,
-            "interval_basis": _basis(item) if est else None,
-            "curve": [{"tok_s_user": c.x, "tok_s_gpu": c.y.mean} for c in curve],
+            "kind": kind, "tok_s_gpu": est.mean if est else None, "low": low, "high": high,
+            "rounds": rounds if est and kind == "measured" else None,
+            "expected_error": item.expected_error if kind == "predicted" else None,
+            "interval_basis": (_basis(item) if kind == "measured" else kind) if est else None,
+            "curve": [{"tok_s_user": x, "tok_s_gpu": y} for x, y in curve],
         }  # fmt: skip
         if est is None:
-            entry["reason"] = _reason(item, curve, target)
+            entry["reason"] = _reason(item, curve, target, metric)
         entries.append(entry)
         estimates.append(est)
     reached = [i for i, e in enumerate(estimates) if e is not None]
     best = max(reached, key=lambda i: estimates[i].mean) if reached else None  # type: ignore[union-attr]
+    second = (max((i for i in reached if i != best), key=lambda i: estimates[i].mean,  # type: ignore[union-attr]
+                  default=None) if best is not None else None)  # fmt: skip
     for i, entry in enumerate(entries):
         r, low, high = (ratio(estimates[best], estimates[i]) if best is not None
                         and estimates[i] is not None else (math.nan,) * 3)  # fmt: skip
@@ -170,7 +230,11 @@ def decide(inputs: Sequence[Input], target: float, *, by_k: bool = False) -> dic
     gain = None
     if best is not None and best != 0 and estimates[0] is not None:
         gain = ratio(estimates[0], estimates[best])
-    choices = [Choice(e["label"], e["tok_s_gpu"], e["low"], e["high"]) for e in entries]
+    # the first reads highest: the runner-up against it, so a loss reads as a loss
+    against_first = (
+        ratio(estimates[0], estimates[second]) if best == 0 and second is not None else None
+    )
+    choices = [Choice(e["label"], e["tok_s_gpu"], e["low"], e["high"], e["kind"]) for e in entries]
     if by_k and all(e["num_spec_tokens"] is not None for e in entries) and \
             len({e["label"] for e in entries}) == len({e["num_spec_tokens"] for e in entries}):  # fmt: skip
         span = k_span([e["num_spec_tokens"] for e in entries])
@@ -179,24 +243,84 @@ def decide(inputs: Sequence[Input], target: float, *, by_k: bool = False) -> dic
     too_fast = bool(entries) and all(
         e["curve"] and e["curve"][0]["tok_s_user"] > target for e in entries
     )
-    basis = {e["interval_basis"] for e in entries} - {None}
+    why = _unresolved(entries, estimates, best, second)
     out = {
         "tok_s_user": target,
-        "figure": "output tokens/s per GPU",
+        "metric": metric,
+        "figure": metric_words(metric),
         "best": entries[best]["label"] if best is not None else None,
         "best_tok_s_gpu": entries[best]["tok_s_gpu"] if best is not None else None,
+        "resolved": why is None if second is not None else None,
+        "unresolved": why,
         "gain_over_first": _gain(gain),
         "choices": entries,
         "headline": headline(choices, target, span, noun="K" if by_k else "input",
-                             gain=_gain_tuple(gain), too_fast=too_fast),
-        "interval": ("95% intervals across rounds (Student t)" if basis == {"rounds"}
-                     else ONE_RUN_EACH if basis else "no interval: no input reaches the "
-                     "target"),
+                             gain=_gain_tuple(gain if gain is not None else against_first),
+                             too_fast=too_fast, unit=unit(metric),
+                             unresolved=why if second is not None else None),
+        "interval": _interval_note(entries),
     }  # fmt: skip
-    lead = _lead(entries, estimates, best)
+    lead = _lead(entries, estimates, best, second, why)
     if lead:
         out["lead"] = lead
     return out
+
+
+def _interval_note(entries: Sequence[dict[str, Any]]) -> str:
+    """What the figures' intervals are, kind by kind, for the choices that reach the target."""
+    basis = {e["interval_basis"] for e in entries} - {None}
+    if not basis:
+        return "no interval: no input reaches the target"
+    notes = []
+    if basis == {"rounds"}:
+        notes.append("95% intervals across rounds (Student t, on the log scale)")
+    elif "requests" in basis:
+        notes.append(ONE_RUN_EACH)
+    elif "rounds" in basis:
+        notes.append("measured: 95% intervals across rounds (Student t, on the log scale)")
+    if "aggregate-only" in basis:
+        notes.append(f"{_names(entries, 'aggregate-only')} aggregate-only: published figures, "
+                     "no interval")  # fmt: skip
+    if "predicted" in basis:
+        notes.append(f"{_names(entries, 'predicted')} predicted: a band only from the "
+                     "prediction's expected error, where known")  # fmt: skip
+    return "; ".join(notes)
+
+
+def _names(entries: Sequence[dict[str, Any]], kind: str) -> str:
+    found = [e["label"] for e in entries if e["kind"] == kind and e["tok_s_gpu"] is not None]
+    return " and ".join(found)
+
+
+def _unresolved(
+    entries: list[dict[str, Any]],
+    estimates: list[Estimate | None],
+    best: int | None,
+    second: int | None,
+) -> str | None:
+    """Why the best's lead over the runner-up is not a result, or None where it is: a side
+    with no interval (aggregate-only, a prediction without its expected error), fewer than
+    ``MIN_ROUNDS`` rounds of a measured side, or a ratio whose 95% interval reaches 1."""
+    if best is None or second is None:
+        return None
+    pair = [entries[i] for i in sorted((best, second))]  # in the inputs' order
+    bare = [e for e in pair if e["low"] is None]
+    if bare:
+        kinds = {e["kind"] for e in bare}
+        names = " and ".join(e["label"] for e in bare)
+        what = ("aggregate-only" if kinds == {"aggregate-only"} else "predicted with no "
+                "expected error" if kinds == {"predicted"} else "without an interval")  # fmt: skip
+        return f"{names} {what}, no interval"
+    few = [e for e in pair if e["kind"] == "measured" and (e["rounds"] or 0) < MIN_ROUNDS]
+    if few:
+        shown = ", ".join(
+            f"{e['label']}: {e['rounds'] or 1}" for e in pair if e["kind"] == "measured"
+        )
+        return f"fewer than {MIN_ROUNDS} rounds a side ({shown})"  # fmt: skip
+    _, low, _ = ratio(estimates[second], estimates[best])
+    if not (math.isfinite(low) and low > 1):
+        return "the lead is inside its 95% interval"
+    return None
 
 
 def _gain(gain: tuple[float, float, float] | None) -> dict[str, float | None] | None:
@@ -212,15 +336,15 @@ def _gain_tuple(gain: tuple[float, float, float] | None) -> Any:
 
 
 def _lead(
-    entries: list[dict[str, Any]], estimates: list[Estimate | None], best: int | None
+    entries: list[dict[str, Any]],
+    estimates: list[Estimate | None],
+    best: int | None,
+    second: int | None,
+    why: str | None,
 ) -> str | None:
-    """The best's lead over the runner-up, and whether its interval clears 1."""
-    if best is None:
+    """The best's lead over the runner-up, and whether it is resolved (``_unresolved``)."""
+    if best is None or second is None:
         return None
-    others = [i for i, e in enumerate(estimates) if e is not None and i != best]
-    if not others:
-        return None
-    second = max(others, key=lambda i: estimates[i].mean)  # type: ignore[union-attr]
     r, low, high = ratio(estimates[second], estimates[best])
     a, b = entries[best]["label"], entries[second]["label"]
     text = f"{a}'s lead over {b}"
@@ -228,23 +352,22 @@ def _lead(
         text += f", {r - 1:+.1%}"
         if math.isfinite(low):
             text += f" (95% CI {low - 1:+.1%} to {high - 1:+.1%})"
-    if not math.isfinite(low):
-        return text + ": no interval"
-    if low <= 1:
-        return text + ": inside the interval, not a clear win"
-    if {entries[best]["interval_basis"], entries[second]["interval_basis"]} != {"rounds"}:
-        return text + ": one run each, so not significant on that alone"
-    return text
+    if not math.isfinite(r):
+        return text + f": no interval ({b} reads 0), not resolved"
+    return text + (f": not resolved, {why}" if why else ": resolved")
 
 
-def _reason(item: Input, curve: Sequence[CurvePoint], target: float) -> str:
+def _reason(item: Input, curve: Sequence[tuple[float, float]], target: float, metric: str) -> str:
     if not curve:
         if item.aggregate_only:
-            return "aggregate-only: no output tok/s/GPU with an interval"
+            return f"aggregate-only: publishes no interactivity with {metric_words(metric)}"
+        if metric == "total" and any(total_factor(p) is None for p in item.points):
+            return ("no point with TPOT and total throughput (no prompt and completion tokens "
+                    "recorded: --metric output)")  # fmt: skip
         return "no point with TPOT and throughput"
     if len(curve) == 1:
-        return f"its one point is at {curve[0].x:,.1f} tok/s/user, not {target:g}"
-    return f"its curve spans {curve[0].x:,.1f} to {curve[-1].x:,.1f} tok/s/user, not {target:g}"
+        return f"its one point is at {curve[0][0]:,.1f} tok/s/user, not {target:g}"
+    return f"its curve spans {curve[0][0]:,.1f} to {curve[-1][0]:,.1f} tok/s/user, not {target:g}"
 
 
 def decision_lines(decision: dict[str, Any]) -> list[str]:
@@ -252,22 +375,31 @@ def decision_lines(decision: dict[str, Any]) -> list[str]:
     lines = [decision["headline"]]
     if decision.get("lead"):
         lines.append(decision["lead"])
+    shown = unit(decision.get("metric") or "output")
     for e in decision["choices"]:
         if e["tok_s_gpu"] is None:
             lines.append(f"  {e['label']}: {e['reason']}")
             continue
-        ci = _ci(e["low"], e["high"], ",.0f")
+        kind = e.get("kind") or "measured"
+        if kind == "measured":
+            ci = _ci(e["low"], e["high"], ",.0f")
+        elif e["low"] is not None and e["high"] is not None:
+            ci = f" ({kind}, band {e['low']:,.0f} to {e['high']:,.0f})"
+        else:
+            ci = f" ({kind}, no interval)"
         ratio = ("" if e["ratio_to_best"] is None else
                  f", {e['ratio_to_best']:.3f}x of the best{_ci(e['ratio_low'], e['ratio_high'], '.3f', 'x')}")  # fmt: skip
-        lines.append(f"  {e['label']}: {e['tok_s_gpu']:,.0f} tok/s/GPU{ci}{ratio}")
+        lines.append(f"  {e['label']}: {e['tok_s_gpu']:,.0f} {shown}{ci}{ratio}")
     lines.append(f"  ({decision['figure']}; {decision['interval']})")
     return lines
 
 
-def _ci(low: float | None, high: float | None, fmt: str, unit: str = "") -> str:
+def _ci(
+    low: float | None, high: float | None, fmt: str, suffix: str = "", what: str = "95% CI "
+) -> str:
     if low is None or high is None:
         return ""
-    return f" (95% CI {low:{fmt}}{unit} to {high:{fmt}}{unit})"
+    return f" ({what}{low:{fmt}}{suffix} to {high:{fmt}}{suffix})"
 
 
 def sweep_dir_path(paths: Sequence[Path]) -> Path | None:

@@ -8,6 +8,12 @@ recompute.
 Aggregate-only inputs (published figures): the deltas are the published medians and throughput
 per GPU, with no interval, and a speculation A/B reads as InferenceX's "at X tok/s/user, MTP
 delivers +Y% tok/s/GPU" with the TPOT speedup per concurrency.
+
+Throughput is one figure a compare, named (``METRICS``): total (input + output) tokens/s, what
+InferenceX's dashboard calls throughput per GPU (its ``tput_per_gpu``), or output tokens/s. A
+measured point's total is its output tokens/s times its measured requests' (prompt +
+completion) / completion tokens (``total_factor``). Every throughput's and ratio's interval is
+on the log scale (``log_bounds``, ``ratio``), so none goes below 0.
 """
 
 from __future__ import annotations
@@ -31,11 +37,37 @@ from speclens.runs.compare_inputs import (
 )
 from speclens.runs.stats import CONFIDENCE, Interval
 
-#: Figures compared at matched load.
+#: Figures compared at matched load (the throughput: the ``--metric``'s, ``throughput_name``).
 DELTA_FIGURES = ("output_tokens_per_s", "tokens_per_s_per_user", "ttft_ms")
 
-#: The per-GPU delta figure, for inputs on different GPU counts.
+#: The per-GPU delta figure (output tokens/s), for inputs on different GPU counts.
 PER_GPU = "output_tokens_per_s_per_gpu"
+
+#: The throughputs a compare can state (``--metric``): total = input + output tokens/s, what
+#: InferenceX's dashboard calls throughput per GPU; output = generated tokens/s.
+METRICS = ("total", "output")
+DEFAULT_METRIC = "total"
+
+
+def throughput_name(metric: str, per_gpu: bool = False) -> str:
+    """The figure's name: "total_tokens_per_s" (``_per_gpu``), "output_tokens_per_s"."""
+    if metric not in METRICS:
+        raise ValueError(f"metric: expected one of {', '.join(METRICS)}, got {metric!r}")
+    return f"{metric}_tokens_per_s" + ("_per_gpu" if per_gpu else "")
+
+
+def unit(metric: str) -> str:
+    """How a line names the figure: "total tok/s/GPU", "output tok/s/GPU"."""
+    throughput_name(metric)
+    return f"{metric} tok/s/GPU"
+
+
+def metric_words(metric: str) -> str:
+    """The figure in words, as the tables and plots name it."""
+    throughput_name(metric)
+    return ("total (input + output) tokens/s per GPU" if metric == "total"
+            else "output tokens/s per GPU")  # fmt: skip
+
 
 #: What a delta of published figures says of its interval.
 NO_INTERVAL = "no interval: aggregate-only"
@@ -87,24 +119,81 @@ def ratio(a: Estimate | None, b: Estimate | None) -> tuple[float, float, float]:
     return point, point * math.exp(-spread), point * math.exp(spread)
 
 
+def log_bounds(est: Estimate) -> tuple[float | None, float | None]:
+    """The 95% interval of a positive figure on the log scale (delta method: log y has SE
+    se / mean), so it never goes below 0; (None, None) without an SE or a positive mean."""
+    if not (math.isfinite(est.se) and est.mean > 0):
+        return None, None
+    spread = quantile(est.df) * est.se / est.mean
+    return est.mean * math.exp(-spread), est.mean * math.exp(spread)
+
+
+def log_interval(interval: Interval) -> Interval:
+    """The Interval with its bounds on the log scale (``log_bounds``), its mean kept; as it is
+    where it has no interval or its mean is not positive."""
+    est = Estimate.of(interval)
+    if est is None or est.mean <= 0:
+        return interval
+    low, high = log_bounds(est)
+    if low is None or high is None:
+        return interval
+    return dataclasses.replace(interval, low=low, high=high)
+
+
+def total_factor(point: Point) -> float | None:
+    """(prompt + completion) / completion tokens of the point's measured, completed requests,
+    the mean over its rounds: output tokens/s times it is total tokens/s. None where a round
+    records no completion tokens (a point without runs, an aggregate-only run)."""
+    factors = []
+    for run in point.runs:
+        prompt = completion = 0
+        for row in run.completed:
+            p, c = row.get("prompt_tokens"), row.get("completion_tokens")
+            if isinstance(c, int) and not isinstance(c, bool) and c > 0:
+                completion += c
+                prompt += p if isinstance(p, int) and not isinstance(p, bool) and p > 0 else 0
+        if not completion:
+            return None
+        factors.append((prompt + completion) / completion)
+    return sum(factors) / len(factors) if factors else None
+
+
+def throughput(point: Point, metric: str) -> Interval:
+    """The point's ``metric`` tokens/s with its interval: output tokens/s as measured, or
+    scaled by ``total_factor``; an interval of method "none" where it cannot be told."""
+    output = point.figures["output_tokens_per_s"]
+    if throughput_name(metric) == "output_tokens_per_s":
+        return output
+    factor = total_factor(point)
+    if factor is None:
+        return Interval(math.nan, math.nan, math.nan, 0, "none")
+    return dataclasses.replace(output, mean=output.mean * factor, low=output.low * factor,
+                               high=output.high * factor)  # fmt: skip
+
+
 def finite(value: float) -> float | None:
     """The value where it is finite; None (JSON null) where it is not."""
     return value if math.isfinite(value) else None
 
 
-def matched_concurrency(a: Input, b: Input) -> list[dict[str, Any]]:
-    """Ratio B / A of each delta figure at every load setting both inputs ran; where the two
-    run on different GPU counts, the output tokens/s per GPU too (``PER_GPU``)."""
+def matched_concurrency(a: Input, b: Input, metric: str = "output") -> list[dict[str, Any]]:
+    """Ratio B / A of each delta figure at every load setting both inputs ran (the throughput
+    the ``metric``'s); where the two run on different GPU counts, that throughput per GPU too.
+    Each side's interval on the log scale (``log_interval``)."""
     out = []
-    names = [*DELTA_FIGURES, *([PER_GPU] if a.gpus != b.gpus else [])]
+    tput, per_gpu = throughput_name(metric), throughput_name(metric, per_gpu=True)
+    names = [tput, *DELTA_FIGURES[1:], *([per_gpu] if a.gpus != b.gpus else [])]
     for key, pa, pb in _matched_points(a, b):
         for name in names:
-            if name == PER_GPU:
-                ia, ib = (_per_gpu(p.figures[DELTA_FIGURES[0]], x.gpus)
+            if name == per_gpu:
+                ia, ib = (_per_gpu(throughput(p, metric), x.gpus)
                           for p, x in ((pa, a), (pb, b)))  # fmt: skip
+            elif name == tput:
+                ia, ib = throughput(pa, metric), throughput(pb, metric)
             else:
                 ia, ib = pa.figures[name], pb.figures[name]
             r, low, high = ratio(Estimate.of(ia), Estimate.of(ib))
+            ia, ib = log_interval(ia), log_interval(ib)  # shown on the log scale
             row: dict[str, Any] = {"concurrency": None, "request_rate": None}
             row[key[0]] = int(key[1]) if key[0] == "concurrency" else key[1]
             row.update(figure=name, a=ia.to_json(), b=ib.to_json(), ratio=finite(r),
@@ -136,17 +225,22 @@ def _matched_points(a: Input, b: Input) -> list[tuple[tuple[str, float], Point, 
 @dataclass(frozen=True)
 class CurvePoint:
     x: float  # tokens/s per user
-    y: Estimate  # output tokens/s per GPU
+    y: Estimate  # output (or total) tokens/s per GPU
+    rounds: int = 0  # the rounds behind the point (0: not known)
 
 
-def pareto(item: Input) -> list[CurvePoint]:
-    """The input's Pareto front of throughput per GPU against tokens/s per user: the points no
-    other point beats on both, by rising interactivity."""
+def pareto(item: Input, metric: str = "output") -> list[CurvePoint]:
+    """The input's Pareto front of ``metric`` throughput per GPU against tokens/s per user:
+    the points no other point beats on both, by rising interactivity."""
     points = []
     for p in item.points:
-        x, y = p.figures["tokens_per_s_per_user"], Estimate.of(p.figures["output_tokens_per_s"])
+        tput = throughput(p, metric)
+        x, y = p.figures["tokens_per_s_per_user"], Estimate.of(tput)
         if y is not None and math.isfinite(x.mean) and x.mean > 0:
-            points.append(CurvePoint(x.mean, Estimate(y.mean / item.gpus, y.se / item.gpus, y.df)))
+            rounds = tput.n if tput.method == "t" else 1
+            points.append(
+                CurvePoint(x.mean, Estimate(y.mean / item.gpus, y.se / item.gpus, y.df), rounds)
+            )
     return pareto_front(points)
 
 
@@ -175,10 +269,31 @@ def interpolate(curve: Sequence[CurvePoint], x: float) -> Estimate | None:
     return None
 
 
-def matched_interactivity(a: Input, b: Input, prefix: str) -> tuple[list[dict[str, Any]], str]:
-    """B's throughput per GPU against A's at each interactivity both Pareto curves reach (every
-    curve point inside the overlap), InferenceX's way; and a note on what was left out."""
-    ca, cb = pareto(a), pareto(b)
+def input_curve(item: Input, metric: str) -> list[dict[str, Any]]:
+    """Every point of the input as compare's plot draws it, by rising interactivity: tok/s/user,
+    ``metric`` tok/s/GPU and its 95% interval on the log scale (none for a published or a
+    predicted point: the spread of a simulator's requests is not the prediction's error)."""
+    if item.aggregate_only:
+        return [{"tok_s_user": x, "tok_s_gpu": y, "low": None, "high": None}
+                for x, y in throughput_curve(item, metric)]  # fmt: skip
+    out = []
+    for p in item.points:
+        x, est = p.figures["tokens_per_s_per_user"].mean, Estimate.of(throughput(p, metric))
+        if est is None or not (math.isfinite(x) and x > 0):
+            continue
+        est = Estimate(est.mean / item.gpus, est.se / item.gpus, est.df)
+        low, high = (None, None) if item.prediction else log_bounds(est)
+        out.append({"tok_s_user": x, "tok_s_gpu": est.mean, "low": low, "high": high})
+    return sorted(out, key=lambda c: c["tok_s_user"])
+
+
+def matched_interactivity(
+    a: Input, b: Input, prefix: str, metric: str = "output"
+) -> tuple[list[dict[str, Any]], str]:
+    """B's ``metric`` throughput per GPU against A's at each interactivity both Pareto curves
+    reach (every curve point inside the overlap), InferenceX's way; and a note on what was
+    left out."""
+    ca, cb = pareto(a, metric), pareto(b, metric)
     if not ca or not cb:
         return [], "no interactivity curve: an input has no point with TPOT and throughput"
     low, high = max(ca[0].x, cb[0].x), min(ca[-1].x, cb[-1].x)
@@ -200,9 +315,9 @@ def matched_interactivity(a: Input, b: Input, prefix: str) -> tuple[list[dict[st
             "tokens_per_s_per_user": x, "a_tok_s_gpu": ya.mean, "b_tok_s_gpu": yb.mean,
             "delta_pct": finite(delta), "low_pct": finite(dl), "high_pct": finite(dh),
             "sentence": f"{prefix}at {x:.{digits}f} tok/s/user, {b.label} delivers {delta:+.0f}% "
-                        f"tok/s/GPU ({ci})",
+                        f"{unit(metric)} ({ci})",
         })  # fmt: skip
-    return out, f"{span}: compared inside {low:.1f} to {high:.1f} only"
+    return out, f"{span}: compared inside {low:.1f} to {high:.1f} only ({metric_words(metric)})"
 
 
 def _basis(a: Interval, b: Interval) -> str | None:
@@ -230,13 +345,14 @@ def log_interpolate(curve: Sequence[tuple[float, float]], x: float) -> float | N
     return None
 
 
-def throughput_curve(item: Input) -> list[tuple[float, float]]:
-    """(median interactivity, total tokens/s per GPU) of each point that publishes both,
+def throughput_curve(item: Input, metric: str = DEFAULT_METRIC) -> list[tuple[float, float]]:
+    """(median interactivity, ``metric`` tokens/s per GPU) of each point that publishes both,
     sorted by interactivity (one point per interactivity)."""
     out: dict[float, float] = {}
+    name = throughput_name(metric, per_gpu=True)
     for point in item.points:
         fig = point_published(point, item.gpus)
-        x, y = fig["tokens_per_s_per_user"], fig["total_tokens_per_s_per_gpu"]
+        x, y = fig["tokens_per_s_per_user"], fig[name]
         if x is not None and y is not None and x > 0 and y > 0:
             out.setdefault(x, y)
     return sorted(out.items())
@@ -250,30 +366,45 @@ def _pct_change(ratio_: float) -> str:
     return f"{(ratio_ - 1) * 100:+.0f}%"
 
 
-def speculation_ab(off: Input, on: Input, spec: tuple[str, int | None]) -> dict[str, Any]:
+#: Why a speculation A/B's headline reads where it does, when no target was given.
+AT_THE_TOP = ("the highest interactivity both curves reach; --at-interactivity X reads it at "
+              "yours")  # fmt: skip
+
+
+def speculation_ab(
+    off: Input,
+    on: Input,
+    spec: tuple[str, int | None],
+    metric: str = DEFAULT_METRIC,
+    target: float | None = None,
+) -> dict[str, Any]:
     """InferenceX's reading of a speculation A/B: at X tok/s/user, METHOD delivers +Y% tok/s/GPU
-    (total tokens/s per GPU, on over off). Single runs: at the one concurrency both ran, X the
-    speculating run's interactivity. Sweeps: each side's throughput interpolated against
+    (``metric`` tokens/s per GPU, on over off). Single runs: at the one concurrency both ran, X
+    the speculating run's interactivity. Sweeps: each side's throughput interpolated against
     interactivity (``log_interpolate``), a row at each of the speculating side's points inside
-    both curves, the headline at the highest interactivity both reach. And the TPOT speedup
-    (off over on, median TPOT) at each concurrency both ran."""
+    both curves; the headline at ``target`` (none where a curve does not reach it), else at the
+    highest interactivity both reach, its ``chosen`` saying so. And the TPOT speedup (off over
+    on, median TPOT) at each concurrency both ran."""
     method = spec[0].upper()
     out: dict[str, Any] = {"off": off.label, "on": on.label, "method": method,
-                           "num_spec_tokens": spec[1], "table": [], "headline": None}  # fmt: skip
+                           "num_spec_tokens": spec[1], "metric": metric, "table": [],
+                           "headline": None}  # fmt: skip
 
-    def row(x: float, y_off: float, y_on: float) -> dict[str, Any]:
+    def row(x: float, y_off: float, y_on: float, why: str | None = None) -> dict[str, Any]:
         r = y_on / y_off
+        where = f" ({why})" if why else ""
         return {"tokens_per_s_per_user": x, "off_tok_s_gpu": y_off, "on_tok_s_gpu": y_on,
-                "delta_pct": (r - 1) * 100,
-                "sentence": f"at {_x_text(x)} tok/s/user, {method} delivers {_pct_change(r)} "
-                            "tok/s/GPU"}  # fmt: skip
+                "delta_pct": (r - 1) * 100, "chosen": why,
+                "sentence": f"at {_x_text(x)} tok/s/user{where}, {method} delivers "
+                            f"{_pct_change(r)} {unit(metric)}"}  # fmt: skip
 
-    c_off, c_on = throughput_curve(off), throughput_curve(on)
+    c_off, c_on = throughput_curve(off, metric), throughput_curve(on, metric)
     if off.kind == on.kind == "run":
         out["basis"] = "same concurrency: X is the speculating run's interactivity"
         if c_off and c_on:
-            out["headline"] = row(c_on[0][0], c_off[0][1], c_on[0][1])
-            out["table"] = [out["headline"]]
+            why = "the speculating run's, at the concurrency both ran"
+            out["headline"] = row(c_on[0][0], c_off[0][1], c_on[0][1], why)
+            out["table"] = [row(c_on[0][0], c_off[0][1], c_on[0][1])]
         else:
             out["note"] = "no interactivity or throughput per GPU published on one side"
     else:
@@ -294,9 +425,13 @@ def speculation_ab(off: Input, on: Input, spec: tuple[str, int | None]) -> dict[
                     at = log_interpolate(c_off, x)
                     if low <= x <= high and at is not None:
                         out["table"].append(row(x, at, y))
-                top_off, top_on = log_interpolate(c_off, high), log_interpolate(c_on, high)
+                why: str | None = AT_THE_TOP if target is None else None
+                x = high if target is None else target
+                top_off, top_on = log_interpolate(c_off, x), log_interpolate(c_on, x)
                 if top_off is not None and top_on is not None:
-                    out["headline"] = row(high, top_off, top_on)
+                    out["headline"] = row(x, top_off, top_on, why)
+                else:
+                    out["note"] = f"{span}: {target:g} tok/s/user is outside one of them"
     speedup = []
     points_off, points_on = loads(off), loads(on)
     for load in sorted(points_off.keys() & points_on.keys()):
@@ -314,13 +449,17 @@ def speculation_ab(off: Input, on: Input, spec: tuple[str, int | None]) -> dict[
     return out
 
 
-def published_deltas(a: Input, b: Input) -> list[dict[str, Any]]:
-    """B / A of each published figure at every load both ran, with no interval."""
+def published_deltas(a: Input, b: Input, metric: str = DEFAULT_METRIC) -> list[dict[str, Any]]:
+    """B / A of each published figure (the throughput per GPU the ``metric``'s) at every load
+    both ran, with no interval."""
     out = []
     pa, pb = loads(a), loads(b)
+    other = throughput_name("output" if metric == "total" else "total", per_gpu=True)
     for load in sorted(pa.keys() & pb.keys()):
         fa, fb = point_published(pa[load], a.gpus), point_published(pb[load], b.gpus)
         for name, _ in PUBLISHED:
+            if name == other:
+                continue
             va, vb = fa[name], fb[name]
             row: dict[str, Any] = {"concurrency": None, "request_rate": None}
             row[load[0]] = int(load[1]) if load[0] == "concurrency" else load[1]
@@ -334,10 +473,12 @@ def published_deltas(a: Input, b: Input) -> list[dict[str, Any]]:
     return out
 
 
-def published_interactivity(a: Input, b: Input, prefix: str) -> tuple[list[dict[str, Any]], str]:
-    """B's total tokens/s per GPU against A's at every curve point inside both curves
+def published_interactivity(
+    a: Input, b: Input, prefix: str, metric: str = DEFAULT_METRIC
+) -> tuple[list[dict[str, Any]], str]:
+    """B's ``metric`` tokens/s per GPU against A's at every curve point inside both curves
     (``log_interpolate``), with no interval."""
-    ca, cb = throughput_curve(a), throughput_curve(b)
+    ca, cb = throughput_curve(a, metric), throughput_curve(b, metric)
     if not ca or not cb:
         return [], "no interactivity curve: an input publishes no interactivity or throughput"
     low, high = max(ca[0][0], cb[0][0]), min(ca[-1][0], cb[-1][0])
@@ -353,5 +494,5 @@ def published_interactivity(a: Input, b: Input, prefix: str) -> tuple[list[dict[
         out.append({"tokens_per_s_per_user": x, "a_tok_s_gpu": ya, "b_tok_s_gpu": yb,
                     "delta_pct": (yb / ya - 1) * 100, "low_pct": None, "high_pct": None,
                     "sentence": f"{prefix}at {_x_text(x)} tok/s/user, {b.label} delivers "
-                                f"{_pct_change(yb / ya)} tok/s/GPU ({NO_INTERVAL})"})  # fmt: skip
-    return out, f"{span}: compared inside {low:.1f} to {high:.1f} only (total tokens/s per GPU)"
+                                f"{_pct_change(yb / ya)} {unit(metric)} ({NO_INTERVAL})"})  # fmt: skip
+    return out, f"{span}: compared inside {low:.1f} to {high:.1f} only ({metric_words(metric)})"

@@ -122,6 +122,10 @@ class Input:
     points: list[Point]
     gpus: int = 1
     skipped: list[str] = field(default_factory=list)
+    #: A predicted input's expected relative error (0.15: within 15%, the prediction's own
+    #: track record); None where unknown. Its figure at a target then has the band
+    #: value / (1 + e) to value x (1 + e), which compare states as the prediction's.
+    expected_error: float | None = None
 
     @property
     def runs(self) -> list[Run]:
@@ -302,10 +306,12 @@ def single(values: set[Any]) -> Any:
 # --- published figures: what an aggregate-only run states ------------------------------------
 
 #: The published figures an aggregate-only pair is compared on, each (name, path in figures):
-#: median TPOT and TTFT, total tokens/s per GPU, median interactivity (tokens/s per user).
+#: median TPOT and TTFT, total and output tokens/s per GPU (compare shows the one ``--metric``
+#: names), median interactivity (tokens/s per user).
 PUBLISHED = (("tpot_p50_ms", ("latency_ms", "tpot", "p50")),
              ("ttft_p50_ms", ("latency_ms", "ttft", "p50")),
              ("total_tokens_per_s_per_gpu", ("throughput", "total_tokens_per_s_per_gpu")),
+             ("output_tokens_per_s_per_gpu", ("throughput", "output_tokens_per_s_per_gpu")),
              ("tokens_per_s_per_user", ("interactivity", "p50")))  # fmt: skip
 
 
@@ -317,13 +323,14 @@ def _published_value(run: Run, path: Sequence[str]) -> float | None:
 
 
 def published_figures(run: Run, gpus: int) -> dict[str, float | None]:
-    """A run's published figures (``PUBLISHED``): total tokens/s per GPU from the deployment's
-    total over ``gpus`` where no per-GPU figure is published, interactivity 1000 / median TPOT
-    where none is."""
+    """A run's published figures (``PUBLISHED``): total (and output) tokens/s per GPU from the
+    deployment's over ``gpus`` where no per-GPU figure is published, interactivity 1000 /
+    median TPOT where none is."""
     out = {name: _published_value(run, path) for name, path in PUBLISHED}
-    total = _published_value(run, ("throughput", "total_tokens_per_s"))
-    if out["total_tokens_per_s_per_gpu"] is None and total is not None:
-        out["total_tokens_per_s_per_gpu"] = total / gpus
+    for which in ("total", "output"):
+        whole = _published_value(run, ("throughput", f"{which}_tokens_per_s"))
+        if out[f"{which}_tokens_per_s_per_gpu"] is None and whole is not None:
+            out[f"{which}_tokens_per_s_per_gpu"] = whole / gpus
     tpot = out["tpot_p50_ms"]
     if out["tokens_per_s_per_user"] is None and tpot:
         out["tokens_per_s_per_user"] = 1000.0 / tpot

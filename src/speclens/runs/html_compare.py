@@ -1,5 +1,6 @@
 """report.html for a compare: the decision, each pair's checks, deltas, speculation A/B and
-fidelity, and the inputs' Pareto curves."""
+fidelity, and the inputs' Pareto curves. Throughput is compare.json's ``metric`` (total or
+output tokens/s) on every table, sentence and plot of the page, each naming it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from speclens.runs.html import (
     write_page,
 )
 from speclens.runs.html_aggregate import AGGREGATE_LINE
-from speclens.runs.html_sweep import decision_section, stats_series
+from speclens.runs.html_sweep import stats_series
 from speclens.runs.rundir import is_number
 
 
@@ -43,7 +44,7 @@ def compare_page(data: dict[str, Any], out_dir: Path) -> Page:
     labels = [str(f.get("inputs", i, "label")) for i, _ in f.rows("inputs")]
     page = Page("speclens compare: " + " vs ".join(labels[:8]), "compare.json")
     if isinstance(f.get("decision"), dict):  # the answer first, the tables after
-        decision_section(page, f)
+        _decision_section(page, f)
     not_comparable = [i for i, _ in f.rows("pairs") if f.get("pairs", i, "comparable") is not True]
     if not_comparable:
         page.banner("fail", f"{len(not_comparable)} of {len(f.get('pairs'))} pairs are not "
@@ -58,6 +59,54 @@ def compare_page(data: dict[str, Any], out_dir: Path) -> Page:
     page.heading("Plots")
     page.plots(_compare_plots(f, out_dir))
     return page
+
+
+def _unit(f: Fields) -> str:
+    """The throughput as the page names it: "total tok/s/GPU", "output tok/s/GPU" (a
+    compare.json written before ``--metric``: "tok/s/GPU")."""
+    metric = f.get("metric")
+    return f"{metric} tok/s/GPU" if metric in ("total", "output") else "tok/s/GPU"
+
+
+def _decision_section(page: Page, f: Fields) -> None:
+    """The answer of ``--at-interactivity`` first: its line (a warning, not a pass, where the
+    lead is not resolved), the lead, then each input's figure at the target with what kind it
+    is (measured with its 95% interval, aggregate-only, predicted) and its ratio to the best
+    (``data-field`` paths under ``decision.``)."""
+    page.heading("Decision")
+    resolved = f.get("decision", "resolved")
+    kind = "pass" if resolved is True else "warn" if resolved is False else "note"
+    page.add(f'<p class="decision banner {kind}"><strong>{f.text("decision", "headline")}'
+             "</strong></p>")  # fmt: skip
+    rows = []
+    for i, _ in f.rows("decision", "choices"):
+        d = ("decision", "choices", i)
+        reason = f.get(*d, "reason")
+        value = f.num(*d, "tok_s_gpu", digits=0) if reason is None else esc(str(reason))
+        value += _between(f, d, "low", "high", 0)
+        ratio = f.num(*d, "ratio_to_best", digits=3) + _between(f, d, "ratio_low", "ratio_high", 3)
+        rounds = f.get(*d, "rounds")
+        what = f.text(*d, "kind") if f.get(*d, "kind") else "-"
+        if is_number(rounds):
+            what += f" ({int(rounds)} round{'s' if rounds != 1 else ''})"
+        rows.append([f.text(*d, "label"), f.num(*d, "num_spec_tokens"), what, value, ratio])
+    target = f.get("decision", "tok_s_user")
+    page.table(
+        f"at {target:g} tok/s/user" if is_number(target) else "at the target interactivity",
+        ["input", "K", "figures", f"{_unit(f)} (95% CI)", "ratio to best (95% CI)"],
+        rows, empty="nothing was compared",
+    )  # fmt: skip
+    if f.get("decision", "lead"):
+        page.note(f.text("decision", "lead"))
+    page.note(f"{f.text('decision', 'figure')}; {f.text('decision', 'interval')}")
+
+
+def _between(f: Fields, d: tuple[str | int, ...], low: str, high: str, digits: int) -> str:
+    """`` (low to high)`` as a note, or nothing when either bound is missing."""
+    if not (is_number(f.get(*d, low)) and is_number(f.get(*d, high))):
+        return ""
+    return (f' <span class="note">({f.num(*d, low, digits=digits)} to '
+            f"{f.num(*d, high, digits=digits)})</span>")  # fmt: skip
 
 
 def _pair_section(page: Page, f: Fields, i: int) -> None:
@@ -90,7 +139,7 @@ def _pair_section(page: Page, f: Fields, i: int) -> None:
     # an aggregate-only pair (some check did not run) has no interval to show
     aggregate = any(f.get(*p, "checks", j, "ok") is None for j, _ in f.rows(*p, "checks"))
     page.table("At matched interactivity" + tag,
-               ["tok/s/user", f"{a} tok/s/GPU", f"{b} tok/s/GPU", "delta %", "reading"], [
+               ["tok/s/user", f"{a} {_unit(f)}", f"{b} {_unit(f)}", "delta %", "reading"], [
         (f.num(*mi, j, "tokens_per_s_per_user", digits=1), f.num(*mi, j, "a_tok_s_gpu", digits=1),
          f.num(*mi, j, "b_tok_s_gpu", digits=1),
          f"{f.num(*mi, j, 'delta_pct', digits=1)} <span class=\"note\">"
@@ -165,14 +214,16 @@ def _speculation_table(page: Page, f: Fields, i: int) -> None:
         return
     head = (*ab, "headline")
     if isinstance(f.get(*head), dict):
-        page.banner("pass", f"{f.text(*head, 'sentence')} <span class=\"note\">"
+        delta = f.get(*head, "delta_pct")
+        gain = is_number(delta) and delta > 0  # a loss (or no change) is never shown as a pass
+        page.banner("pass" if gain else "warn", f"{f.text(*head, 'sentence')} <span class=\"note\">"
                     f"(at {f.num(*head, 'tokens_per_s_per_user', digits=1)} tok/s/user: "
                     f"{f.num(*head, 'off_tok_s_gpu', digits=1)} off, "
                     f"{f.num(*head, 'on_tok_s_gpu', digits=1)} on, "
                     f"{f.num(*head, 'delta_pct', digits=1)}%; no interval: aggregate-only)</span>")  # fmt: skip
     page.table(f"Speculation A/B: {f.get(*ab, 'off')} off, {f.get(*ab, 'on')} "
                f"{f.get(*ab, 'method')} ({f.get(*ab, 'basis')})",
-               ["tok/s/user", "off tok/s/GPU", "on tok/s/GPU", "delta %", "reading"], [
+               ["tok/s/user", f"off {_unit(f)}", f"on {_unit(f)}", "delta %", "reading"], [
         (f.num(*ab, "table", j, "tokens_per_s_per_user", digits=1),
          f.num(*ab, "table", j, "off_tok_s_gpu", digits=1),
          f.num(*ab, "table", j, "on_tok_s_gpu", digits=1),
@@ -201,15 +252,29 @@ def _input_dir(raw: Any, out_dir: Path) -> Path | None:
 
 
 def input_series(f: Fields, i: int, out_dir: Path) -> list[Any]:
-    """An input's Pareto points per GPU: its sweep's stats, or a run's single point."""
+    """An input's points per GPU in the page's throughput: compare.json's ``inputs[].curve``;
+    for a compare.json written before it, its sweep's stats (output tokens/s), or a run's
+    single point."""
     from speclens.runs.html_plots import Series
 
+    label = str(f.get("inputs", i, "label") or i)
+    curve = f.get("inputs", i, "curve")
+    if isinstance(curve, list):
+        points = [c for _, c in f.rows("inputs", i, "curve")
+                  if isinstance(c, dict) and is_number(c.get("tok_s_user"))
+                  and is_number(c.get("tok_s_gpu"))]  # fmt: skip
+        if not points:
+            return []
+        bounds = [(float(c["low"]), float(c["high"])) if is_number(c.get("low"))
+                  and is_number(c.get("high")) else (math.nan, math.nan) for c in points]  # fmt: skip
+        return [Series(label, [float(c["tok_s_user"]) for c in points],
+                       [float(c["tok_s_gpu"]) for c in points], None, bounds,
+                       line=len(points) > 1)]  # fmt: skip
     where = _input_dir(f.get("inputs", i, "path"), out_dir)
     if where is None:
         return []
     gpus = f.get("inputs", i, "gpus")
     gpus = float(gpus) if is_number(gpus) and gpus > 0 else 1.0
-    label = str(f.get("inputs", i, "label") or i)
     try:
         if (where / "sweep.json").is_file():
             sweep = read_json(where / "sweep.json")
@@ -247,22 +312,28 @@ def _compare_plots(f: Fields, out_dir: Path) -> list[str]:
 
     svgs = []
     series = [s for i, _ in f.rows("inputs") for s in input_series(f, i, out_dir)]
+    metric = f.get("metric") if f.get("metric") in ("total", "output") else "output"
+    words = ("total (input + output) tokens/s per GPU" if metric == "total"
+             else "output tokens/s per GPU")  # fmt: skip
     if series:
-        svgs.append(plot("Pareto curves", hp.curve_plot, series, "tokens/s per user",
-                         "output tokens/s per GPU", "Throughput per GPU against interactivity "
-                         "(95% CI)", "compare-pareto"))  # fmt: skip
+        svgs.append(plot("Pareto curves", hp.curve_plot, series, "tokens/s per user", words,
+                         f"{words[0].upper()}{words[1:]} against interactivity (95% CI)",
+                         "compare-pareto"))  # fmt: skip
     for i, _ in f.rows("pairs"):
         mc = ("pairs", i, "deltas", "matched_concurrency")
+        names = {str(f.get(*mc, j, "figure")) for j, _ in f.rows(*mc)}
+        figure = next((n for n in (f"{metric}_tokens_per_s", f"{metric}_tokens_per_s_per_gpu")
+                       if n in names), None)  # fmt: skip
         rows = [
             (f"c{f.get(*mc, j, 'concurrency')}", float(f.get(*mc, j, "ratio")),
              float(f.get(*mc, j, "ratio_low")) if is_number(f.get(*mc, j, "ratio_low")) else math.nan,
              float(f.get(*mc, j, "ratio_high")) if is_number(f.get(*mc, j, "ratio_high")) else math.nan)
             for j, _ in f.rows(*mc)
-            if f.get(*mc, j, "figure") == "output_tokens_per_s" and is_number(f.get(*mc, j, "ratio"))
+            if f.get(*mc, j, "figure") == figure and is_number(f.get(*mc, j, "ratio"))
         ]  # fmt: skip
         if rows:
             a, b = f.get("pairs", i, "a"), f.get("pairs", i, "b")
-            title = f"{hp.label(str(b), 12)} / {hp.label(str(a), 12)} output tok/s"
+            title = f"{hp.label(str(b), 12)} / {hp.label(str(a), 12)} {metric} tok/s"
             if f.get("pairs", i, "comparable") is not True:
                 title += " (not comparable)"
             svgs.append(plot(title, hp.ratio_plot, rows, title, f"ratio-{i}"))

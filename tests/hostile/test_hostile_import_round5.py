@@ -117,6 +117,24 @@ def test_a_sweep_written_before_the_interrupt_is_removed(tmp_path, monkeypatch):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("after", [1, 3], ids=["part-way", "after-the-last"])
+def test_a_signal_whose_interrupt_was_lost_still_leaves_nothing(tmp_path, after):
+    """A signal arrived, but its KeyboardInterrupt was raised inside a finalizer, where Python
+    prints and drops it: the writer asks after each sweep, and still removes everything."""
+    out = tmp_path / "out"
+    summaries = [published_read.inferencex_summary(p) for p in published_read.read_inferencex(
+        write_points(tmp_path / "b.json", [point()]))]  # fmt: skip
+    written = []
+
+    def stopped():
+        written.append(1)
+        return len(written) >= after
+
+    with pytest.raises(KeyboardInterrupt):
+        published.write_sweeps(out, {"a": summaries, "b": summaries, "c": summaries}, stopped)
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("during", ["stage", "sweep"])
 def test_a_second_interrupt_does_not_cut_the_clean_up_short(tmp_path, monkeypatch, during):
     """A write fails part way, and a Ctrl-C arrives as the clean-up removes the failed sweep's

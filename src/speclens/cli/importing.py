@@ -39,14 +39,16 @@ def _count(n: int, noun: str) -> str:
 
 
 @contextmanager
-def _all_or_nothing(command: str) -> Iterator[None]:
+def _all_or_nothing(command: str) -> Iterator[list[str]]:
     """For the block, a terminating signal acts as a Ctrl-C (``sweep_server.interrupts``): the
-    writer's clean-up removes what it wrote, and the command exits 130 with one line."""
+    writer's clean-up removes what it wrote, and the command exits 130 with one line. Yields the
+    signals seen, for the writer to check between configurations: a KeyboardInterrupt raised
+    while Python runs a finalizer is printed and dropped, never reaching the writer."""
     from speclens.runs.sweep_server import interrupts
 
     with interrupts() as signals:
         try:
-            yield
+            yield signals
         except KeyboardInterrupt:
             how = signals[0] if signals else "Ctrl-C"
             fail(f"import {command}: interrupted ({how}): nothing written", 130)
@@ -73,7 +75,7 @@ def inferencex(
     from speclens.runs import published, published_read
     from speclens.runs.rundir import InputError
 
-    with _all_or_nothing("inferencex"):
+    with _all_or_nothing("inferencex") as signals:
         try:
             filters = published_read.parse_where(where)
             points = [p for path in files for p in published_read.read_inferencex(path, str(path))]
@@ -84,7 +86,7 @@ def inferencex(
                 fail(f"command line: --where {shown}: no point matches ({len(unique):,} "
                      f"published points read from {len(files)} file(s))", 1)  # fmt: skip
             sweeps = published_read.configurations(chosen)
-            published.write_sweeps(output_dir, sweeps)
+            published.write_sweeps(output_dir, sweeps, stopped=lambda: bool(signals))
         except InputError as exc:
             fail(exc.lines, exc.code)
         except OSError as exc:

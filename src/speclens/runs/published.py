@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -169,10 +169,15 @@ def write_sweep(sweep_dir: Path, points: list[dict[str, Any]]) -> None:
         _fill_sweep(stage, points, str(sweep_dir))
 
 
-def write_sweeps(root: Path, sweeps: Mapping[str, list[dict[str, Any]]]) -> list[Path]:
+def write_sweeps(
+    root: Path,
+    sweeps: Mapping[str, list[dict[str, Any]]],
+    stopped: Callable[[], bool] | None = None,
+) -> list[Path]:
     """Every sweep ``root/<name>``, all or none: every target is checked before the first is
     written (InputError 2 names the first that exists), and a failure part way removes the
-    sweeps this call already wrote (and ``root`` when this call made it)."""
+    sweeps this call already wrote (and ``root`` when this call made it). ``stopped()`` is asked
+    after each sweep and once all are written: true, it is an interrupt (KeyboardInterrupt)."""
     targets = [Path(root) / name for name in sweeps]
     existing = [t for t in targets if t.exists() or t.is_symlink()]
     if existing:
@@ -185,6 +190,8 @@ def write_sweeps(root: Path, sweeps: Mapping[str, list[dict[str, Any]]]) -> list
         for target, points in zip(targets, sweeps.values(), strict=True):
             started.append(target)
             write_sweep(target, points)
+            if stopped is not None and stopped():
+                raise KeyboardInterrupt
     except BaseException:
         with held():  # a second Ctrl-C or SIGTERM must not cut the clean-up short
             for target in started:

@@ -402,8 +402,8 @@ def speculation_ab(
     if off.kind == on.kind == "run":
         out["basis"] = "same concurrency: X is the speculating run's interactivity"
         if c_off and c_on:
-            why = "the speculating run's, at the concurrency both ran"
-            out["headline"] = row(c_on[0][0], c_off[0][1], c_on[0][1], why)
+            same = "the speculating run's, at the concurrency both ran"
+            out["headline"] = row(c_on[0][0], c_off[0][1], c_on[0][1], same)
             out["table"] = [row(c_on[0][0], c_off[0][1], c_on[0][1])]
         else:
             out["note"] = "no interactivity or throughput per GPU published on one side"
@@ -425,7 +425,7 @@ def speculation_ab(
                     at = log_interpolate(c_off, x)
                     if low <= x <= high and at is not None:
                         out["table"].append(row(x, at, y))
-                why: str | None = AT_THE_TOP if target is None else None
+                why = AT_THE_TOP if target is None else None
                 x = high if target is None else target
                 top_off, top_on = log_interpolate(c_off, x), log_interpolate(c_on, x)
                 if top_off is not None and top_on is not None:

@@ -29,7 +29,7 @@ from aggregatekit import summary as aggregate_summary
 from reportkit import field_mismatches, scan
 from speclens.cli import app
 from speclens.runs import html_plots as hp
-from speclens.runs.html import Fields, Page, read_json
+from speclens.runs.html import Fields, Page, check_word, read_json
 from speclens.runs.html_aggregate import aggregate_page
 from speclens.runs.html_run import Samples, run_page
 from speclens.runs.html_sweep import decision_section, sweep_page
@@ -336,3 +336,14 @@ def test_a_decision_table_names_its_throughput_and_claims_a_ci_only_with_one() -
     with_ci = [{**bare[0], "low": 480.0, "high": 520.0, "ratio_low": 0.9, "ratio_high": 1.1}]
     assert _decision_header(with_ci, "output tokens/s per GPU") == [
         "input", "K", "output tokens/s per GPU (95% CI)", "ratio to best (95% CI)"]  # fmt: skip
+
+
+def test_a_check_not_required_reads_stated_never_pass() -> None:
+    """The wording pages and the console share: a chi-square the pair does not require (natural
+    acceptance) states its p, however small, and reads "stated"; a required one passes or
+    fails on its own ``ok``; one that did not run reads "n/a"."""
+    detail = "chi-square p 2.5e-18 (df 7, 4000 vs 4100 verify steps): stated, not required"
+    assert check_word({"name": "histogram", "ok": True, "stated": True, "detail": detail}) == (
+        "stated"
+    )
+    assert [check_word({"ok": ok}) for ok in (True, False, None)] == ["pass", "fail", "n/a"]

@@ -170,6 +170,16 @@ class Fields:
             yield from list(enumerate(node))[:MAX_TABLE_ROWS]
 
 
+def check_word(check: Mapping[str, Any]) -> str:
+    """A comparability check's result in one word, on a page and in the console: "pass" or
+    "fail"; "stated" for one not required of the pair (``"stated": true``: its figure is shown,
+    nothing rests on it, so a chi-square at p 2.5e-18 never reads "pass"); "n/a" when it did
+    not run (``ok`` null)."""
+    if check.get("stated") is True:
+        return "stated"
+    return {True: "pass", False: "fail"}.get(check.get("ok"), "n/a")
+
+
 # ------------------------------------------------------------------------------ the page
 
 

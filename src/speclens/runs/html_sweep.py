@@ -146,9 +146,14 @@ def sweep_page(
 def _gpus(summaries: Sequence[Mapping[str, Any]]) -> int | None:
     """The GPUs behind the sweep's points, when every point's run that states its settings
     states the same count (points with no run have no figures)."""
-    stated = {s["settings"].get("gpus") for s in summaries}
+    stated = {_plain(s["settings"].get("gpus")) for s in summaries}
     one = next(iter(stated)) if len(stated) == 1 else None
     return one if isinstance(one, int) and not isinstance(one, bool) and one > 0 else None
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value as a key: a string or number as it is, anything else its short repr."""
+    return value if value is None or isinstance(value, str | int | float) else repr(value)[:40]
 
 
 def output_title(gpus: int | None, per_gpu: bool = False) -> str:
@@ -282,9 +287,9 @@ def _bounds(f: Fields, *parts: str | int) -> tuple[float, float]:
 def _setting(f: Fields, i: int) -> tuple[Any, Any, Any]:
     """A stats entry's (engine, K, AL): what one line of a sweep's plot holds fixed."""
     return (
-        f.get("stats", i, "engine"),
-        f.get("stats", i, "settings", "num_speculative_tokens"),
-        f.get("stats", i, "settings", "acceptance_length"),
+        _plain(f.get("stats", i, "engine")),
+        _plain(f.get("stats", i, "settings", "num_speculative_tokens")),
+        _plain(f.get("stats", i, "settings", "acceptance_length")),
     )
 
 

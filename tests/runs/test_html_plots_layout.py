@@ -106,3 +106,19 @@ def test_category_plot_forced_beyond_the_bars(monkeypatch: pytest.MonkeyPatch) -
 def test_ratio_plot_single_row(monkeypatch: pytest.MonkeyPatch) -> None:
     fig = drawn(monkeypatch, hp.ratio_plot, [("c=8", 1.5, 1.2, 1.9)], "B / A", "ratio")
     assert_in_view(fig)
+
+
+@pytest.mark.parametrize("forced", [None, 4.0])
+def test_category_plot_rows_with_no_data_stay_in_view(
+    monkeypatch: pytest.MonkeyPatch, forced: float | None
+) -> None:
+    """The categories with no verify step sort last and carry no bar: their rows (and their
+    "no data" labels) stay inside the axes all the same, the busiest category on top."""
+    rows = [("coding", 3.9, 500), ("chat", 1.0, 0), ("math", 3.5, 400), ("none", 1.0, 0)]
+    fig = drawn(monkeypatch, hp.category_plot, rows, forced)
+    assert_in_view(fig)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["coding", "math", "chat", "none"]
+    low, high = sorted(ax.get_ylim())
+    assert [t.get_position()[1] for t in ax.texts] == [2, 3]
+    assert low < 0 and 3 < high and ax.yaxis_inverted()

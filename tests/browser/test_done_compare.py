@@ -65,7 +65,7 @@ def test_done_means(tmp_path: Path) -> None:
             _speclens("sweep", "--url", server.url, *LOAD, "--concurrency", "1,4", "--rounds", "2",
                       "--output-dir", tmp_path / f"sweep-{name}")  # fmt: skip
     out = _speclens("compare", tmp_path / "sweep-slow", tmp_path / "sweep-fast", "--json",
-                    "--output-dir", tmp_path / "compare")  # fmt: skip
+                    "--metric", "output", "--output-dir", tmp_path / "compare")  # fmt: skip
     result = orjson.loads(out)
     (pair,) = result["pairs"]
     assert pair["comparable"] is True, pair["label"]

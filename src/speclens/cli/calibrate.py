@@ -2,6 +2,8 @@
 engine, from what the client saw (``speclens.sim.calibrate``): the linear cost, or with
 ``--model`` and ``--hardware`` the roofline's efficiencies and overhead. ``speclens calibrate
 --host -o CHIP.yaml`` measures this machine as a chip entry instead (``speclens.sim.host``).
+Published points with ``--acceptance-from``: ``cli.calibrate_points`` (the AL curve, and
+``--write-profile``).
 
 Exit codes: 0 written; 1 a run that cannot be read or a fit that is refused (one load point,
 too few steps); 2 usage.
@@ -9,6 +11,7 @@ too few steps); 2 usage.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +19,13 @@ import typer
 
 from speclens.cli._common import fail, out_console, seconds
 from speclens.cli._fanout import RAY_OPTION, ray_address
-from speclens.cli.calibrate_points import is_published, published
+from speclens.cli.calibrate_points import ProfileTarget, is_published, published
 from speclens.cli.calibrate_points import write_yaml as _write
+
+
+class Thinking(StrEnum):
+    on = "on"
+    off = "off"
 
 
 def calibrate(
@@ -67,6 +75,22 @@ def calibrate(
         max=64,
         help="With --acceptance-from: its K (default: the run's settings).",
     ),
+    write_profile: Path | None = typer.Option(
+        None,
+        "--write-profile",
+        help="With --acceptance-from: write the AL curve it implies (K 1..8) as a profile set "
+        "of method inferred, e.g. DIR/acceptance/NAME.yaml for sim --registry DIR.",
+    ),
+    thinking: Thinking | None = typer.Option(
+        None,
+        "--thinking",
+        help="With --write-profile: the run's thinking mode (the profiles' key).",
+    ),
+    category: str | None = typer.Option(
+        None,
+        "--category",
+        help="With --write-profile: the profiles' workload category (default: the run's dataset).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the written document as JSON."),
     host: bool = typer.Option(
         False,
@@ -102,12 +126,20 @@ def calibrate(
         return
     if not runs:
         fail("command line: RUNS: expected run directories (or --host)", 2)
+    if acceptance_from is None and (write_profile or thinking or category) is not None:
+        fail("command line: --write-profile, --thinking and --category go with "
+             "--acceptance-from (the AL curve is inferred from its run)", 2)  # fmt: skip
+    if write_profile is None and (thinking or category) is not None:
+        fail("command line: --thinking and --category key the profiles --write-profile "
+             "writes; give it", 2)  # fmt: skip
     if is_published(runs):
         from speclens.sim.fanout import Fanout, cores
 
         fanout = Fanout(jobs or (cores() if address is not None else 1), address)
+        target = (None if write_profile is None else
+                  ProfileTarget(write_profile, thinking and thinking.value, category))  # fmt: skip
         published(runs, output, model, hardware, parallel, precision, method, acceptance_from,
-                  num_spec_tokens, as_json, fanout)  # fmt: skip
+                  num_spec_tokens, as_json, fanout, target)  # fmt: skip
         return
     if jobs is not None or ray is not None:
         fail("command line: --jobs and --ray go with published points (each point's closed "

@@ -1,16 +1,25 @@
 """``speclens calibrate`` on published points (aggregate-only runs, ``speclens import`` writes
 them): the roofline fitted to their median TPOT, TTFT and throughput per GPU
 (``speclens.sim.fit_points``), and with ``--acceptance-from`` the AL a speculating run's median
-TPOT implies.
+TPOT implies, and from it the AL at K 1..8 (``speclens.acceptance.curve``), which
+``--write-profile FILE`` writes as a profile set of method ``inferred`` (``sim --registry`` reads
+it from ``DIR/acceptance/``).
 
 Exit codes: 0 written; 1 points that cannot be read or fitted (fewer than 3, two chips, a
-disaggregated point, no AL in [1, K + 1] reproduces the run); 2 usage.
+disaggregated point, no AL in [1, K + 1] reproduces the run), or a curve asked of a K outside
+1..8; 2 usage. Nothing is written unless everything is: the cost file and the profile set are
+written beside their places first, then moved into them one after the other.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +97,7 @@ def published(
     runs: list[Path], output: Path, model: str | None, hardware: str | None,
     parallel: int | None, precision: str | None, method: str | None,
     acceptance_from: Path | None, k: int | None, as_json: bool, fanout: Any = None,
+    profile: ProfileTarget | None = None,
 ) -> None:  # fmt: skip
     from speclens.sim import fit_points as fp
     from speclens.sim.calibrate import KIND, _RooflineFile
@@ -100,6 +110,8 @@ def published(
     roof = roofline_for(points[0], model, hardware, parallel, precision)
     # The speculating run is checked before the fit: a run that cannot be used costs no fit.
     run = None if acceptance_from is None else _acceptance_run(acceptance_from, method, k, points)
+    if profile is not None and run is not None:
+        profile = _profile_target(profile, output, run[0], run[2], k is not None)
     with ray_reported():  # the points' closed loops: where ``fanout`` says
         fit = fp.fit_points(points, roof, fanout=fanout)
     report = fit.report()
@@ -117,9 +129,21 @@ def published(
         "date": sorted({str(p.settings.get("date")) for p in points}),
         "fitted_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }  # fmt: skip
-    write_yaml(output, document)
+    files = [(output, yaml.safe_dump(document, sort_keys=False))]
+    profiles = None
+    if profile is not None and acceptance is not None and run is not None:
+        profiles = _profile_set(profile, acceptance, run[0], fit, len(points))
+        files.append((profile.path, yaml.safe_dump(profiles, sort_keys=False, width=100)))
+    write_all(files)
     console = err_console if as_json else out_console
     _print(console, fit, report, acceptance, output)
+    if profiles is not None and profile is not None:
+        from speclens.acceptance.curve import MAX_CURVE_K
+
+        first = profiles["profiles"][0]
+        console.print(f"wrote {profile.path} ({len(profiles['profiles'])} inferred profiles: "
+                      f"{first['model']}/{first['speculative_method']}/k1..k{MAX_CURVE_K}/"
+                      f"thinking-{first['thinking']}/{first['category']})", markup=False)  # fmt: skip
     if as_json:
         typer.echo(json.dumps(document, indent=2))
 
@@ -190,7 +214,25 @@ def _acceptance(fit: Any, point: Any, chosen: str, kk: int) -> dict[str, Any]:
         "predicted_tpot_ms": found.predicted_tpot_ms,
         "how": "the AL at which the calibrated roofline reproduces the run's median TPOT; the "
                "range moves that TPOT by the fit's largest TPOT residual either way",
+        "curve": _curve(found, point.path / "summary.json"),
     }  # fmt: skip
+
+
+def _curve(found: Any, file: Path) -> dict[str, Any] | None:
+    """The AL at K 1..8 through the inferred one (``acceptance.curve``), each with its range;
+    None (and a note when printed) at a K the model does not answer for."""
+    from speclens.acceptance import curve
+
+    if found.num_spec_tokens not in curve.CURVE_KS:
+        return None
+    model = curve.shipped()
+    al = found.acceptance_length
+    low, high = min(found.low, al), max(found.high, al)
+    points = model.predict(al, found.num_spec_tokens, low, high, str(file))
+    return {"model": model.describe(), "decay": model.decay,
+            "points": [{"num_spec_tokens": p.num_spec_tokens,
+                        "acceptance_length": round(p.acceptance_length, 4),
+                        "range": [round(p.low, 4), round(p.high, 4)]} for p in points]}  # fmt: skip
 
 
 def _print(console: Any, fit: Any, report: dict[str, Any], acceptance: dict[str, Any] | None,
@@ -231,7 +273,163 @@ def _print(console: Any, fit: Any, report: dict[str, Any], acceptance: dict[str,
                       f"{high:.2f}) at K {acceptance['num_spec_tokens']} "
                       f"({acceptance['method']}), from {acceptance['run']}'s median TPOT "
                       f"{acceptance['tpot_ms']:.2f} ms", markup=False)  # fmt: skip
+        _print_curve(console, acceptance)
     console.print(f"wrote {output}", markup=False)
+
+
+def _print_curve(console: Any, acceptance: dict[str, Any]) -> None:
+    """The AL curve as three rows (AL, low, high) under the Ks, after the model's name."""
+    from speclens.acceptance import curve
+
+    found = acceptance["curve"]
+    if found is None:
+        console.print(f"note: no AL curve: K {acceptance['num_spec_tokens']} lies outside "
+                      f"1..{curve.MAX_CURVE_K}, the Ks the model of the curve answers for",
+                      markup=False)  # fmt: skip
+        return
+    console.print(f"AL curve (inferred): through AL {acceptance['acceptance_length']:.2f} at K "
+                  f"{acceptance['num_spec_tokens']} by the {found['model']}", markup=False)  # fmt: skip
+    points = found["points"]
+    console.print("  K     " + "".join(f"{p['num_spec_tokens']:>7}" for p in points), markup=False)
+    console.print("  AL    " + "".join(f"{p['acceptance_length']:7.2f}" for p in points),
+                  markup=False)  # fmt: skip
+    console.print("  range " + "".join(f"{p['range'][0]:7.2f}" for p in points), markup=False)
+    console.print("     to " + "".join(f"{p['range'][1]:7.2f}" for p in points), markup=False)
+
+
+@dataclass(frozen=True)
+class ProfileTarget:
+    """``--write-profile FILE`` and the key its profiles take: the thinking mode (``--thinking``)
+    and the category (``--category``, else the run's dataset)."""
+
+    path: Path
+    thinking: str | None
+    category: str | None
+
+
+def _profile_target(target: ProfileTarget, output: Path, point: Any, kk: int,
+                    k_flag: bool) -> ProfileTarget:  # fmt: skip
+    """``--write-profile``'s checks, before the fit: a YAML file the registry reads, not the
+    cost file, writable; a thinking mode and a category; a K the model of the curve answers
+    for. Each refusal one line; nothing is written."""
+    from speclens.acceptance import curve
+    from speclens.acceptance.schema import CATEGORY_PATTERN
+    from speclens.cli.measure import _writable
+
+    flag = "command line: --write-profile"
+    path = target.path
+    if path.suffix not in (".yaml", ".yml"):
+        fail(f"{flag}: {path}: expected a .yaml file (the registry reads DIR/acceptance/*.yaml)", 2)
+    if path.resolve() == output.resolve():
+        fail(f"{flag}: {path} is the cost file (--output): write the profile set elsewhere", 2)
+    if target.thinking not in ("on", "off"):
+        fail("command line: --thinking: the run's thinking mode, on or off (a profile is keyed "
+             "by it; a published run does not state it)", 2)  # fmt: skip
+    dataset = point.settings.get("dataset")
+    category = target.category or (dataset if isinstance(dataset, str) else None)
+    if category is None:
+        fail(f"command line: --category: {point.path / 'summary.json'} states no "
+             "settings.dataset; name the workload category the profiles are for", 2)  # fmt: skip
+    if not re.fullmatch(CATEGORY_PATTERN, category):
+        fail(f"command line: --category: {category!r} is malformed: use lower-case letters, "
+             "digits, '_' and '-'" + ("" if target.category else " (the run's settings.dataset)"),
+             2)  # fmt: skip
+    if kk not in curve.CURVE_KS:
+        where = ("command line: -k" if k_flag
+                 else f"{point.path / 'summary.json'}: settings.num_spec_tokens")  # fmt: skip
+        fail(f"{where}: K {kk} lies outside 1..{curve.MAX_CURVE_K}, the Ks the model of the "
+             "AL curve answers for: no curve, nothing written")  # fmt: skip
+    problem = _writable(path)
+    if problem is not None:
+        fail(problem.replace("--output", "--write-profile"))
+    return ProfileTarget(path, target.thinking, category)
+
+
+def _profile_set(target: ProfileTarget, acceptance: dict[str, Any], point: Any, fit: Any,
+                 points: int) -> dict[str, Any]:  # fmt: skip
+    """The AL curve as an ``AcceptanceProfileSet`` of method ``inferred``, validated as every
+    registry file is (measure's and sweep's sets are too); a refusal names the file."""
+    from speclens.acceptance import AcceptanceProfileSet, ValidationError, curve, validate
+    from speclens.runs import rundir
+
+    found = acceptance["curve"]
+    k, al = acceptance["num_spec_tokens"], acceptance["acceptance_length"]
+    low, high = acceptance["range"]
+    roof = fit.roofline
+    try:
+        published = rundir.read_json(point.path / "summary.json").get("provenance") or {}
+    except rundir.InputError:
+        published = {}
+    run_url = published.get("run_url") if isinstance(published, dict) else None
+    source = (f"speclens calibrate --acceptance-from {acceptance['run']}: AL {al:.2f} at K {k} "
+              f"from its median TPOT on the roofline fitted to {points} points, the other Ks by "
+              f"the {found['model']}")  # fmt: skip
+    engine = point.settings.get("image") or point.settings.get("engine")
+    provenance: dict[str, Any] = {
+        "source": source, "run": run_url if isinstance(run_url, str) and run_url
+        else str(acceptance["run"]),
+        "hardware": roof.chip.name, "tp": roof.parallel,
+        "settings": {"inferred_from": {"num_spec_tokens": k, "acceptance_length": round(al, 4),
+                                       "range": [round(low, 4), round(high, 4)],
+                                       "concurrency": acceptance["concurrency"],
+                                       "tpot_ms": round(acceptance["tpot_ms"], 4)},
+                     "curve_model": {"name": "geometric decay", "decay": found["decay"],
+                                     "fitted_on": curve.TRAINING_SET}},
+    }  # fmt: skip
+    if isinstance(engine, str) and engine:
+        provenance["engine_image"] = engine
+    if isinstance(point.settings.get("dataset"), str):
+        provenance["benchmark"] = point.settings["dataset"]
+    profiles = []
+    for p in found["points"]:
+        t, (lo, hi) = p["num_spec_tokens"], p["range"]
+        how = ("the AL at which the calibrated roofline reproduces the run's median TPOT"
+               if t == k else f"the model of the curve through AL {al:.2f} at K {k}")  # fmt: skip
+        profiles.append({
+            "model": roof.model.name, "speculative_method": acceptance["method"],
+            "num_spec_tokens": t, "thinking": target.thinking, "category": target.category,
+            "acceptance_length": p["acceptance_length"], "method": "inferred",
+            "provenance": copy.deepcopy(provenance),  # written out in full, not as an alias
+            "rationale": f"{how}; range {lo:.2f} to {hi:.2f}",
+        })  # fmt: skip
+    document = {
+        "kind": "AcceptanceProfileSet", "name": target.path.stem,
+        "caveats": [
+            f"Inferred, not measured: AL {al:.2f} at K {k} is the AL at which the roofline "
+            f"fitted to {points} published points reproduces {acceptance['run']}'s median TPOT; "
+            f"the other Ks come from the {found['model']}.",
+            f"The thinking mode ({target.thinking}) is what --thinking said; the category "
+            f"({target.category}) is the run's prompts. Each profile's rationale gives its range.",
+        ],
+        "profiles": profiles,
+    }  # fmt: skip
+    try:
+        validate(AcceptanceProfileSet, document, str(target.path))
+    except ValidationError as exc:
+        fail([str(p) for p in exc.problems])
+    return document
+
+
+def write_all(files: list[tuple[Path, str]]) -> None:
+    """Write every file or none: each to a temporary file beside it, then each moved into
+    place (a failure while writing removes the temporary files: nothing is written)."""
+    staged: list[tuple[str, Path]] = []
+    current = files[0][0]
+    mask = os.umask(0)
+    os.umask(mask)
+    try:
+        for current, text in files:
+            handle, temporary = tempfile.mkstemp(dir=current.parent, prefix=f".{current.name}.")
+            staged.append((temporary, current))
+            with os.fdopen(handle, "w", encoding="utf-8") as stream:
+                stream.write(text)
+            os.chmod(temporary, 0o666 & ~mask)  # as open() would have made it, not mkstemp's 0600
+        for temporary, current in staged:
+            os.replace(temporary, current)
+    except OSError as exc:
+        for temporary, _ in staged:
+            Path(temporary).unlink(missing_ok=True)
+        fail(f"{current}: cannot write: {exc.strerror or exc}")
 
 
 def write_yaml(output: Path, document: dict[str, Any]) -> None:

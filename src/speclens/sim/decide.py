@@ -6,7 +6,10 @@ the points no other point of that K beats on both; the figure at interactivity X
 between the curve's two neighbours around X. A curve that does not span X has no figure there
 (no extrapolation): it says which range it spans. The curve and the line are compare's
 (``runs.compare_deltas.pareto_front`` and ``interpolate``).
-A simulated point is one run, so the figures carry no interval.
+A simulated point is one run, so the figures carry no interval. Where a K's AL came from a
+profile of method ``inferred`` (``calibrate --acceptance-from`` writes them: the AL a run's TPOT
+implies, the other Ks from ``acceptance.curve``'s model), the line says so, and from what (the
+profile's provenance source): the best K is then only as good as that inference.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ def decide(rows: Sequence[tuple[int, dict[str, Any]]], target: float, gpus: int)
         entry: dict[str, Any] = {
             "num_spec_tokens": k,
             "acceptance_length": res.get("acceptance_length"),
+            "acceptance_method": res.get("method"),
+            "acceptance_source": res.get("source"),
             "tok_s_gpu": value,
             "curve": [{"tok_s_user": x, "tok_s_gpu": y} for x, y in curve],
         }
@@ -88,4 +93,19 @@ def headline(ks: list[dict[str, Any]], best: dict[str, Any] | None, target: floa
     (``runs.decision``); ``best`` is implied by ``ks`` and kept for the callers."""
     too_fast = bool(ks) and all(e["curve"] and e["curve"][0]["tok_s_user"] > target for e in ks)
     choices = [Choice(label(e["num_spec_tokens"]), e["tok_s_gpu"]) for e in ks]
-    return sentence(choices, target, k_span([e["num_spec_tokens"] for e in ks]), too_fast=too_fast)
+    line = sentence(choices, target, k_span([e["num_spec_tokens"] for e in ks]), too_fast=too_fast)
+    return line + inferred(ks)
+
+
+def inferred(ks: list[dict[str, Any]]) -> str:
+    """What the line adds where a K's AL was inferred, not measured: "; the AL at each K was
+    inferred, from SOURCE" (or "at K 2, 4" where only some were), else nothing."""
+    spec = [e for e in ks if e["num_spec_tokens"]]
+    guessed = [e for e in spec if e.get("acceptance_method") == "inferred"]
+    if not guessed:
+        return ""
+    sources = list(dict.fromkeys(str(e.get("acceptance_source") or "an unnamed source")
+                                 for e in guessed))  # fmt: skip
+    which = ("each K" if len(guessed) == len(spec)
+             else "K " + ", ".join(str(e["num_spec_tokens"]) for e in guessed))  # fmt: skip
+    return f"; the AL at {which} was inferred, from {' and '.join(sources)}"

@@ -502,8 +502,10 @@ def compare_layout(data: dict[str, Any]) -> dict[str, _Table]:
         ])  # fmt: skip
         mi = (*p, "deltas", "matched_interactivity")
         caption = "At matched interactivity" + tag
+        metric = data.get("metric")
+        unit = f"{metric} tok/s/GPU" if metric in ("total", "output") else "tok/s/GPU"
         out[caption] = _Table(
-            caption, ["tok/s/user", "A tok/s/GPU", "B tok/s/GPU", "delta %", "reading"], [
+            caption, ["tok/s/user", f"A {unit}", f"B {unit}", "delta %", "reading"], [
             [j.n(*mi, k, "tokens_per_s_per_user"), j.n(*mi, k, "a_tok_s_gpu"),
              j.n(*mi, k, "b_tok_s_gpu"),
              f"{j.n(*mi, k, 'delta_pct')} ({j.n(*mi, k, 'low_pct')} to {j.n(*mi, k, 'high_pct')})",

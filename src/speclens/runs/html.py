@@ -175,9 +175,10 @@ def check_word(check: Mapping[str, Any]) -> str:
     "fail"; "stated" for one not required of the pair (``"stated": true``: its figure is shown,
     nothing rests on it, so a chi-square at p 2.5e-18 never reads "pass"); "n/a" when it did
     not run (``ok`` null)."""
+    ok = check.get("ok")
     if check.get("stated") is True:
         return "stated"
-    return {True: "pass", False: "fail"}.get(check.get("ok"), "n/a")
+    return "pass" if ok is True else "fail" if ok is False else "n/a"
 
 
 # ------------------------------------------------------------------------------ the page

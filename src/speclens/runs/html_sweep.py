@@ -319,7 +319,9 @@ def stats_series(
 
     out = []
     for name, entries in settings_lines(f, label).items():
-        s = Series(name, [], [], [], [])
+        x_err: list[tuple[float, float]] = []
+        y_err: list[tuple[float, float]] = []
+        s = Series(name, [], [], x_err, y_err)
         for i in entries:
             x, y = (
                 f.get("stats", i, "figures", x_name, "mean"),
@@ -330,8 +332,8 @@ def stats_series(
             lo, hi = _bounds(f, "stats", i, "figures", y_name)
             s.x.append(float(x))
             s.y.append(float(y) / scale)
-            s.x_err.append(_bounds(f, "stats", i, "figures", x_name))
-            s.y_err.append((lo / scale, hi / scale))
+            x_err.append(_bounds(f, "stats", i, "figures", x_name))
+            y_err.append((lo / scale, hi / scale))
         if s.x:
             out.append(s)
     return out  # fmt: skip

@@ -22,7 +22,7 @@ SCENARIO = {
     "deployment": {"pools": [{"parallel": 8, "engine": {
         "speculative": {"method": "dspark", "num_spec_tokens": 7}, "max_num_seqs": 64}}]},
     "workload": {"category": "coding", "thinking": "on", "input_tokens": 256,
-                 "output_tokens": 128, "concurrency": 8, "requests": 16},
+                 "output_tokens": 128, "concurrency": 8, "requests": 128},
 }  # fmt: skip
 
 

@@ -158,6 +158,7 @@ def _ratio(row: dict[str, Any]) -> str:
 
 def _print(result: dict[str, Any]) -> None:
     from speclens.runs.compare_decide import decision_lines
+    from speclens.runs.html import check_word
 
     if result.get("decision"):  # the answer first, the tables after
         for line in decision_lines(result["decision"]):
@@ -181,9 +182,8 @@ def _print(result: dict[str, Any]) -> None:
         style = "bold green" if ok else "bold red"
         out_console.print(f"\n[{style}]{escape(a)} vs {escape(b)}: {escape(pair['label'])}[/]")
         for check in pair["checks"]:
-            word = {True: "[green]ok  [/]", False: "[red]FAIL[/]"}.get(
-                check["ok"], "[yellow]n/a [/]"
-            )
+            word = {"pass": "[green]ok  [/]", "fail": "[red]FAIL[/]", "stated": "[cyan]stated[/]",
+                    "n/a": "[yellow]n/a [/]"}[check_word(check)]  # fmt: skip
             out_console.print(f"  {word} {check['name']}: {escape(check['detail'])}")
         tag = pair_tag(pair)
         for row in pair["deltas"]["matched_concurrency"]:

@@ -49,14 +49,21 @@ DEPLOYMENT = ("hardware", "engine", "precision", "tensor_parallel", "expert_para
 @dataclass(frozen=True)
 class Check:
     """One comparability check: ``ok`` True (passed), False (failed) or None (not run: it
-    needs per-request data an aggregate-only input does not have)."""
+    needs per-request data an aggregate-only input does not have). ``stated``: the check is
+    not required of the pair (a named difference, natural acceptance, a prediction against a
+    measurement): its figure is shown, nothing rests on it, and it reads "stated", never
+    "pass"."""
 
     name: str
     ok: bool | None
     detail: str
+    stated: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+        out: dict[str, Any] = {"name": self.name, "ok": self.ok, "detail": self.detail}
+        if self.stated:  # written only where it holds: a check without it is required
+            out["stated"] = True
+        return out
 
 
 def check_model(a: Input, b: Input) -> Check:
@@ -184,7 +191,8 @@ def check_k(a: Input, b: Input, named: Sequence[str]) -> Check:
     if ka == kb:
         return Check("k", True, f"{_show_k(ka)} in both")
     if "k" in named:
-        return Check("k", True, f"{_show_k(ka)} vs {_show_k(kb)} (a named difference: --differ k)")
+        return Check("k", True, f"{_show_k(ka)} vs {_show_k(kb)} (a named difference: --differ k)",
+                     stated=True)  # fmt: skip
     return Check("k", False, f"{_show_k(ka)} vs {_show_k(kb)} (name it with --differ k to compare "
                  "across K)")  # fmt: skip
 
@@ -241,13 +249,15 @@ def check_acceptance(a: Input, b: Input, named: Sequence[str]) -> Check:
         # a prediction's acceptance is its input (forced, or replayed from the trace): stated
         # against the observed one, its difference part of the prediction's error
         return Check("acceptance", True, f"a prediction against a measurement: {_show_mode(a)}, "
-                     f"{_show_mode(b)}: {both}{_difference(ala, alb, b.label, a.label)}")  # fmt: skip
+                     f"{_show_mode(b)}: {both}{_difference(ala, alb, b.label, a.label)}",
+                     stated=True)  # fmt: skip
     if modes != {"forced"} and modes != {"natural"}:
         return Check("acceptance", False, f"{_show_mode(a)}, {_show_mode(b)}: a forced "
                      f"acceptance is not comparable with a natural one: {both}")  # fmt: skip
     if modes == {"natural"} or "k" in named:
         why = "a named K difference" if "k" in named else "natural acceptance"
-        return Check("acceptance", True, f"{why}: {both}{_difference(ala, alb, b.label, a.label)}")
+        return Check("acceptance", True, f"{why}: {both}{_difference(ala, alb, b.label, a.label)}",
+                     stated=True)  # fmt: skip
     if not ala.verify_steps or not alb.verify_steps:
         return Check("acceptance", False, f"forced, but unknown: {both}")
     ta, tb = ({r.forced_al for r in x.runs} for x in (a, b))
@@ -291,12 +301,13 @@ def check_histogram(a: Input, b: Input, named: Sequence[str]) -> Check:
            else f"{_show_mode(a)}, {_show_mode(b)}")  # fmt: skip
     if not ha or not hb:
         return Check("histogram", not required, f"unknown: {a.label} has {sum(ha.values())}, "
-                     f"{b.label} {sum(hb.values())} verify steps in histograms")  # fmt: skip
+                     f"{b.label} {sum(hb.values())} verify steps in histograms",
+                     stated=not required)  # fmt: skip
     p, df = homogeneity(ha, hb)
     steps = f"{sum(ha.values())} vs {sum(hb.values())} verify steps"
     if not required:
         return Check("histogram", True, f"chi-square p {p:.3g} (df {df}, {steps}): stated, "
-                     f"not required ({why})")  # fmt: skip
+                     f"not required ({why})", stated=True)  # fmt: skip
     ok = p >= ALPHA
     return Check("histogram", ok, f"chi-square p {p:.3g} (df {df}, {steps})"
                  + ("" if ok else f": below {ALPHA:g}, the forced histograms differ"))  # fmt: skip
@@ -444,7 +455,7 @@ def check_speculation(
                      "a speculation A/B"), (off, on, spec)  # fmt: skip
     if "k" in named:
         return Check("k", True, f"{_show_spec(xa)} vs {_show_spec(xb)} (a named difference: "
-                     "--differ k)"), None  # fmt: skip
+                     "--differ k)", stated=True), None  # fmt: skip
     return Check("k", False, f"{_show_spec(xa)} vs {_show_spec(xb)} (name it with --differ k "
                  "to compare across K)"), None  # fmt: skip
 

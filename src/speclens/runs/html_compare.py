@@ -13,6 +13,7 @@ from speclens.runs.html import (
     Fields,
     Page,
     ReportError,
+    check_word,
     esc,
     expect_field,
     expect_schema,
@@ -116,12 +117,13 @@ def _pair_section(page: Page, f: Fields, i: int) -> None:
     ok = f.get(*p, "comparable") is True
     label = f.get(*p, "label") or ("comparable" if ok else "not comparable")
     page.banner("pass" if ok else "fail", esc(label))
-    results = {True: '<span class="ok">pass</span>', False: '<span class="bad">fail</span>'}
+    results = {"pass": '<span class="ok">pass</span>', "fail": '<span class="bad">fail</span>',
+               "stated": '<span class="note">stated</span>', "n/a": "n/a: not run"}  # fmt: skip
     page.table("Comparability checks", ["check", "result", "evidence"], [
         (f.text(*p, "checks", j, "name"),
-         results.get(f.get(*p, "checks", j, "ok"), "n/a: not run"),
+         results[check_word(check if isinstance(check, dict) else {})],
          f.text(*p, "checks", j, "detail"))
-        for j, _ in f.rows(*p, "checks")
+        for j, check in f.rows(*p, "checks")
     ], empty="no check ran")  # fmt: skip
     tag = "" if ok else f" ({label}: not a speed-up)"
     _speculation_table(page, f, i)

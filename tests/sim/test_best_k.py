@@ -54,7 +54,7 @@ def test_interpolation_on_each_ks_pareto_curve_by_hand() -> None:
     assert decision["interval"] == NO_INTERVAL
     # +73.3% = 381.25 / 220 - 1.
     assert decision["headline"] == (
-        "at 45 tok/s/user, K 2 delivers 381 tok/s/GPU, +73.3% over K 1 (best of K 1..2)"
+        "at 45 tok/s/user, K 2 delivers 381 output tok/s/GPU, +73.3% over K 1 (best of K 1..2)"
     )
 
 
@@ -139,7 +139,7 @@ def test_the_grid_answers_on_its_first_line(run_cli, tmp_path: Path) -> None:
     first = text.splitlines()[0]
     assert first == decision["headline"]
     match = re.fullmatch(
-        r"at 100 tok/s/user, K (\d) delivers ([\d,]+) tok/s/GPU, \+[\d.]+% over K 1 "
+        r"at 100 tok/s/user, K (\d) delivers ([\d,]+) output tok/s/GPU, \+[\d.]+% over K 1 "
         r"\(best of K 1\.\.8\)",
         first,
     )
@@ -185,5 +185,5 @@ def test_the_shipped_example_answers_which_k_at_40_tok_s_user(run_cli) -> None:
                              "concurrency=8,16,32,64,128,256", "--at-interactivity", "40")  # fmt: skip
     assert code == 0, err
     first = out.splitlines()[0]
-    assert re.fullmatch(r"at 40 tok/s/user, K [1-8] delivers [\d,]+ tok/s/GPU, \+[\d.]+% over "
-                        r"K 1 \(best of K 1\.\.8\)", first), first  # fmt: skip
+    assert re.fullmatch(r"at 40 tok/s/user, K [1-8] delivers [\d,]+ output tok/s/GPU, "
+                        r"\+[\d.]+% over K 1 \(best of K 1\.\.8\)", first), first  # fmt: skip

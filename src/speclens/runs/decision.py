@@ -6,7 +6,7 @@ sweep). A choice is named ("K 4", "no speculation", a run's label) and has its f
 target interactivity, or none where its curve does not reach it; a figure read from measured
 points has a 95% interval, a simulated one none.
 
-    at 40 tok/s/user, K 4 delivers 476 tok/s/GPU, +37.2% over K 1 (best of K 1..8)
+    at 40 tok/s/user, K 4 delivers 476 output tok/s/GPU, +37.2% over K 1 (best of K 1..8)
 """
 
 from __future__ import annotations

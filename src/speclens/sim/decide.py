@@ -25,6 +25,9 @@ from speclens.runs.decision import k_name as label
 
 #: Said of every figure: the simulator runs each point once (a pure function of its seed).
 NO_INTERVAL = "no interval: one simulated run a point"
+#: The throughput the decision reads, as its line names it (output tokens only: compare's
+#: ``--metric output``).
+UNIT = "output tok/s/GPU"
 
 
 def _curve(points: Sequence[tuple[float, float]]) -> list[CurvePoint]:
@@ -93,7 +96,8 @@ def headline(ks: list[dict[str, Any]], best: dict[str, Any] | None, target: floa
     (``runs.decision``); ``best`` is implied by ``ks`` and kept for the callers."""
     too_fast = bool(ks) and all(e["curve"] and e["curve"][0]["tok_s_user"] > target for e in ks)
     choices = [Choice(label(e["num_spec_tokens"]), e["tok_s_gpu"]) for e in ks]
-    line = sentence(choices, target, k_span([e["num_spec_tokens"] for e in ks]), too_fast=too_fast)
+    line = sentence(choices, target, k_span([e["num_spec_tokens"] for e in ks]), too_fast=too_fast,
+                    unit=UNIT)  # fmt: skip
     return line + inferred(ks)
 
 

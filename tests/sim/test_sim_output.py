@@ -306,3 +306,33 @@ def test_sim_against_a_published_run_compares_per_gpu(run_cli, tmp_path: Path) -
     code, text, err = run_cli("compare", measured, predicted)
     assert code == 0, err
     assert "deployment: unknown" not in text and "total tok/s/GPU" in text
+
+
+def test_every_run_and_sweep_point_records_how_far_to_trust_it(run_cli, tmp_path: Path) -> None:
+    """Each run directory's summary.json states the run's expected error under
+    ``provenance.trust`` (where a published replay's prediction states it too), the same
+    statement ``--json`` gives."""
+    from speclens.sim import trust
+
+    scenario = {**SCENARIO, "model": "deepseek-r1", "hardware": "b200", "precision": "fp8",
+                "deployment": {"pools": [{"parallel": 8, "engine": {
+                    "speculative": {"method": "mtp", "num_spec_tokens": 2}}}]}}  # fmt: skip
+    path = tmp_path / "b200.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    want = yaml.safe_load(trust.table_path().read_text())["chips"]["b200"]["uncalibrated"]
+    out = tmp_path / "sweep"
+    code, stdout, stderr = run_cli("sim", path, "--acceptance-length", "1.9", "--sweep",
+                                   "concurrency=2,6", "--jobs", "1", "--output-dir", out,
+                                   "--json")  # fmt: skip
+    assert code == 0, stderr
+    rows = json.loads(stdout)
+    code, stdout, stderr = run_cli("sim", path, "--acceptance-length", "1.9", "--output-dir",
+                                   tmp_path / "one", "--json")  # fmt: skip
+    assert code == 0, stderr
+    one = json.loads(stdout)
+    for run, row in ((out / "points" / "c2-r0", rows[0]), (out / "points" / "c6-r0", rows[1]),
+                     (tmp_path / "one", one)):  # fmt: skip
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["provenance"]["trust"] == row["trust"]
+        assert summary["provenance"]["trust"]["expected_error"] == want
+        assert "trust" not in summary["simulation"]  # stated once, in provenance

@@ -277,6 +277,7 @@ def sim(
         check(scenario, str(scenario_path), ks, budget, runs=len(grid), base=scenario_path.parent)
         _check_closed_loop(scenario_path, scenario, grid)
         reg = load_registry(registry)
+        trusts = _trusts(scenario, scenario_path.parent, ks)
     out = _open_output(output_dir, scenario, axes, grid, seed) if output_dir else None
 
     pools = scenario.speculating
@@ -318,6 +319,7 @@ def sim(
         records = result.pop("records", [])
         resolution = resolutions[i]
         result["resolution"] = resolution.model_dump() if resolution else None
+        result["trust"] = trusts[calls[i]["num_spec_tokens"]]
         if name:
             result["sweep"] = dict(grid[i])
         if out is not None:
@@ -351,6 +353,7 @@ def sim(
             [(g.get("num_spec_tokens", own), r) for g, r in zip(grid, rows, strict=True)],
             at_interactivity, gpus,
         )  # fmt: skip
+        _decision_trust(decision, trusts)
     if as_json:
         document: Any = rows if name else rows[0]
         if decision is not None:
@@ -359,7 +362,7 @@ def sim(
     else:
         if decision is not None:
             _print_decision(decision)
-        _print(rows, axes)
+        _print(rows, axes, trust=decision is None)
     if plot is not None:
         _plot(rows, axes, plot)
         (err_console if as_json else out_console).print(f"wrote {plot}")
@@ -434,6 +437,11 @@ def _schedule_command(
                 workload=WorkloadAcceptance(thinking=workload.thinking, category=workload.category, acceptance=workload.acceptance),
                 scenario=base_scenario.acceptance, cli=cli_value(k, *values),
             )  # fmt: skip
+        base = scenario_path.parent
+        said = run_output.combined([
+            ("K 0", run_output.run_trust(base_scenario, base, 0)),
+            ("each K", run_output.run_trust(base_scenario, base, ks[0])),
+        ])  # fmt: skip
     calls: list[dict[str, Any]] = []
     keys: list[tuple[int, int, int]] = []
     fast = True
@@ -484,6 +492,7 @@ def _schedule_command(
     sched["pricing"] = [{"pool": int(i), **p, "line": f"pool {i} steps: {_pricing(p)}"}
                         for i, p in (pricing or {}).items()]  # fmt: skip
     sched["model"], sched["method"] = base_scenario.model, spec.method
+    sched["trust"] = said
     sched["deployment"] = run_output.deployment(base_scenario)
     if emit is not None:
         sched["emit"] = {"engine": emit, "lines": sc.emit_lines(sched, emit, spec.method)}
@@ -504,6 +513,34 @@ def _schedule_command(
         console = err_console if as_json else out_console
         for path in (target_file, page):
             console.print(f"wrote {path}", markup=False)
+
+
+def _trusts(scenario: Any, base: Path, ks: list[int | None]) -> dict[int | None, dict[str, Any]]:
+    """How far to trust each K's runs (``run_output.run_trust``; None: the scenario's own K),
+    before any simulation: a cost file whose fit records a broken error is refused first."""
+    from speclens.sim import run_output
+
+    pools = scenario.speculating
+    own = pools[0].engine.speculative.num_spec_tokens if pools else None
+    return {k: run_output.run_trust(scenario, base, own if k is None else k) for k in ks}
+
+
+def _decision_trust(decision: dict[str, Any], trusts: dict[int | None, dict[str, Any]]) -> None:
+    """The decision's expected error (``trust``: its Ks' statements as one) and each K's band
+    at the target (``expected_low`` to ``expected_high``: its tok/s/GPU x (1 -+ the throughput
+    error)), where the error was measured."""
+    from speclens.sim import run_output, trust
+
+    said = run_output.combined([(f"K {k}" if k is not None else "the scenario's K", t)
+                                for k, t in trusts.items()])  # fmt: skip
+    decision["trust"] = said
+    errors = said.get("expected_error")
+    for e in decision["ks"]:
+        band = None
+        if isinstance(errors, dict) and e["tok_s_gpu"] is not None:
+            stated = trust.Trust(said["basis"], said["line"], expected=trust.Errors(**errors))
+            band = stated.band("throughput", e["tok_s_gpu"])
+        e["expected_low"], e["expected_high"] = band or (None, None)
 
 
 def _check_closed_loop(path: Path, scenario: Any, grid: list[dict[str, int]]) -> None:
@@ -570,6 +607,8 @@ def _print_schedule(sched: dict[str, Any]) -> None:
         say("no context's best K is below the shortest context's")
     for item in (*sched.get("acceptance", []), *sched.get("pricing", [])):
         say(item["line"])
+    if sched.get("trust"):
+        say(sched["trust"]["line"])
     for line in sched.get("emit", {}).get("lines", []):
         say(line)
 
@@ -636,7 +675,7 @@ def _write_run(
     settings = run_output.run_settings(scenario, source, seed, call["concurrency"], k, row)
     summary = run_output.summary(
         records, row["makespan_s"], settings,
-        run_output.server_info(scenario, k, row["resolution"]), row,
+        run_output.server_info(scenario, k, row["resolution"]), row, row.get("trust"),
     )  # fmt: skip
     try:
         return run_output.write_run(stream, summary, records)
@@ -667,22 +706,31 @@ def _print_decision(decision: dict[str, Any]) -> None:
     out_console.print(decision["headline"], markup=False, highlight=False, soft_wrap=True)
     target = decision["tok_s_user"]
     table = Table(title=f"at {target:g} tok/s/user, {decision['gpus']} GPUs")
-    for col in ("K", "AL", f"tok/s/GPU at {target:g}", "ratio to best"):
+    banded = any(e.get("expected_low") is not None for e in decision["ks"])
+    for col in ("K", "AL", f"tok/s/GPU at {target:g}", "ratio to best",
+                *(["expected range"] if banded else [])):  # fmt: skip
         table.add_column(col, justify="right")
     for e in decision["ks"]:
         al = e["acceptance_length"]
         value = e["tok_s_gpu"]
+        low, high = e.get("expected_low"), e.get("expected_high")
         table.add_row(
             label(e["num_spec_tokens"]).removeprefix("K "),
             f"{al:.2f}" if al is not None else "-",
             f"{value:,.0f}" if value is not None else e.get("reason", "-"),
             f"{e['ratio_to_best']:.3f}" if e["ratio_to_best"] is not None else "-",
+            *([f"{low:,.0f} to {high:,.0f}" if low is not None else "-"] if banded else []),
         )
     out_console.print(table)
     out_console.print(decision["interval"], markup=False, highlight=False)
+    if decision.get("trust"):
+        out_console.print(decision["trust"]["line"], markup=False, highlight=False,
+                          soft_wrap=True)  # fmt: skip
 
 
-def _print(rows: list[dict[str, Any]], axes: list[str]) -> None:
+def _print(rows: list[dict[str, Any]], axes: list[str], trust: bool = True) -> None:
+    """The figures' table, how steps were priced, and (``trust``: unless the decision above
+    said it) how far to trust the figures."""
     table = Table(title="speclens sim")
     for col in [
         *axes,
@@ -721,6 +769,8 @@ def _print(rows: list[dict[str, Any]], axes: list[str]) -> None:
     )
     for index, pricing in rows[0].get("pricing", {}).items():
         out_console.print(f"pool {index} steps: {_pricing(pricing)}")
+    for line in dict.fromkeys(r["trust"]["line"] for r in rows if trust and r.get("trust")):
+        out_console.print(line, markup=False, highlight=False, soft_wrap=True)
     for line in _warmup_lines(rows, axes):
         out_console.print(line, markup=False, highlight=False, soft_wrap=True)
     res = rows[0]["resolution"]

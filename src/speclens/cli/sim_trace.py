@@ -146,6 +146,8 @@ def replay_command(
     problems = limits.trace_problems(trace, cost, k, where)
     if problems:
         fail(problems)
+    with reported():  # the fit's own errors, read before any replay
+        said = _trust(cost, meta, step_cost, scenario, scenario_path, k)
     stream = None
     if output_dir is not None:
         problem = run_output.output_problem(output_dir)
@@ -168,7 +170,7 @@ def replay_command(
              f"({MAX_SECONDS:g} s, the longest a run's records hold): expected prices in "
              "seconds")  # fmt: skip
     note = extrapolation(meta, _widths(result.records))
-    figures = _figures(result, trace, k, note)
+    figures = {**_figures(result, trace, k, note), "trust": said}
     if as_json:
         typer.echo(json.dumps(figures, indent=2))
     else:
@@ -186,7 +188,8 @@ def replay_command(
         simulation = {"trace": str(trace.source), "trace_kind": trace.kind, "step_cost": cost_source,
                       "seed": seed, "fit": meta.get("fit"), "extrapolation": note}  # fmt: skip
         summary = run_output.summary(result.records, result.makespan,
-                                     settings(trace, cost_source, seed, k), server, simulation)  # fmt: skip
+                                     settings(trace, cost_source, seed, k), server, simulation,
+                                     said)  # fmt: skip
         try:
             paths = run_output.write_run(stream, summary, result.records)
         except OSError as exc:
@@ -194,6 +197,20 @@ def replay_command(
         console = err_console if as_json else out_console
         for path in paths:
             console.print(f"wrote {path}", markup=False)
+
+
+def _trust(cost: Any, meta: dict[str, Any], step_cost: Path | None, scenario: Any,
+           scenario_path: Path | None, k: int) -> dict[str, Any]:  # fmt: skip
+    """How far to trust the replay (``speclens.sim.trust``): the cost file's fit (a fit on bench
+    runs: its own error on them, none held out), else the scenario's first pool's prices. The
+    replay adds the cost file's front latency; a scenario's pool adds none."""
+    from speclens.sim import run_output
+
+    if step_cost is None:
+        assert scenario is not None and scenario_path is not None  # as _cost found them
+        return run_output.pool_trust(scenario, scenario_path.parent, 0, k > 0)
+    pricing = {**cost.describe(), "source": f"from {step_cost}"}
+    return run_output.priced_trust(pricing, meta, k > 0, bool(meta.get("front_latency_s")))
 
 
 def _figures(result: Any, trace: Any, k: int, note: str | None) -> dict[str, Any]:
@@ -219,3 +236,4 @@ def _print(figures: dict[str, Any]) -> None:
     for name, row in figures["latency_ms"].items():
         if isinstance(row, dict) and "mean" in row:
             out_console.print(f"  {name}: mean {row['mean']:.1f} ms", markup=False)
+    out_console.print(figures["trust"]["line"], markup=False, soft_wrap=True)

@@ -1,8 +1,9 @@
 """report.html for a K schedule (``speclens sim --context --output-dir``, from k_schedule.json):
 the deployment it was simulated on, the schedule (best K and its gain over no speculation, by
-concurrency or at a target interactivity, against context length), the AL each K used and
-where it came from, how steps were priced, each loss at long context with its term, the engine
-flags, and per context each K's throughput per GPU against interactivity."""
+concurrency or at a target interactivity, against context length) and how far to trust its
+figures (their expected error), the AL each K used and where it came from, how steps were
+priced, each loss at long context with its term, the engine flags, and per context each K's
+throughput per GPU against interactivity."""
 
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ def schedule_page(sched: dict[str, Any]) -> Page:
         f"precision <strong>{f.text(*d, 'precision')}</strong>",
     ]) + "</p>")  # fmt: skip
     _schedule_table(page, f)
+    said = f.get("trust", "line")
+    page.add(f'<p class="trust">{esc(said)}</p>' if isinstance(said, str)
+             else '<p class="note">expected error not recorded</p>')  # fmt: skip
     page.note("each context fixes every request's input at that many tokens (k = 1024); K 0 "
               "is no speculation; a cell is the best K by output tok/s/GPU and its gain over "
               "no speculation at the same point (tok/s/GPU / no speculation's − 1)")  # fmt: skip

@@ -132,11 +132,13 @@ def summary(
     settings: dict[str, Any],
     server: dict[str, Any],
     simulation: dict[str, Any],
+    trust: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """summary.json in bench's shape: the figures from ``summarize`` over the records, timed by
     the simulated makespan (first arrival to last finish, as ``speclens sim`` divides by); the
     latencies, as sim's, leave out the warm-up ``simulation["warmup"]`` names (the first
-    requests by index)."""
+    requests by index). ``trust`` (``run_trust``'s) goes in ``provenance.trust``, where a
+    published replay's prediction keeps it too."""
     result = RunResult(list(records), started=0.0, duration=makespan)
     sent = len(records)
     figures = summarize(result)
@@ -157,9 +159,94 @@ def summary(
         "failures": {"failed": 0, "sent": sent, "rate": 0.0, "max_rate": 0.0,
                      "exceeded": False, "first_errors": []},
         "load": {"started": 0.0, "sending_s": makespan, "in_flight_at_stop": 0},
-        "simulation": simulation,
+        "simulation": {k: v for k, v in simulation.items() if k != "trust"},
+        "provenance": {"trust": trust},
         "warnings": [],
     }  # fmt: skip
+
+
+#: Said where a statement's TTFT figure was scored with a front latency the run does not add.
+NO_FRONT_LATENCY = (
+    "; its TTFT figure was scored with a fitted client front latency added (the wait before "
+    "the engine sees a request), which this prediction does not add: its TTFT reads low by "
+    "that wait, so expect more TTFT error than stated"
+)
+
+
+def pool_trust(
+    scenario: Scenario, base: Path, index: int, speculating: bool, front_added: bool = False
+) -> dict[str, Any]:
+    """How far to trust the figures of pool ``index`` (``speclens.sim.trust.for_pricing`` on how
+    its steps are priced: its cost file's fit where it names one), as ``Trust.as_dict`` gives
+    it; ``speculating``: the pool runs speculation here; ``front_added``: the prediction adds
+    the fit's front latency (a scenario's run adds none: its line then says TTFT reads low)."""
+    from speclens.acceptance.files import inside
+    from speclens.sim.calibrate import read_cost_file
+    from speclens.sim.scenario import cost_source, pool_cost
+
+    pool = scenario.deployment.pools[index]
+    pricing = {**pool_cost(pool, base, scenario, index=index).describe(),
+               "source": cost_source(pool, scenario)}  # fmt: skip
+    meta = None
+    if pool.step_cost is None and pool.step_cost_file is not None:
+        name = pool.step_cost_file
+        path = inside(base, name, "step_cost_file", str(base / name))
+        meta = read_cost_file(path)[1]
+        pricing["source"] = f"from {path}"
+    return priced_trust(pricing, meta, speculating, front_added)
+
+
+def priced_trust(
+    pricing: dict[str, Any], meta: dict[str, Any] | None, speculating: bool, front_added: bool
+) -> dict[str, Any]:
+    """``speclens.sim.trust.for_pricing``'s statement as ``Trust.as_dict`` gives it, its line
+    saying where TTFT reads low: the figure was scored with a front latency this prediction
+    does not add (``front_added`` False)."""
+    from speclens.sim import trust
+
+    said = trust.for_pricing(pricing, meta, speculating)
+    out = said.as_dict()
+    if said.expected is not None and not front_added:
+        out["line"] = said.line + NO_FRONT_LATENCY
+    return out
+
+
+def run_trust(scenario: Scenario, base: Path, k: int | None) -> dict[str, Any]:
+    """How far to trust a run of ``scenario`` at K ``k`` (0 or None: no speculation): each
+    pool's statement (``pool_trust``), one for the run (``combined``)."""
+    pools = scenario.deployment.pools
+    speculating = [bool(k) and pool.engine.speculative is not None for pool in pools]
+    return combined([(f"pool {i}", pool_trust(scenario, base, i, speculating[i]))
+                     for i in range(len(pools))])  # fmt: skip
+
+
+def combined(said: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One statement for figures that rest on several (each ``(label, Trust.as_dict())``: the
+    pools of a run, the Ks of a schedule): the statement itself where all agree; else each
+    line labelled, and as the expected error each figure's largest (none where one is
+    unmeasured): a figure is only as trustworthy as the least trusted price behind it."""
+    distinct = list({_key(d): d for _, d in said}.values())
+    if len(distinct) == 1:
+        return distinct[0]
+    errors = [d.get("expected_error") for _, d in said]
+    expected = None
+    if all(isinstance(e, dict) for e in errors):
+        expected = {name: max(float(e[name]) for e in errors if isinstance(e, dict))
+                    for name in ("tpot", "ttft", "throughput")}  # fmt: skip
+    chips = {d.get("chip") for _, d in said}
+    return {
+        "basis": "combined", "chip": chips.pop() if len(chips) == 1 else None,
+        "expected_error": expected, "own_error": None,
+        "source": next((d.get("source") for _, d in said if d.get("source")), None),
+        "line": "; ".join(f"{label}: {d['line']}" for label, d in said),
+        "parts": {label: d for label, d in said},
+    }  # fmt: skip
+
+
+def _key(value: Any) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True)
 
 
 def _deployment_throughput(figures: dict[str, Any], gpus: object) -> dict[str, float]:

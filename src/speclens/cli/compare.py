@@ -164,6 +164,8 @@ def _print(result: dict[str, Any]) -> None:
         for line in decision_lines(result["decision"]):
             out_console.print(escape(line), highlight=False, soft_wrap=True)
         out_console.print()
+    for note in result.get("notes") or []:  # the odd run, before the tables
+        out_console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
     for item in result["inputs"]:
         gpus = f"{item['gpus']} GPU" + ("s" if item["gpus"] > 1 else "")
         published = ", aggregate-only" if item.get("aggregate_only") else ""

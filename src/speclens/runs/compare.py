@@ -157,4 +157,24 @@ def compare(
     pairs = [compare_pair(a, b, named, metric, target)
              for i, a in enumerate(inputs) for b in inputs[i + 1 :]]  # fmt: skip
     described = [{**item.to_json(), "curve": input_curve(item, metric)} for item in inputs]
-    return {"schema": SCHEMA, "metric": metric, "inputs": described, "pairs": pairs}
+    notes = [note for pair in pairs for note in speedup_notes(pair)]
+    return {"schema": SCHEMA, "metric": metric, "inputs": described, "pairs": pairs,
+            "notes": notes}  # fmt: skip
+
+
+def speedup_notes(pair: dict[str, Any]) -> list[str]:
+    """The odd run flagged: a speculation A/B whose measured TPOT speedup (off over on) is
+    below 1 at some load gets one line naming the comparison and the loads, since speculation
+    that slows decoding down says more about the run's settings than about the method."""
+    ab = pair.get("speculation") or {}
+    slow = [r for r in ab.get("speedup") or [] if r["speedup"] < 1]
+    if not slow:
+        return []
+    where = ", ".join(
+        (f"concurrency {r['concurrency']}" if r["concurrency"] is not None
+         else f"{r['request_rate']:g} req/s") + f" ({r['speedup']:.3g}x)"
+        for r in slow
+    )  # fmt: skip
+    return [f"{ab['method']} is slower than no speculation at {where} ({ab['on']} against "
+            f"{ab['off']}: median TPOT off / on below 1): check {ab['on']}'s speculation "
+            "settings"]  # fmt: skip

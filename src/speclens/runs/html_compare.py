@@ -46,6 +46,8 @@ def compare_page(data: dict[str, Any], out_dir: Path) -> Page:
     page = Page("speclens compare: " + " vs ".join(labels[:8]), "compare.json")
     if isinstance(f.get("decision"), dict):  # the answer first, the tables after
         _decision_section(page, f)
+    for j, _ in f.rows("notes"):  # the odd run flagged, with the answer
+        page.banner("warn", "note: " + f.text("notes", j))
     not_comparable = [i for i, _ in f.rows("pairs") if f.get("pairs", i, "comparable") is not True]
     if not_comparable:
         page.banner("fail", f"{len(not_comparable)} of {len(f.get('pairs'))} pairs are not "

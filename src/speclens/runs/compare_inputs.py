@@ -44,7 +44,7 @@ SPEC_FIELDS = ("num_spec_tokens", "num_spec_steps", "num_accepted_draft_tokens",
 SUMMARY_FIELDS = {"settings": None, "server": ("engine", "acceptance"),
                   "figures": ("duration_s", "latency_ms", "throughput", "interactivity"),
                   "verdict": ("passed",), "aggregate_only": None,
-                  "provenance": ("source", "run_url")}  # fmt: skip
+                  "provenance": ("source", "run_url", "trust")}  # fmt: skip
 
 _LOAD_KEYS = ("concurrency", "request_rate")
 POINT_KEYS = ("concurrency", "request_rate", "num_speculative_tokens", "acceptance_length")
@@ -127,6 +127,10 @@ class Input:
     #: value / (1 + e) to value x (1 + e), which compare states as the prediction's.
     expected_error: float | None = None
 
+    def __post_init__(self) -> None:
+        if self.expected_error is None and self.prediction:
+            self.expected_error = stated_error(self.runs)
+
     @property
     def runs(self) -> list[Run]:
         return [run for point in self.points for run in point.runs]
@@ -178,6 +182,25 @@ def is_predicted(run: Run) -> bool:
     provenance = run.summary.get("provenance")
     source = provenance.get("source") if isinstance(provenance, dict) else None
     return run.settings.get("executor") == "sim" or source == "speclens-sim"
+
+
+def stated_error(runs: Sequence[Run]) -> float | None:
+    """The largest throughput error the runs' ``provenance.trust`` states (``sim`` writes it,
+    ``speclens.sim.trust``), None where any run states none; InputError (1) names a run whose
+    statement is not a fraction."""
+    errors = []
+    for run in runs:
+        provenance = run.summary.get("provenance")
+        trust = provenance.get("trust") if isinstance(provenance, dict) else None
+        expected = trust.get("expected_error") if isinstance(trust, dict) else None
+        if expected is None:
+            return None
+        value = expected.get("throughput") if isinstance(expected, dict) else None
+        if not is_finite_number(value) or not 0 <= value < 1e6:
+            raise InputError([f"{run.path / 'summary.json'}: provenance.trust.expected_error."
+                              f"throughput: expected a fraction >= 0, got {value!r}"], 1)  # fmt: skip
+        errors.append(float(value))
+    return max(errors, default=None)
 
 
 def kind_of(path: Path) -> str:

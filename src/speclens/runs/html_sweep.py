@@ -75,6 +75,7 @@ def decision_section(page: Page, f: Fields) -> None:
             value, ratio = value + bounds[0], ratio + bounds[1]
             rows.append([f.text(*d, "label"), f.num(*d, "num_spec_tokens"), value, ratio])
         else:
+            value += _between(f, d, "expected_low", "expected_high", 0)
             rows.append([f.num(*d, "num_spec_tokens") if k else "no speculation",
                          f.num(*d, "acceptance_length", digits=2), value, ratio])  # fmt: skip
     target = f.get("decision", "tok_s_user")
@@ -90,6 +91,10 @@ def decision_section(page: Page, f: Fields) -> None:
         page.note(f.text("decision", "lead"))
     first = f.text("decision", "figure") if compared else f"{f.num('decision', 'gpus')} GPUs"
     page.note(f"{first}; {f.text('decision', 'interval')}")
+    if isinstance(f.get("decision", "trust", "line"), str):
+        page.add(f'<p class="trust">{f.text("decision", "trust", "line")}; in brackets, each '
+                 "figure's range: figure / (1 + e) to figure x (1 + e), e its throughput "
+                 "error</p>")  # fmt: skip
 
 
 def _between(f: Fields, d: tuple[str | int, ...], low: str, high: str, digits: int) -> str:
@@ -130,6 +135,9 @@ def sweep_page(
                     "their figures have no interval (n/a: aggregate-only)")  # fmt: skip
     if decision is not None:
         decision_section(page, Fields({"decision": decision}))
+    if decision is None or not isinstance((decision.get("trust") or {}).get("line"), str):
+        for line in dict.fromkeys(s["trust"] for s in summaries if s.get("trust")):
+            page.add(f'<p class="trust">{esc(line)}</p>')
     gpus = _gpus(summaries)
     _peak_table(page, f, gpus)
     page.heading("Plots")
@@ -184,8 +192,17 @@ def _point_summaries(points: Sequence[Mapping[str, Any]], sweep_dir: Path) -> li
                                                   "acceptance")}
             if isinstance(server, dict) else {},
             "aggregate_only": summary.get("aggregate_only"),
+            "trust": _trust_line(summary),
         })  # fmt: skip
     return out
+
+
+def _trust_line(summary: Mapping[str, Any]) -> str | None:
+    """A predicted run's statement of how far to trust it (``provenance.trust.line``)."""
+    provenance = summary.get("provenance")
+    said = provenance.get("trust") if isinstance(provenance, dict) else None
+    line = said.get("line") if isinstance(said, dict) else None
+    return line if isinstance(line, str) else None
 
 
 _IDENTITY_SETTINGS = ("model", "hardware", "engine", "num_spec_tokens", "method", "gpus")

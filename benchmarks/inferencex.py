@@ -176,6 +176,7 @@ def score(dep: dict[str, Any], start: dict[str, Any]) -> dict[str, Any]:
     full = fit_pooled(off, [roof] * len(off))
     row: dict[str, Any] = {
         "deployment": "-".join(str(v) for v in dep["key"]), "chip": dep["key"][0],
+        "key": list(dep["key"]),
         "date": dep["date"],
         "concurrencies": [p.concurrency for p in off],
         "held_out": np.median(np.array(held), axis=0).tolist(),
@@ -302,7 +303,29 @@ def trust_table(deps: Sequence[dict[str, Any]], figures: dict[str, float],
                          "tpot": f["uncalibrated_tpot"], "ttft": f["uncalibrated_ttft"],
                          "throughput": f["uncalibrated_throughput"]},
         "chips": {c["chip"]: chip_trust(deps, c["chip"], c["errors"], rows) for c in chip_rows},
+        "inferred_acceptance": inferred_acceptance(rows),
     }  # fmt: skip
+
+
+def inferred_acceptance(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The AL each MTP deployment's lowest-concurrency TPOT implies (``score``'s), one entry a
+    deployment: what ``calibrate --acceptance-from`` compares a run's inferred AL against (the
+    same model and method elsewhere: ``speclens.sim.trust.inferred_elsewhere``)."""
+    out = []
+    for r in rows:
+        mtp = r.get("mtp") or {}
+        if "al" not in mtp:
+            continue
+        chip, engine, precision, isl, osl, tp, ep, dpa = r["key"]
+        out.append({
+            "model": "deepseek-r1", "method": "mtp", "chip": chip, "engine": engine,
+            "precision": precision, "input_tokens": isl, "output_tokens": osl,
+            "tensor_parallel": tp, "expert_parallel": ep, "dp_attention": dpa,
+            "num_spec_tokens": mtp["k"], "acceptance_length": round(float(mtp["al"]), 3),
+            "range": [round(float(x), 3) for x in mtp["al_range"]],
+            "concurrency": mtp["from_concurrency"], "date": mtp["date"],
+        })  # fmt: skip
+    return out
 
 
 def write_trust(path: Path, table: dict[str, Any]) -> None:

@@ -116,6 +116,8 @@ def published(
         fit = fp.fit_points(points, roof, fanout=fanout)
     report = fit.report()
     acceptance = _acceptance(fit, *run) if run is not None else None
+    if acceptance is not None and run is not None:
+        acceptance["notes"] = odd_al_notes(acceptance, run[0].settings, fit.roofline.model.name)
     document: dict[str, Any] = {
         "kind": KIND,
         "roofline": _RooflineFile.of(fit.roofline).model_dump(exclude_none=True),
@@ -235,6 +237,61 @@ def _curve(found: Any, file: Path) -> dict[str, Any] | None:
                         "range": [round(p.low, 4), round(p.high, 4)]} for p in points]}  # fmt: skip
 
 
+#: A published inference on the run's chip and engine is left out of what the model "infers
+#: elsewhere": the same chip and engine ran the same scripts, so a setting wrong in the run is
+#: wrong in each of them (InferenceX's H200 SGLang MTP runs infer 1.38 and 1.47 at K 2).
+_SAME_SCRIPTS = (("chip", "hardware"), ("engine", "engine"))
+
+
+def odd_al_notes(acceptance: dict[str, Any], settings: dict[str, Any], model: str) -> list[str]:
+    """The odd run flagged: the inferred AL at K against (1) what the shipped registry holds
+    for the same model and method and (2) what the same model and method infer on InferenceX's
+    other chips and engines (the accuracy table's ``inferred_acceptance``), each mapped to K by the
+    AL curve (``acceptance.curve``) with its range. A note where the inferred AL's range lies
+    wholly outside every mapped range (beyond the curve's own range), naming the comparison;
+    none inside, or at a K the curve does not answer for."""
+    from speclens.acceptance import Registry, curve
+    from speclens.sim import trust
+
+    k, method = acceptance["num_spec_tokens"], acceptance["method"]
+    if k not in curve.CURVE_KS:
+        return []
+    sources: list[tuple[str, list[tuple[float, int, float, float]]]] = []
+    registered = [(p.acceptance_length, p.key.num_spec_tokens)
+                  for s in Registry.load() for p in s.profile_set.profiles
+                  if (p.key.model, p.key.speculative_method) == (model, method)
+                  and p.key.num_spec_tokens in curve.CURVE_KS]  # fmt: skip
+    sources.append(("profiles in the registry", [(al, t, al, al) for al, t in registered]))
+
+    elsewhere = [e for e in trust.inferred_elsewhere(model, method)
+                 if not all(getattr(e, a) == settings.get(b) for a, b in _SAME_SCRIPTS)]  # fmt: skip
+    sources.append(("InferenceX deployments",
+                    [(e.acceptance_length, e.num_spec_tokens, *e.range) for e in elsewhere
+                     if e.num_spec_tokens in curve.CURVE_KS]))  # fmt: skip
+    what = {"profiles in the registry": f"what the registry holds for {model} {method}",
+            "InferenceX deployments": f"what {model} {method} infers elsewhere"}  # fmt: skip
+    low, high = acceptance["range"]
+    al = acceptance["acceptance_length"]
+    notes = []
+    model_ = curve.shipped()
+    for name, found in sources:  # a comparison with nothing to compare says nothing
+        if not found:
+            continue
+        mapped = [model_.predict(v, t, min(lo, v), max(hi, v))[k - 1] for v, t, lo, hi in found]
+        values = [m.acceptance_length for m in mapped]
+        floor, ceiling = min(m.low for m in mapped), max(m.high for m in mapped)
+        if floor <= high and low <= ceiling:
+            continue
+        side = "below" if high < floor else "above"
+        notes.append(
+            f"AL {al:.2f} at K {k} is far {side} {what[name]} ({min(values):.1f} to "
+            f"{max(values):.1f} at K {k} from {len(found)} {name}, mapped by the AL curve; "
+            f"{floor:.2f} to {ceiling:.2f} with the curve's range): check the run's "
+            "speculation settings"
+        )
+    return notes
+
+
 def _print(console: Any, fit: Any, report: dict[str, Any], acceptance: dict[str, Any] | None,
            output: Path) -> None:  # fmt: skip
     from speclens.sim.fit_points import Deployment
@@ -274,6 +331,8 @@ def _print(console: Any, fit: Any, report: dict[str, Any], acceptance: dict[str,
                       f"({acceptance['method']}), from {acceptance['run']}'s median TPOT "
                       f"{acceptance['tpot_ms']:.2f} ms", markup=False)  # fmt: skip
         _print_curve(console, acceptance)
+        for note in acceptance.get("notes") or []:
+            console.print(f"note: {note}", markup=False)
     console.print(f"wrote {output}", markup=False)
 
 

@@ -75,8 +75,32 @@ class ChipErrors(_Model):
     speculating_deployments: Annotated[int, Field(ge=0, le=1_000_000)] = 0
 
 
+class InferredAL(_Model):
+    """The AL one published speculating deployment's lowest-concurrency TPOT implies on its
+    calibrated roofline (``calibrate --acceptance-from``'s inference, run by the benchmark),
+    with the range the fit's TPOT residuals give it: what a run's inferred AL is held against
+    (``inferred_elsewhere``)."""
+
+    model: str
+    method: str
+    chip: str
+    engine: str
+    precision: str
+    input_tokens: Annotated[int, Field(ge=1)]
+    output_tokens: Annotated[int, Field(ge=1)]
+    tensor_parallel: Annotated[int, Field(ge=1)]
+    expert_parallel: Annotated[int, Field(ge=1)]
+    dp_attention: bool
+    num_spec_tokens: Annotated[int, Field(ge=1, le=64)]
+    acceptance_length: Annotated[float, Field(ge=1, le=65)]
+    range: Annotated[list[Annotated[float, Field(ge=1, le=65)]], Field(min_length=2, max_length=2)]
+    concurrency: Annotated[int, Field(ge=1)]
+    date: str
+
+
 class Accuracy(_Model):
-    """The table: how it was made, the medians over all deployments, and each chip's."""
+    """The table: how it was made, the medians over all deployments, each chip's, and the AL
+    each speculating deployment infers."""
 
     kind: Literal["Accuracy"] = "Accuracy"
     source: str
@@ -85,6 +109,7 @@ class Accuracy(_Model):
     speculating: Speculating
     uncalibrated: Overall
     chips: dict[str, ChipErrors]
+    inferred_acceptance: list[InferredAL] = Field(default_factory=list)
 
 
 def table_path() -> Path:
@@ -100,6 +125,14 @@ def read_table(path: Path) -> Accuracy:
 def table() -> Accuracy:
     """The shipped accuracy table."""
     return read_table(table_path())
+
+
+def inferred_elsewhere(
+    model: str, method: str, accuracy: Accuracy | None = None
+) -> list[InferredAL]:
+    """The ALs the table's deployments infer for ``model`` speculating with ``method``."""
+    accuracy = accuracy or table()
+    return [e for e in accuracy.inferred_acceptance if (e.model, e.method) == (model, method)]
 
 
 @dataclass(frozen=True)

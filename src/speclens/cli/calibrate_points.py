@@ -266,8 +266,8 @@ def odd_al_notes(acceptance: dict[str, Any], settings: dict[str, Any], model: st
     elsewhere = [e for e in trust.inferred_elsewhere(model, method)
                  if not all(getattr(e, a) == settings.get(b) for a, b in _SAME_SCRIPTS)]  # fmt: skip
     sources.append(("InferenceX deployments",
-                    [(e.acceptance_length, e.num_spec_tokens, *e.range) for e in elsewhere
-                     if e.num_spec_tokens in curve.CURVE_KS]))  # fmt: skip
+                    [(e.acceptance_length, e.num_spec_tokens, e.range[0], e.range[1])
+                     for e in elsewhere if e.num_spec_tokens in curve.CURVE_KS]))  # fmt: skip
     what = {"profiles in the registry": f"what the registry holds for {model} {method}",
             "InferenceX deployments": f"what {model} {method} infers elsewhere"}  # fmt: skip
     low, high = acceptance["range"]

@@ -151,7 +151,7 @@ def test_the_decision_states_its_expected_error_and_each_ks_band(run_cli, tmp_pa
     reached = [e for e in decision["ks"] if e["tok_s_gpu"] is not None]
     assert reached, decision
     for e in reached:
-        assert e["expected_low"] == pytest.approx(e["tok_s_gpu"] * (1 - error))
+        assert e["expected_low"] == pytest.approx(e["tok_s_gpu"] / (1 + error))
         assert e["expected_high"] == pytest.approx(e["tok_s_gpu"] * (1 + error))
     code, out, err = run_cli("sim", path, *AL, *GRID, *target, "--output-dir", tmp_path / "sw")
     assert code == 0, err

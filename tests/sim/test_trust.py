@@ -147,12 +147,12 @@ def test_an_own_error_that_is_not_a_fraction_is_refused_naming_the_field(
     assert "c.yaml" in said and "fit.ttft_error_median" in said and "fraction" in said
 
 
-def test_a_band_is_the_prediction_times_one_plus_or_minus_the_error(table: Any) -> None:
+def test_a_band_is_the_prediction_over_and_times_one_plus_the_error(table: Any) -> None:
     got = trust.for_chip("b200", table)
     low, high = got.band("tpot", 10.0) or (0.0, 0.0)
-    assert low == pytest.approx(10.0 * (1 - 0.204)) and high == pytest.approx(10.0 * 1.204)
+    assert low == pytest.approx(10.0 / 1.204) and high == pytest.approx(10.0 * 1.204)
     low, high = got.band("ttft", 10.0) or (0.0, 0.0)
-    assert (low, high) == (pytest.approx(4.63), pytest.approx(15.37))
+    assert (low, high) == (pytest.approx(10.0 / 1.537), pytest.approx(15.37))
 
 
 def test_the_pricing_a_sim_run_states_picks_its_figures(table: Any) -> None:

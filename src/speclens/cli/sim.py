@@ -527,8 +527,8 @@ def _trusts(scenario: Any, base: Path, ks: list[int | None]) -> dict[int | None,
 
 def _decision_trust(decision: dict[str, Any], trusts: dict[int | None, dict[str, Any]]) -> None:
     """The decision's expected error (``trust``: its Ks' statements as one) and each K's band
-    at the target (``expected_low`` to ``expected_high``: its tok/s/GPU x (1 -+ the throughput
-    error)), where the error was measured."""
+    at the target (``expected_low`` to ``expected_high``: its tok/s/GPU / and x (1 + the
+    throughput error)), where the error was measured."""
     from speclens.sim import run_output, trust
 
     said = run_output.combined([(f"K {k}" if k is not None else "the scenario's K", t)

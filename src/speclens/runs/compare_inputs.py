@@ -196,7 +196,7 @@ def stated_error(runs: Sequence[Run]) -> float | None:
         if expected is None:
             return None
         value = expected.get("throughput") if isinstance(expected, dict) else None
-        if not is_finite_number(value) or not 0 <= value < 1e6:
+        if not (isinstance(value, (int, float)) and is_finite_number(value) and 0 <= value < 1e6):
             raise InputError([f"{run.path / 'summary.json'}: provenance.trust.expected_error."
                               f"throughput: expected a fraction >= 0, got {value!r}"], 1)  # fmt: skip
         errors.append(float(value))

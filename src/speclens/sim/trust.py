@@ -160,11 +160,13 @@ class Trust:
         }
 
     def band(self, figure: str, predicted: float) -> tuple[float, float] | None:
-        """``predicted``'s band (``figure``: tpot, ttft or throughput), or None unmeasured."""
+        """``predicted``'s band (``figure``: tpot, ttft or throughput), or None unmeasured:
+        predicted / (1 + e) to predicted x (1 + e), symmetric on the log scale as compare's
+        band of a predicted input is (``runs.compare_decide.reading``), and never below 0."""
         if self.expected is None:
             return None
         error = float(getattr(self.expected, figure))
-        return predicted * max(0.0, 1.0 - error), predicted * (1.0 + error)
+        return predicted / (1.0 + error), predicted * (1.0 + error)
 
 
 def percent(value: float) -> str:

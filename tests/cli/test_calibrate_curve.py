@@ -111,6 +111,13 @@ def test_a_curve_inferred_on_mi355x_names_a_best_k_at_50_tok_s_user(
         f"at {TARGET:g} tok/s/user, K {decision['best']} delivers"
     )
     assert decision["headline"].endswith(f"; the AL at each K was inferred, from {source}")
+    # how far to trust it: the calibrated fit's held-out error, each K's figure banded by it
+    said = decision["trust"]
+    assert said["line"].startswith("expected error") and "calibrated on published points" in (
+        said["line"] + " " + str(said.get("basis"))
+    ), said
+    assert all(e["expected_low"] < e["tok_s_gpu"] < e["expected_high"]
+               for e in decision["ks"] if e["tok_s_gpu"])  # fmt: skip
 
 
 def _entry(k: int, method: str | None, source: str | None) -> tuple[int, dict[str, Any]]:

@@ -121,4 +121,4 @@ def test_category_plot_rows_with_no_data_stay_in_view(
     assert [t.get_text() for t in ax.get_yticklabels()] == ["coding", "math", "chat", "none"]
     low, high = sorted(ax.get_ylim())
     assert [t.get_position()[1] for t in ax.texts] == [2, 3]
-    assert low < 0 and 3 < high and ax.yaxis_inverted()
+    assert low < 0 and high > 3 and ax.yaxis_inverted()

@@ -85,7 +85,8 @@ def test_vllm_and_speclens_at_the_same_k_are_comparable_with_deltas(
     sweeps: dict[str, Path], tmp_path: Path
 ) -> None:
     code, result = compare(sweeps["vllm"], sweeps["speclens"], extra=("--label", "vllm",
-                           "--label", "speclens", "--output-dir", str(tmp_path / "compare")))  # fmt: skip
+                           "--label", "speclens", "--metric", "output",
+                           "--output-dir", str(tmp_path / "compare")))  # fmt: skip
     (pair,) = result["pairs"]
     found = checks(pair)
     print(json.dumps(pair, indent=1)[:6000])

@@ -178,17 +178,19 @@ _NUMBER = re.compile(r"[+-]?[\d,]+(\.\d+)?")
 
 @pytest.mark.slow
 def test_compare_words_sims_grid_as_sim_does(sim_grid: Any) -> None:
-    """compare's first line on sim's grid is sim's first line, its throughput named, and no
-    interval: a simulated run's spread over its requests is not the prediction's error, so the
-    lead is not resolved. The same best K, the same words."""
+    """compare's first line on sim's grid is sim's first line, its throughput named: the best
+    K's figure banded by the expected error sim recorded (``provenance.trust``, not a simulated
+    run's spread over its requests), the lead's interval from the two bands, and so not
+    resolved. The same best K, the same words besides."""
     sim_line, cmp_line, simulated = sim_grid
     assert all(e["tok_s_gpu"] is not None for e in simulated["ks"])  # both Ks reach 150
     assert sim_line.startswith(f"at 150 tok/s/user, K {simulated['best']} delivers ")
     assert cmp_line.startswith(f"at 150 tok/s/user, K {simulated['best']} delivers ")
-    assert not _CI.findall(cmp_line), cmp_line
-    unresolved = "; not resolved: K 1 and K 2 predicted with no expected error, no interval)"
+    band = re.compile(r" \(predicted, expected range [\d,]+ to [\d,]+\)")
+    assert len(band.findall(cmp_line)) == 1 and len(_CI.findall(cmp_line)) == 1, cmp_line
+    unresolved = "; not resolved: the lead is inside its 95% interval)"
     assert cmp_line.endswith(unresolved), cmp_line
-    same = cmp_line.replace("(highest of", "(best of")
+    same = _CI.sub("", band.sub("", cmp_line)).replace("(highest of", "(best of")
     same = same.replace(unresolved, ")")
     assert _NUMBER.sub("N", same) == _NUMBER.sub("N", sim_line)
 

@@ -65,7 +65,7 @@ def test_a_decision_over_predicted_runs_states_each_ones_band(run_cli, tmp_path:
         assert choice["high"] == pytest.approx(value * (1 + error), rel=1e-3)
     code, out, _ = run_cli("compare", a, b, "--at-interactivity", "120")
     first = out.splitlines()[0]
-    assert re.search(r"\(predicted, (expected error|band) [\d,]+ to [\d,]+\)", first), first
+    assert re.search(r"\(predicted, expected range [\d,]+ to [\d,]+\)", first), first
 
 
 def test_a_run_that_states_no_error_leaves_the_input_unbanded(tmp_path: Path) -> None:

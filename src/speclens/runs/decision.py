@@ -60,7 +60,7 @@ def _interval(low: float | None, high: float | None, fmt: str, kind: str = "meas
     if low is None or high is None:
         return ""
     if kind == "predicted":
-        return f" (predicted, expected error {low:{fmt}} to {high:{fmt}})"
+        return f" (predicted, expected range {low:{fmt}} to {high:{fmt}})"
     return f" (95% CI {low:{fmt}} to {high:{fmt}})"
 
 

@@ -13,17 +13,11 @@ from cdp import Browser
 from chromium_env import ensure_chromium
 
 from reportkit import field_mismatches
+from scenariokit import kimi_k3
 
 pytestmark = pytest.mark.integration
 
-SCENARIO = {
-    "model": "kimi-k3",
-    "hardware": "b300",
-    "deployment": {"pools": [{"parallel": 8, "engine": {
-        "speculative": {"method": "dspark", "num_spec_tokens": 7}, "max_num_seqs": 64}}]},
-    "workload": {"category": "coding", "thinking": "on", "input_tokens": 256,
-                 "output_tokens": 128, "concurrency": 8, "requests": 128},
-}  # fmt: skip
+SCENARIO = kimi_k3(requests=128)
 
 
 def test_the_decision_block_is_first_and_equals_decision_json(run_cli, tmp_path: Path) -> None:

@@ -8,14 +8,9 @@ from pathlib import Path
 
 import yaml
 
-SCENARIO = {
-    "model": "kimi-k3",
-    "hardware": "b300",
-    "deployment": {"pools": [{"parallel": 8, "engine": {
-        "speculative": {"method": "dspark", "num_spec_tokens": 7}, "max_num_seqs": 64}}]},
-    "workload": {"category": "coding", "thinking": "on", "input_tokens": 256,
-                 "output_tokens": 64, "concurrency": 8, "requests": 32},
-}  # fmt: skip
+from scenariokit import kimi_k3
+
+SCENARIO = kimi_k3(requests=32, output_tokens=64)
 GRID = ["--sweep", "num_spec_tokens=1..2", "--sweep", "concurrency=4,16", "--jobs", "1"]
 
 

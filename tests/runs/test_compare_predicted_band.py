@@ -12,19 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scenariokit import kimi_k3
 from speclens.runs.compare_inputs import stated_error
 from speclens.runs.rundir import InputError, Run
 
 pytestmark = pytest.mark.slow
 
-SCENARIO = {
-    "model": "kimi-k3",
-    "hardware": "b300",
-    "deployment": {"pools": [{"parallel": 8, "engine": {
-        "speculative": {"method": "dspark", "num_spec_tokens": 7}, "max_num_seqs": 64}}]},
-    "workload": {"category": "coding", "thinking": "on", "input_tokens": 256,
-                 "output_tokens": 128, "concurrency": 8, "requests": 256},
-}  # fmt: skip
+SCENARIO = kimi_k3(requests=256)
 
 
 def _sweep(run_cli, tmp_path: Path, name: str, hardware: str, parallel: int) -> Path:

@@ -11,17 +11,11 @@ import pytest
 import yaml
 
 from reportkit import field_mismatches, scan
+from scenariokit import kimi_k3
 
 pytestmark = pytest.mark.slow
 
-SCENARIO = {
-    "model": "kimi-k3",
-    "hardware": "b300",
-    "deployment": {"pools": [{"parallel": 8, "engine": {
-        "speculative": {"method": "dspark", "num_spec_tokens": 7}, "max_num_seqs": 64}}]},
-    "workload": {"category": "coding", "thinking": "on", "input_tokens": 256,
-                 "output_tokens": 128, "concurrency": 8, "requests": 256},
-}  # fmt: skip
+SCENARIO = kimi_k3(requests=256)
 
 
 def _sim(run_cli, tmp_path: Path, *args: str) -> Path:

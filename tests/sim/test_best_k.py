@@ -12,16 +12,10 @@ from typing import Any
 
 import yaml
 
+from scenariokit import kimi_k3
 from speclens.sim.decide import NO_INTERVAL, at, decide, pareto
 
-SCENARIO = {
-    "model": "kimi-k3",
-    "hardware": "b300",
-    "deployment": {"pools": [{"parallel": 8, "engine": {
-        "speculative": {"method": "dspark", "num_spec_tokens": 7}, "max_num_seqs": 64}}]},
-    "workload": {"category": "coding", "thinking": "on", "input_tokens": 256,
-                 "output_tokens": 128, "concurrency": 8, "requests": 64},
-}  # fmt: skip
+SCENARIO = kimi_k3(requests=64)
 #: The registry's golden AL of Kimi-K3 DSpark (thinking on, coding) at K 1..8.
 GOLDEN = [1.84, 2.45, 2.87, 3.22, 3.44, 3.54, 3.78, 3.88]
 

@@ -38,9 +38,10 @@ def test_the_decision_block_is_first_and_equals_decision_json(run_cli, tmp_path:
     assert loaded.console_errors == [] and loaded.exceptions == []
     assert loaded.requests == [loaded.url]
     ours = [(p, t, shown) for p, t, shown in loaded.fields if p.startswith("decision.")]
-    # K, AL, tok/s/GPU and the ratio for each K, and the GPUs.
-    assert len(ours) == 4 * len(decision["ks"]) + 1
-    names = ("num_spec_tokens", "acceptance_length", "tok_s_gpu", "ratio_to_best")
+    # K, AL, tok/s/GPU, its expected range and the ratio for each K, and the GPUs.
+    names = ("num_spec_tokens", "acceptance_length", "tok_s_gpu", "expected_low",
+             "expected_high", "ratio_to_best")  # fmt: skip
+    assert len(ours) == len(names) * len(decision["ks"]) + 1
     assert {p for p, _, _ in ours} == {"decision.gpus"} | {
         f"decision.ks[{i}].{n}" for i in range(len(decision["ks"])) for n in names
     }

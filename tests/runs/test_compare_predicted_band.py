@@ -18,7 +18,7 @@ from speclens.runs.rundir import InputError, Run
 
 pytestmark = pytest.mark.slow
 
-SCENARIO = kimi_k3(requests=256)
+SCENARIO = kimi_k3(requests=128)
 
 
 def _sweep(run_cli, tmp_path: Path, name: str, hardware: str, parallel: int) -> Path:

@@ -15,7 +15,7 @@ from scenariokit import kimi_k3
 
 pytestmark = pytest.mark.slow
 
-SCENARIO = kimi_k3(requests=256)
+SCENARIO = kimi_k3(requests=128)
 
 
 def _sim(run_cli, tmp_path: Path, *args: str) -> Path:

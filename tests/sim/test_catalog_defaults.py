@@ -6,15 +6,14 @@ of ships defaults; a chip it has none of ships none."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from benchkit import inferencex_script
 from publishedkit import INFERENCEX_DIR
 from speclens.sim import catalog
 
@@ -26,17 +25,12 @@ pytestmark = [
     pytest.mark.slow,  # a fit of 10 to 37 points a chip: 2 to 8 s each
 ]
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "inferencex.py"
 #: The significant figures the chip entries print their defaults to.
 PRINTED = 3
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("inferencex_benchmark", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return inferencex_script("inferencex_benchmark")
 
 
 @pytest.fixture(scope="module")

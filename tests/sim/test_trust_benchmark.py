@@ -8,13 +8,13 @@ them with the rest."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from benchkit import inferencex_script
 from publishedkit import INFERENCEX_DIR
 from speclens.sim import catalog, trust
 
@@ -23,17 +23,12 @@ pytestmark = pytest.mark.skipif(
     reason="InferenceX's published data (../shared/data/inferencex/) is not present",
 )
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "inferencex.py"
 #: The chip regenerated: 3 deployments (2 with MTP runs), about 15 CPU seconds.
 CHIP = "mi325x"
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("inferencex_benchmark_trust", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return inferencex_script("inferencex_benchmark_trust")
 
 
 @pytest.fixture(scope="module")

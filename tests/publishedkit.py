@@ -86,3 +86,13 @@ def vllm_result(**over: Any) -> dict[str, Any]:
 def write_vllm(path: Path, result: dict[str, Any], nan: bool = False) -> Path:
     path.write_text(json.dumps(result, allow_nan=nan), encoding="utf-8")
     return path
+
+
+def refused(run_cli: Any, args: list[Any], out: Path) -> str:
+    """The one line of a refused import (exit 1), with nothing written."""
+    code, stdout, stderr = run_cli(*args, "--output-dir", out)
+    assert code == 1, (stdout, stderr)
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr
+    assert not out.exists()
+    return lines[0]

@@ -7,21 +7,11 @@ from __future__ import annotations
 import json
 import time
 import tracemalloc
-from pathlib import Path
 
 import pytest
 
-from publishedkit import metrics, point, vllm_result, write_points, write_vllm
+from publishedkit import metrics, point, refused, vllm_result, write_points, write_vllm
 from speclens.runs import published_read
-
-
-def refused(run_cli, args: list, out: Path) -> str:
-    code, stdout, stderr = run_cli(*args, "--output-dir", out)
-    assert code == 1, (stdout, stderr)
-    lines = stderr.splitlines()
-    assert len(lines) == 1, stderr
-    assert not out.exists()
-    return lines[0]
 
 
 def without(mapping: dict, key: str) -> dict:

@@ -17,22 +17,12 @@ from pathlib import Path
 import pytest
 
 import launch
-from publishedkit import point, vllm_result, write_points, write_vllm
+from publishedkit import point, refused, vllm_result, write_points, write_vllm
 from speclens.runs import published, published_read, rundir
 from speclens.runs.record import MAX_COUNT
 from speclens.runs.rundir import InputError
 
 PY = sys.executable
-
-
-def refused(run_cli, args: list, out: Path) -> str:
-    """The one line of a refused import (exit 1), nothing written."""
-    code, stdout, stderr = run_cli(*args, "--output-dir", out)
-    assert code == 1, (stdout, stderr)
-    lines = stderr.splitlines()
-    assert len(lines) == 1, stderr
-    assert not out.exists()
-    return lines[0]
 
 
 def raw_points(path: Path, text: str) -> Path:

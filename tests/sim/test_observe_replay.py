@@ -71,14 +71,16 @@ def test_observe_calibrate_replay_compare(tmp_path: Path) -> None:
                           - row["spec_decode_acceptance"]["num_accepted_draft_tokens"]
                           for row in calibrated)  # fmt: skip
     # and prices a step of one request as the concurrency-1 run took one (its decode time over
-    # its decode steps, at its context half way), within the machine's noise
+    # its decode steps, at its context half way). The bound is what a loaded 2-core machine
+    # allows (CI saw 1.36x with other tests beside it); what it is for is the unit: a price in
+    # milliseconds, or of a whole batch of 4, misses it by 1000x or 4x.
     price, c1 = fitted["step_cost"], rows(runs[1]).values()
     took = [(row["latency_s"] - row["ttft_s"]) / row["spec_decode_acceptance"]["num_decode_steps"]
             for row in c1]  # fmt: skip
     priced = [price["base"] + price["per_seq"]
               + price["per_context_token"] * (row["prompt_tokens"] + row["completion_tokens"] / 2)
               for row in c1]  # fmt: skip
-    assert float(np.median(priced)) == pytest.approx(float(np.median(took)), rel=0.35)
+    assert float(np.median(priced)) == pytest.approx(float(np.median(took)), rel=0.6)
 
     sim = tmp_path / "sim8"
     _, err = speclens("sim", "--trace", runs[8], "--step-cost", cost, "--output-dir", sim)

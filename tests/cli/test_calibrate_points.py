@@ -35,7 +35,8 @@ def _settings(c: int, **changes: Any) -> dict[str, Any]:
 def _point(path: Path, settings: dict[str, Any], k: int = 0, al: float = 1.0) -> Path:
     """An aggregate-only run whose figures a roofline of ``settings``' deployment predicts."""
     model = catalog.with_precision(catalog.model("deepseek-v3"), "fp8")
-    roof = Roofline(model, catalog.chip("h200"), 8, "mtp" if k else None, efficiency=TRUTH,
+    roof = Roofline(model, catalog.chip("h200"), settings["tensor_parallel"], "mtp" if k else None,
+                    efficiency=TRUTH,
                     expert_parallel=settings["expert_parallel"],
                     dp_attention=settings["dp_attention"])  # fmt: skip
     load = Load(settings["concurrency"], 1024, 256, k, al)
@@ -87,11 +88,23 @@ def _refused(run_cli: Any, tmp_path: Path, off: Path, run: Path, *flags: str) ->
     return " ".join(err.split())
 
 
+@pytest.mark.parametrize("change", [{"expert_parallel": 1}, {"dp_attention": True}])
+def test_a_run_of_another_layout_is_priced_at_its_own(run_cli, tmp_path: Path,
+                                                      change: dict[str, Any]) -> None:  # fmt: skip
+    """One fit prices every layout of its chip and engine: an MTP run at another EP or with DP
+    attention implies the AL that made it at its own layout (at the fit's, it would not)."""
+    out = tmp_path / "cost.yaml"
+    code, _, err = run_cli("calibrate", _sweep(tmp_path / "off"), "-o", out, "--acceptance-from",
+                           _mtp(tmp_path / "mtp", **change))  # fmt: skip
+    assert code == 0, err
+    found = yaml.safe_load(out.read_text())["acceptance"]
+    assert found["acceptance_length"] == pytest.approx(2.6, abs=0.08)
+
+
 @pytest.mark.parametrize(
     "change, shown",
-    [({"tensor_parallel": 4, "gpus": 4}, "settings.tensor_parallel: 4, but the fit's points ran 8"),
-     ({"expert_parallel": 1}, "settings.expert_parallel: 1, but the fit's points ran 8"),
-     ({"dp_attention": True}, "settings.dp_attention: True, but the fit's points ran False"),
+    [({"hardware": "b200"}, "settings.hardware: 'b200', but the fit's points ran 'h200'"),
+     ({"disaggregated": True}, "settings.disaggregated: True, but the fit's points ran False"),
      ({"precision": "fp4"}, "settings.precision: 'fp4', but the fit's points ran 'fp8'")],
 )  # fmt: skip
 def test_a_run_of_another_deployment_is_refused(run_cli, tmp_path: Path, change: dict[str, Any],

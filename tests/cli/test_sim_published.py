@@ -247,6 +247,23 @@ def test_a_cost_fitted_on_another_chip_or_model_is_refused(run_cli, tmp_path: Pa
     assert not (tmp_path / "out").exists()
 
 
-def test_a_published_trace_needs_a_step_cost(run_cli, tmp_path: Path) -> None:
-    code, _, err = run_cli("sim", "--trace", write_sweep(tmp_path / "s", [toy_point(1)]))
-    assert code == 2 and "needs --step-cost" in err
+def test_a_published_trace_without_a_step_cost_is_priced_at_the_catalogs_defaults(
+    run_cli, tmp_path: Path
+) -> None:
+    """No cost file: the catalog's entries for the points' model and chip price them, and the
+    output and each summary say so; a chip the catalog lacks is refused naming the field."""
+    point = toy_point(1)
+    point["settings"].update(model="deepseek-r1", hardware="h200")
+    out = tmp_path / "out"
+    code, stdout, err = run_cli("sim", "--trace", write_sweep(tmp_path / "s", [point]),
+                                "--output-dir", out)  # fmt: skip
+    assert code == 0, err
+    said = " ".join((stdout + err).split())
+    assert "the catalog's roofline of deepseek-r1 on h200 at its defaults" in said
+    assert "no calibration" in said
+    (summary,) = [json.loads(p.read_text()) for p in out.glob("points/*/summary.json")]
+    assert summary["provenance"]["step_cost"] is None
+    assert any("no calibration" in n for n in summary["provenance"]["notes"])
+    point["settings"]["hardware"] = "tpu9"
+    code, _, err = run_cli("sim", "--trace", write_sweep(tmp_path / "t", [point]))
+    assert code == 1 and "settings.hardware: 'tpu9' is not in the catalog" in " ".join(err.split())

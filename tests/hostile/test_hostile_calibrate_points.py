@@ -28,15 +28,16 @@ def _refused(run_cli: Any, tmp_path: Path, *args: str | Path) -> str:
     return stderr
 
 
-def test_a_disaggregated_point_imports_but_calibrate_refuses_it(run_cli: Any,
-                                                                tmp_path: Path) -> None:  # fmt: skip
+def test_a_disaggregated_point_without_its_pools_is_refused(run_cli: Any,
+                                                            tmp_path: Path) -> None:  # fmt: skip
+    """Disaggregated points are priced at their prefill and decode pools: one that states none
+    (or a pool a layout cannot describe) is refused in one line naming the field."""
     root = _sweep(tmp_path / "s", {}, {}, {})
     data = summary(concurrency=128, tpot_p50=30.0)
     data["settings"]["disaggregated"] = True
     write_point(root / "points" / "c128", data)
-    err = _refused(run_cli, tmp_path, root)
-    assert "c128/summary.json: settings.disaggregated: is true" in err
-    assert "not modelled" in err
+    err = " ".join(_refused(run_cli, tmp_path, root).split())
+    assert "c128/summary.json: settings.prefill: expected an object" in err
 
 
 def test_points_of_two_chips_are_refused(run_cli: Any, tmp_path: Path) -> None:

@@ -124,15 +124,21 @@ def test_points_of_two_chips_are_refused(tmp_path: Path) -> None:
         fp.check_points(fp.read_points([a, b]))
 
 
-def test_a_disaggregated_or_speculating_point_is_refused(tmp_path: Path) -> None:
+def test_a_speculating_point_is_refused(tmp_path: Path) -> None:
     root = _sweep(tmp_path / "off", (4, 16))
-    write_point(root / "points" / "c64", _settings(64, disaggregated=True))
     write_point(root / "points" / "c8", _settings(8, method="mtp"))
     with pytest.raises(fp.PointsError) as caught:
         fp.check_points(fp.read_points([root]))
-    text = "\n".join(caught.value.lines)
-    assert "c64/summary.json: settings.disaggregated: is true" in text
-    assert "c8/summary.json: settings.method: is 'mtp'" in text
+    assert "c8/summary.json: settings.method: is 'mtp'" in "\n".join(caught.value.lines)
+
+
+def test_a_disaggregated_point_without_its_pools_is_refused(tmp_path: Path) -> None:
+    """A disaggregated point is priced at its prefill and decode pools: one that states none
+    cannot be priced, and the refusal names the field."""
+    path = write_point(tmp_path / "c64", _settings(64, disaggregated=True))
+    with pytest.raises(fp.PointsError) as caught:
+        fp.deployed(_roof(), fp.read_point(path))
+    assert "c64/summary.json: settings.prefill: expected an object" in "\n".join(caught.value.lines)
 
 
 @pytest.mark.parametrize(
@@ -193,17 +199,26 @@ def test_a_fit_that_does_not_describe_its_points_says_so(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(
-    "key, other",
-    [("hardware", "b200"), ("model", "deepseek-r1"), ("engine", "vllm"), ("precision", "fp4"),
-     ("tensor_parallel", 4), ("expert_parallel", 8), ("dp_attention", True), ("gpus", 4)],
+    "key, other", [("hardware", "b200"), ("model", "deepseek-r1"), ("engine", "vllm"),
+                   ("precision", "fp4")],
 )  # fmt: skip
-def test_points_of_two_deployments_are_refused(key: str, other: Any) -> None:
-    """Two points that differ only in one deployment field are two deployments."""
+def test_points_of_two_chips_engines_or_precisions_are_refused(key: str, other: Any) -> None:
+    """One fit prices one chip, model, engine and precision."""
     points = [_point(_settings(c)) for c in (4, 16)] + [_point(_settings(64, **{key: other}))]
     with pytest.raises(fp.PointsError, match=rf"settings\.{key}: the points differ") as caught:
         fp.check_points(points)
     assert len(caught.value.lines) == 1
-    fp.check_points([_point(_settings(c)) for c in (4, 16, 64)])  # one deployment: taken
+
+
+@pytest.mark.parametrize(
+    "key, other", [("tensor_parallel", 4), ("expert_parallel", 8), ("dp_attention", True),
+                   ("gpus", 4)],
+)  # fmt: skip
+def test_points_of_two_layouts_are_one_fit(key: str, other: Any) -> None:
+    """Layouts may differ: each point is priced at its own (``deployed``)."""
+    fp.check_points(
+        [_point(_settings(c)) for c in (4, 16)] + [_point(_settings(64, **{key: other}))]
+    )
 
 
 @pytest.mark.parametrize(
@@ -243,7 +258,7 @@ def _fit_by_hand(errors: dict[str, list[float]]) -> fp.Fit:
                                itl_weights=np.array([1.0]), duration_s=1280 / tput / 8,
                                input_tokens=1024, output_tokens=256, gpus=8))  # fmt: skip
         points.append(_point(_settings(c), tpot / (1 + e[0]), ttft / (1 + e[1]), tput / (1 + e[2])))
-    return fp.Fit(_roof(TRUTH), FRONT, points, figures, [])
+    return fp.Fit(_roof(TRUTH), FRONT, points, figures, [], [_roof(TRUTH)] * len(points))
 
 
 def _errors(

@@ -65,13 +65,17 @@ def _entry(given: str | None, stated: Any, flag: str) -> str:
 def roofline_for(point: Any, model: str | None, hardware: str | None, parallel: int | None,
                  precision: str | None) -> Any:  # fmt: skip
     """The roofline the points ran on: each entry from its flag, else from their settings
-    (``point`` one of them; they share one deployment), at their TP, EP and DP attention."""
+    (``point`` the first of them), at its TP, EP and DP attention (the fit prices every other
+    point at its own); a disaggregated point's roofline as the chip and model give it."""
     from speclens.acceptance import ValidationError
     from speclens.sim import catalog
     from speclens.sim import fit_points as fp
     from speclens.sim.roofline import Roofline
 
     settings = point.settings
+    if point.disaggregated and parallel is not None:
+        fail("command line: --parallel: the points are disaggregated: each is priced at its own "
+             "prefill and decode layout; leave the flag out", 2)  # fmt: skip
     stated = settings.get("tensor_parallel")
     if parallel is not None and stated is not None and parallel != stated:
         fail(f"command line: --parallel: {parallel}, but the points ran TP {stated!r}: a fit "
@@ -86,6 +90,8 @@ def roofline_for(point: Any, model: str | None, hardware: str | None, parallel: 
         roof = Roofline(spec, chip)
     except ValidationError as exc:
         fail([str(p) for p in exc.problems], 2)
+    if point.disaggregated:  # each point is priced at its own pools (fit_points.pools)
+        return roof
     try:
         # A point that does not state its TP (a vllm bench result): the flag's, else 1.
         return fp.deployed(roof, point, fp.Deployment(parallel or 1, 1, False))
@@ -113,7 +119,10 @@ def published(
     if profile is not None and run is not None:
         profile = _profile_target(profile, output, run[0], run[2], k is not None)
     with ray_reported():  # the points' closed loops: where ``fanout`` says
-        fit = fp.fit_points(points, roof, fanout=fanout)
+        try:  # each point's layout is checked before any closed loop runs
+            fit = fp.fit_points(points, roof, fanout=fanout)
+        except fp.PointsError as exc:
+            fail(exc.lines)
     report = fit.report()
     acceptance = _acceptance(fit, *run) if run is not None else None
     if acceptance is not None and run is not None:
@@ -191,7 +200,7 @@ def _acceptance_run(path: Path, method: str | None, k: int | None,
     if kk is None:
         fail(f"command line: --num-speculative-tokens: the run's K: {file} states none "
              "(settings.num_spec_tokens)", 2)  # fmt: skip
-    keys = [key for key in fp.DEPLOYMENT if key != "engine"] + ["disaggregated"]
+    keys = [key for key in fp.DEPLOYMENT if key != "engine"] + ["disaggregated"]  # any layout
     ran = points[0].settings
     differ = [key for key in keys if str(point.settings.get(key)) != str(ran.get(key))]
     if differ:
@@ -294,14 +303,17 @@ def odd_al_notes(acceptance: dict[str, Any], settings: dict[str, Any], model: st
 
 def _print(console: Any, fit: Any, report: dict[str, Any], acceptance: dict[str, Any] | None,
            output: Path) -> None:  # fmt: skip
-    from speclens.sim.fit_points import Deployment
-
     roof = fit.roofline
     e = roof.efficiency
-    deployment = Deployment(roof.parallel, roof.expert_parallel, roof.dp_attention).describe()
+    layouts = report["layouts"]
+    if len(layouts) > 1:
+        where = f"on {roof.chip.name} ({len(layouts)} layouts, each point priced at its own)"
+    elif fit.points[0].disaggregated:
+        where = f"on {roof.chip.name} ({layouts[0]})"
+    else:
+        where = f"on {roof.parallel} x {roof.chip.name} ({layouts[0]})"
     console.print(
-        f"roofline of {roof.model.name} on {roof.parallel} x {roof.chip.name} ({deployment}), "
-        "fitted to "
+        f"roofline of {roof.model.name} {where}, fitted to "
         f"{len(fit.points)} published points: compute efficiency {e.compute:.3g}, memory "
         f"efficiency {e.memory:.3g}, overhead {e.overhead * 1e3:.3f} ms per step + "
         f"{e.per_token * 1e6:.2f} us per decode token, front latency "
@@ -315,7 +327,9 @@ def _print(console: Any, fit: Any, report: dict[str, Any], acceptance: dict[str,
             name = "throughput_per_gpu" if key == "throughput_per_gpu" else key[:4]
             cells.append(f"{row[key]['measured']:8.2f} -> {row[key]['predicted']:8.2f} "
                          f"({row['error'][name]:+6.1%})")  # fmt: skip
-        console.print(f"  {row['concurrency']:>11}   " + "   ".join(cells), markup=False)
+        layout = f"   {row['layout']}" if len(layouts) > 1 else ""
+        console.print(f"  {row['concurrency']:>11}   " + "   ".join(cells) + layout,
+                      markup=False)  # fmt: skip
     console.print(f"median error: TPOT {report['tpot_error_median']:.1%}, TTFT "
                   f"{report['ttft_error_median']:.1%}, throughput per GPU "
                   f"{report['throughput_error_median']:.1%}", markup=False)  # fmt: skip

@@ -177,7 +177,10 @@ def sim(
         "trace (timestamp ms, input_length, output_length).",
     ),
     step_cost: Path | None = typer.Option(
-        None, "--step-cost", help="With --trace: the step cost YAML (speclens calibrate's output)."
+        None,
+        "--step-cost",
+        help="With --trace: the step cost YAML (speclens calibrate's output); "
+        "on published points it may be left out: the catalog's defaults for their chip.",
     ),
     precision: str | None = typer.Option(
         None,
@@ -222,9 +225,6 @@ def sim(
         if trace.is_dir() and is_published([trace]):
             from speclens.cli.sim_published import predict_command
 
-            if step_cost is None:
-                fail("--trace on published points needs --step-cost COST.yaml (speclens "
-                     "calibrate on published points writes one)", code=2)  # fmt: skip
             predict_command(trace, step_cost, method, num_speculative_tokens, acceptance_length,
                             precision, output_dir, as_json)  # fmt: skip
             return

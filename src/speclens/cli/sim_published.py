@@ -1,9 +1,11 @@
-"""``speclens sim --trace RUN_OR_SWEEP --step-cost COST.yaml`` on published points (aggregate-only
-runs): each point's load (its closed loop at its concurrency and lengths) replayed in the
-simulator (``speclens.sim.closed_loop``), priced by the calibrated roofline, optionally with
-speculation (``--method mtp --num-speculative-tokens K --acceptance-length X``), and written in
-the same shape (a sweep of aggregate-only runs, or one run), so ``speclens compare MEASURED OUT``
-puts each prediction beside its measurement.
+"""``speclens sim --trace RUN_OR_SWEEP [--step-cost COST.yaml]`` on published points
+(aggregate-only runs): each point's load (its closed loop at its concurrency and lengths)
+replayed in the simulator (``speclens.sim.closed_loop``; a disaggregated point in its steady
+state, ``speclens.sim.disagg``), priced by the calibrated roofline (without ``--step-cost``, the
+catalog's defaults for the points' chip, said in the output and in each ``summary.json``),
+optionally with speculation (``--method mtp --num-speculative-tokens K --acceptance-length
+X``), and written in the same shape (a sweep of aggregate-only runs, or one run), so
+``speclens compare MEASURED OUT`` puts each prediction beside its measurement.
 """
 
 from __future__ import annotations
@@ -33,18 +35,22 @@ def _points(trace: Path) -> tuple[list[Any], bool]:
 
 
 def predict_command(
-    trace: Path, step_cost: Path, method: str | None, k: int | None,
+    trace: Path, step_cost: Path | None, method: str | None, k: int | None,
     acceptance_length: float | None, precision: str | None, output_dir: Path | None,
     as_json: bool,
 ) -> None:  # fmt: skip
     from speclens.acceptance.quantity import length_problems
+    from speclens.sim import fit_points as fp
     from speclens.sim.calibrate import extrapolation, fit_warnings, read_cost_file
-    from speclens.sim.closed_loop import schedule
     from speclens.sim.roofline import Roofline
     from speclens.sim.trust import for_pricing
 
-    with reported():
-        cost, meta = read_cost_file(step_cost)
+    if step_cost is None:
+        cost, meta, source = _catalog_defaults(_points(trace)[0], trace)
+    else:
+        with reported():
+            cost, meta = read_cost_file(step_cost)
+        source = str(step_cost)
     if not isinstance(cost, Roofline):
         fail(f"{step_cost}: roofline: published points are replayed on a roofline (calibrate "
              "with --model and --hardware on them writes one); this file holds a linear step "
@@ -62,28 +68,31 @@ def predict_command(
     if precision is not None:
         _precision(cost.model, precision, "command line", "--precision", 2)
     points, sweep = _points(trace)
-    fitted = _fitted_problems(points, meta, step_cost, trace)
+    fitted = _fitted_problems(points, meta, source, trace)
     if fitted:
         fail(fitted, 1)
     if output_dir is not None and output_dir.exists() and any(output_dir.iterdir()):
         fail(f"command line: --output-dir: {output_dir}: exists and is not empty", 2)
     with reported():  # the fit's own errors, read before any replay
-        trust = for_pricing({**cost.describe(), "source": f"from {step_cost}"}, meta,
-                            speculating).as_dict()  # fmt: skip
+        described = {**cost.describe(), "source": f"from {source}" if step_cost else source}
+        trust = for_pricing(described, meta, speculating).as_dict()
     front = float(meta.get("front_latency_s") or 0.0)
     kk, al = int(k or 0), float(acceptance_length or 1.0)
     priced = [(p, _roofline(cost, method if speculating else None, precision, p)) for p in points]
     for _, roof in priced:
-        _check_prices(roof, kk, step_cost)
+        _check_prices(roof, kk, source)
     rows, summaries = [], []
     widths = (min(p.concurrency for p in points), max(p.concurrency for p in points))
     notes = [n for n in [extrapolation(meta, widths)] if n]
-    notes += _deployment_notes(cost, priced, step_cost) + fit_warnings(meta, str(step_cost))
+    notes += _deployment_notes(cost, priced, meta, source) + fit_warnings(meta, source)
+    if step_cost is None:
+        notes.append(f"priced with {source}, no calibration; TTFT leaves out the client's front "
+                     "latency (a cost file calibrate fitted adds it)")  # fmt: skip
     for p, roof in priced:
-        figures = schedule(p.load(kk, al)).figures(roof, front, p.gpus)
-        _check_figures(figures, p, step_cost)
+        figures = fp.predict(p, roof, front, kk, al)
+        _check_figures(figures, p, source)
         summary = _summary(p, figures, method if speculating else None, k, acceptance_length,
-                           step_cost, trace, notes, trust)  # fmt: skip
+                           (step_cost, source), trace, notes, trust)  # fmt: skip
         summaries.append(summary)
         rows.append({
             "concurrency": p.concurrency,
@@ -92,7 +101,8 @@ def predict_command(
             "throughput_per_gpu": {"predicted": figures.throughput_per_gpu,
                                    "trace": p.throughput_per_gpu},
         })  # fmt: skip
-    result = {"trace": str(trace), "step_cost": str(step_cost),
+    result = {"trace": str(trace), "step_cost": str(step_cost) if step_cost else None,
+              "priced_with": source,
               "method": method if speculating else None, "num_spec_tokens": k,
               "acceptance_length": acceptance_length, "points": rows, "trust": trust,
               "notes": notes}  # fmt: skip
@@ -106,7 +116,36 @@ def predict_command(
         _write(output_dir, summaries, sweep, as_json)
 
 
-def _fitted_problems(points: list[Any], meta: dict[str, Any], step_cost: Path,
+def _catalog_defaults(points: list[Any], trace: Path) -> tuple[Any, dict[str, Any], str]:
+    """The roofline the points ran on at the catalog's defaults for their chip (no cost file):
+    their model and chip (one of each), how it prices, and what its defaults were fitted on."""
+    from speclens.acceptance import ValidationError
+    from speclens.sim import catalog
+    from speclens.sim.roofline import Roofline
+
+    found = {}
+    for key in ("model", "hardware"):
+        values = sorted({str(p.settings.get(key)) for p in points})
+        if len(values) != 1 or values[0] == "None":
+            fail(f"{trace}: settings.{key}: the points state {', '.join(values)}: without "
+                 "--step-cost they are priced by the catalog's entries for one model and one "
+                 "chip; pass --step-cost COST.yaml (speclens calibrate writes one)", 2)  # fmt: skip
+        found[key] = values[0]
+    file = str(points[0].path / "summary.json")
+    try:
+        model = catalog.model(found["model"], file, "settings.model")
+        chip = catalog.chip(found["hardware"], file, "settings.hardware")
+    except ValidationError as exc:
+        fail([f"{p} (without --step-cost the catalog prices the points; pass --step-cost "
+              "COST.yaml)" for p in exc.problems])  # fmt: skip
+    basis = ("its defaults, fitted on published points (see its catalog entry's notes)"
+             if chip.efficiency is not None
+             else "the global defaults (no published point of this chip fitted its own)")  # fmt: skip
+    source = f"the catalog's roofline of {model.name} on {chip.name} at {basis}"
+    return Roofline(model, chip), {}, source
+
+
+def _fitted_problems(points: list[Any], meta: dict[str, Any], step_cost: str,
                      trace: Path) -> list[str]:  # fmt: skip
     """The points a cost file cannot price: run on another chip or another model than the fit's
     (``provenance``): a calibrated roofline prices what it was fitted on."""
@@ -154,19 +193,27 @@ def _roofline(cost: Any, method: str | None, precision: str | None, point: Any) 
         fail(exc.lines)
 
 
-def _deployment_notes(cost: Any, priced: list[tuple[Any, Any]], step_cost: Path) -> list[str]:
-    """A note for each deployment the points ran that the fit did not: its efficiencies carried
-    to another split of the model over the chips."""
+def _deployment_notes(cost: Any, priced: list[tuple[Any, Any]], meta: dict[str, Any],
+                      step_cost: str) -> list[str]:  # fmt: skip
+    """A note for each layout the points ran that the fit did not (its ``fit.layouts``, else
+    the cost file's roofline): its efficiencies carried to another split of the model over the
+    chips."""
     from speclens.sim import fit_points as fp
 
-    fitted = fp.Deployment(cost.parallel, cost.expert_parallel, cost.dp_attention)
-    seen = sorted({fp.deployment(p, fitted).describe() for p, _ in priced} - {fitted.describe()})
-    return [f"{step_cost}: roofline: fitted at {fitted.describe()}; the points at {d} are priced "
-            "at their own deployment with the fitted efficiencies: outside the fitted deployment "
-            "it extrapolates" for d in seen]  # fmt: skip
+    fit = meta.get("fit")
+    layouts = fit.get("layouts") if isinstance(fit, dict) else None
+    if not (isinstance(layouts, list) and layouts and all(isinstance(x, str) for x in layouts)):
+        if not meta:
+            return []  # the catalog's defaults: fitted on no one layout
+        layouts = [fp.Deployment(cost.parallel, cost.expert_parallel, cost.dp_attention).describe()]
+    seen = sorted({fp.describe_layout(roof) for _, roof in priced} - set(layouts))
+    fitted = "; ".join(layouts)
+    return [f"{step_cost}: roofline: fitted at {fitted}; the points at {d} are priced at their "
+            "own layout with the fitted efficiencies: outside the fitted layouts it extrapolates"
+            for d in seen]  # fmt: skip
 
 
-def _check_prices(roof: Any, k: int, step_cost: Path) -> None:
+def _check_prices(roof: Any, k: int, step_cost: str) -> None:
     """Refuse, before any replay, a roofline whose cheapest step (one request, one token of
     context) is not finite or over a year: the bound a bench-run replay holds (docs/bounds.md)."""
     import math
@@ -174,16 +221,18 @@ def _check_prices(roof: Any, k: int, step_cost: Path) -> None:
     import numpy as np
 
     from speclens.runs.record import MAX_SECONDS
+    from speclens.sim.disagg import Pools
 
+    decode, prefill = (roof.decode, roof.prefill) if isinstance(roof, Pools) else (roof, roof)
     with np.errstate(all="ignore"):  # a price that overflows is refused below, not warned of
-        cheapest = float(min(roof.decode(1, 1, 1, 0, k), roof.prefill(1, 1, 1)))
+        cheapest = float(min(decode.decode(1, 1, 1, 0, k), prefill.prefill(1, 1, 1)))
     if not (math.isfinite(cheapest) and cheapest <= MAX_SECONDS):
         fail(f"{step_cost}: roofline: prices a step at {cheapest:g} s at least: expected prices "
              f"in seconds (a run holds at most a year, {MAX_SECONDS:g} s; see roofline.chip and "
              "roofline.efficiency)")  # fmt: skip
 
 
-def _check_figures(figures: Any, point: Any, step_cost: Path) -> None:
+def _check_figures(figures: Any, point: Any, step_cost: str) -> None:
     """Refuse a replay whose span is 0 s, not finite or past a year (docs/bounds.md), never
     written as a prediction."""
     import math
@@ -198,7 +247,7 @@ def _check_figures(figures: Any, point: Any, step_cost: Path) -> None:
 
 
 def _summary(point: Any, figures: Any, method: str | None, k: int | None, al: float | None,
-             step_cost: Path, trace: Path, notes: list[str],
+             priced: tuple[Path | None, str], trace: Path, notes: list[str],
              trust: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     from speclens import __version__
 
@@ -212,7 +261,8 @@ def _summary(point: Any, figures: Any, method: str | None, k: int | None, al: fl
         "server": {"engine": "speclens", "version": __version__, "executor": "sim",
                    "model": settings.get("model"), "hardware": settings.get("hardware")},
         "provenance": {"source": "speclens-sim", "trace": str(point.path),
-                       "step_cost": str(step_cost), "trust": trust, "notes": notes},
+                       "step_cost": str(priced[0]) if priced[0] else None,
+                       "priced_with": priced[1], "trust": trust, "notes": notes},
         "figures": block,
     }  # fmt: skip
 
@@ -234,7 +284,7 @@ def _print(result: dict[str, Any]) -> None:
     spec = (f"{result['method']} at K {result['num_spec_tokens']}, AL "
             f"{result['acceptance_length']:g}" if result["method"] else "no speculation")  # fmt: skip
     out_console.print(f"replayed {len(result['points'])} published point(s) of {result['trace']} "
-                      f"({spec}) on {result['step_cost']}", markup=False)  # fmt: skip
+                      f"({spec}) on {result['priced_with']}", markup=False)  # fmt: skip
     out_console.print("  concurrency   TPOT ms (trace, pred)   TTFT ms (trace, pred)   "
                       "tok/s/GPU (trace, pred)", markup=False)  # fmt: skip
     for row in result["points"]:

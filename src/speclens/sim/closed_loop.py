@@ -251,7 +251,8 @@ class Figures:
         }  # fmt: skip
 
 
-def _lengths(load: Load) -> tuple[np.ndarray, np.ndarray]:
+def lengths(load: Load) -> tuple[np.ndarray, np.ndarray]:
+    """The point's prompt and output lengths, drawn as its benchmark drew them (seeded)."""
     rng = np.random.default_rng(load.seed)
     n = load.count
 
@@ -290,7 +291,7 @@ def schedule(load: Load) -> Schedule:
     problems = load.problems()
     if problems:
         raise ValueError("; ".join(problems))
-    inputs, outputs = _lengths(load)
+    inputs, outputs = lengths(load)
     k, al = load.num_spec_tokens, float(load.acceptance_length)
     width = k + 1 if k else 1
     n, c = load.count, load.concurrency

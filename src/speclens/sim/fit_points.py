@@ -26,9 +26,14 @@ import numpy as np
 
 from speclens.acceptance.quantity import is_finite_number
 from speclens.runs import rundir
-from speclens.sim.closed_loop import Figures, Load, schedule
+from speclens.sim import disagg
+from speclens.sim.closed_loop import Figures, Load, Schedule, schedule
+from speclens.sim.disagg import Pools
 from speclens.sim.fanout import Fanout
 from speclens.sim.roofline import Roofline
+
+#: What prices a point: one roofline (a single-node point), or a disaggregated point's pools.
+Priced = Roofline | Pools
 
 #: Fewest points a fit takes.
 MIN_POINTS = 3
@@ -91,6 +96,10 @@ class Point:
     @property
     def gpus(self) -> int:
         return int(self.settings.get("gpus") or self.settings.get("tensor_parallel") or 1)
+
+    @property
+    def disaggregated(self) -> bool:
+        return bool(self.settings.get("disaggregated"))
 
 
 def _positive(value: Any) -> bool:
@@ -159,9 +168,10 @@ def read_points(paths: Sequence[Path]) -> list[Point]:
     return sorted((read_point(p) for p in _runs(paths)), key=lambda p: p.concurrency)
 
 
-#: What a fit's points must share (one deployment), with how the refusal names it.
-DEPLOYMENT = ("hardware", "model", "engine", "precision", "tensor_parallel", "expert_parallel",
-              "dp_attention", "gpus")  # fmt: skip
+#: What a fit's points must share (one chip, model, engine and precision), with how the refusal
+#: names it; their layouts (TP, EP, DP attention, GPUs, workers) may differ: each point is
+#: priced at its own.
+DEPLOYMENT = ("hardware", "model", "engine", "precision")
 
 
 @dataclass(frozen=True)
@@ -205,10 +215,12 @@ def deployment(point: Point, fallback: Deployment | None = None) -> Deployment:
     return Deployment(values["tensor_parallel"], values["expert_parallel"], bool(dpa))
 
 
-def deployed(roof: Roofline, point: Point, fallback: Deployment | None = None) -> Roofline:
+def deployed(roof: Roofline, point: Point, fallback: Deployment | None = None) -> Priced:
     """``roof`` at ``point``'s deployment (``deployment``): its TP, EP and DP attention, the
-    efficiencies, model and chip kept; one the roofline cannot price is refused naming the
-    field."""
+    efficiencies, model and chip kept; a disaggregated point's prefill and decode pools
+    (``pools``); one the roofline cannot price is refused naming the field."""
+    if point.disaggregated:
+        return pools(roof, point)
     d = deployment(point, fallback)
     out = replace(roof, parallel=d.tensor_parallel, expert_parallel=d.expert_parallel,
                   dp_attention=d.dp_attention)  # fmt: skip
@@ -218,15 +230,110 @@ def deployed(roof: Roofline, point: Point, fallback: Deployment | None = None) -
     return out
 
 
+#: A disaggregated point's pools, as ``speclens import`` writes them under ``settings``.
+POOLS = ("prefill", "decode")
+
+
+def layout(point: Point) -> dict[str, tuple[int, int, int, bool]]:
+    """A disaggregated point's pools: per pool (workers, GPUs a worker, EP, DP attention), each
+    field checked: workers >= 1, GPUs a whole number of workers, EP at most a worker's GPUs."""
+    file, s = point.path / "summary.json", point.settings
+    out, problems = {}, []
+    for name in POOLS:
+        pool = s.get(name)
+        where = f"{file}: settings.{name}"
+        if not isinstance(pool, dict):
+            problems.append(f"{where}: expected an object (workers, gpus, tensor_parallel, "
+                            "expert_parallel, dp_attention), as speclens import writes a "
+                            "disaggregated point")  # fmt: skip
+            continue
+        ep, dpa = pool.get("expert_parallel"), pool.get("dp_attention")
+        counts, bad = {}, []
+        for key in ("workers", "gpus"):
+            value = pool.get(key)
+            if (
+                isinstance(value, int)
+                and not isinstance(value, bool)
+                and 1 <= value <= MAX_PARALLEL
+            ):
+                counts[key] = value
+            else:
+                bad.append(f"{where}.{key}: expected an integer from 1 to {MAX_PARALLEL}, got "
+                           f"{value!r}")  # fmt: skip
+        workers, gpus = counts.get("workers", 1), counts.get("gpus", 1)
+        if not bad and gpus % workers:
+            bad.append(f"{where}.gpus: {gpus} GPUs do not split into {workers} workers")
+        width = gpus // workers if not bad else 1
+        if ep is None:
+            ep = 1
+        if not (isinstance(ep, int) and not isinstance(ep, bool) and 1 <= ep <= max(width, 1)):
+            bad.append(f"{where}.expert_parallel: expected an integer from 1 to {width} (a "
+                       f"worker's GPUs), got {ep!r}")  # fmt: skip
+        if dpa is not None and not isinstance(dpa, bool):
+            bad.append(f"{where}.dp_attention: expected true, false or null, got {dpa!r}")
+        problems += bad
+        if not bad:
+            out[name] = (workers, width, ep, bool(dpa))
+    if problems:
+        raise PointsError(problems)
+    return out
+
+
+def pools(roof: Roofline, point: Point) -> Pools:
+    """``roof`` as a disaggregated point's pools: a prefill worker (no drafter: only decode
+    pools speculate) and a decode worker, each at its own width, EP and DP attention."""
+    file = point.path / "summary.json"
+    found = layout(point)
+    priced = {}
+    for name, (_, width, ep, dpa) in found.items():
+        out = replace(roof, parallel=width, expert_parallel=ep, dp_attention=dpa,
+                      method=roof.method if name == "decode" else None)  # fmt: skip
+        problems = out.problems()
+        experts = out.model.experts
+        if experts is not None and experts.routed % ep:
+            problems.append(f"expert_parallel: {ep} does not divide {out.model.name}'s "
+                            f"{experts.routed} routed experts")  # fmt: skip
+        if problems:
+            raise PointsError([f"{file}: settings.{name}.{line}" for line in problems])
+        priced[name] = out
+    return Pools(priced["prefill"], priced["decode"], found["prefill"][0], found["decode"][0])
+
+
+def plan(point: Point, k: int = 0, acceptance_length: float = 1.0) -> Schedule | Load:
+    """What a point's prediction reruns under each price: a single-node point's schedule (its
+    closed loop in steps), a disaggregated point's load (solved in its steady state)."""
+    load = point.load(k, acceptance_length)
+    return load if point.disaggregated else schedule(load)
+
+
+def figures_of(planned: Schedule | Load, priced: Priced, front: float, gpus: int) -> Figures:
+    """A point's figures from its ``plan`` under ``priced``."""
+    if isinstance(priced, Pools):
+        load = planned.load if isinstance(planned, Schedule) else planned
+        return disagg.figures(load, priced, front, gpus)
+    assert isinstance(planned, Schedule)
+    return planned.figures(priced, front, gpus)
+
+
+def predict(point: Point, priced: Priced, front: float, k: int = 0,
+            acceptance_length: float = 1.0) -> Figures:  # fmt: skip
+    """``point``'s figures under ``priced`` (``deployed``), at K and AL."""
+    return figures_of(plan(point, k, acceptance_length), priced, front, point.gpus)
+
+
+def with_method(priced: Priced, method: str | None) -> Priced:
+    """``priced`` with the drafter ``method`` (a disaggregated deployment's decode pool only)."""
+    if isinstance(priced, Pools):
+        return replace(priced, decode=replace(priced.decode, method=method))
+    return replace(priced, method=method)
+
+
 def check_points(points: Sequence[Point], *, speculating: bool = False) -> None:
-    """Refuse what a fit cannot take: too few points, a disaggregated one, points of two
-    deployments (two chips above all), speculating points (their AL is not published)."""
+    """Refuse what a fit cannot take: too few points, points of two chips, models, engines or
+    precisions, speculating points (their AL is not published). Layouts may differ, single-node
+    and disaggregated alike: each point is priced at its own."""
     lines = []
     for p in points:
-        if p.settings.get("disaggregated"):
-            lines.append(f"{p.path / 'summary.json'}: settings.disaggregated: is true: a "
-                         "disaggregated deployment (prefill and decode on separate nodes) is not "
-                         "modelled; calibrate takes single-node points")  # fmt: skip
         if p.speculating and not speculating:
             lines.append(f"{p.path / 'summary.json'}: settings.method: is "
                          f"{p.settings.get('method')!r}: its AL was not published, so it cannot "
@@ -236,7 +343,8 @@ def check_points(points: Sequence[Point], *, speculating: bool = False) -> None:
         values = sorted({str(p.settings.get(key)) for p in points})
         if len(values) > 1:
             lines.append(f"calibrate: settings.{key}: the points differ ({', '.join(values)}): "
-                         "a fit prices one deployment; calibrate each apart")  # fmt: skip
+                         "a fit prices one chip, model, engine and precision; calibrate each "
+                         "apart")  # fmt: skip
     if len(points) < MIN_POINTS:
         lines.append(f"calibrate: {len(points)} published point(s), at least {MIN_POINTS} needed "
                      "(the fit has 5 free parameters and each point gives 3 figures)")  # fmt: skip
@@ -244,18 +352,33 @@ def check_points(points: Sequence[Point], *, speculating: bool = False) -> None:
         raise PointsError(lines)
 
 
-def _with(roof: Roofline, values: dict[str, float]) -> Roofline:
-    """``roof`` at the fitted values; its per-sequence price folded into ``per_token`` (on
-    one-token decode steps the two are one; the per-token reading priced InferenceX's MTP
-    runs at concurrency 16 to 64 within 8%, the per-sequence one 18% to 30% fast)."""
+def describe_layout(priced: Priced) -> str:
+    """A point's layout in words: ``TP 8, EP 8, DP attention`` or its pools'."""
+    if isinstance(priced, Pools):
+        return priced.describe()
+    return Deployment(priced.parallel, priced.expert_parallel, priced.dp_attention).describe()
+
+
+def _with(roof: Priced, values: dict[str, float]) -> Priced:
+    """``roof`` at the fitted values (a disaggregated deployment's pools both); its
+    per-sequence price folded into ``per_token`` (on one-token decode steps the two are one; the
+    per-token reading priced InferenceX's MTP runs at concurrency 16 to 64 within 8%, the
+    per-sequence one 18% to 30% fast)."""
+    if isinstance(roof, Pools):
+        return replace(roof, prefill=_with_one(roof.prefill, values),
+                       decode=_with_one(roof.decode, values))  # fmt: skip
+    return _with_one(roof, values)
+
+
+def _with_one(roof: Roofline, values: dict[str, float]) -> Roofline:
     update = {k: v for k, v in values.items() if k != "front_latency_s"}
     return replace(
         roof, efficiency=roof.efficiency.model_copy(update={**update, "per_sequence": 0.0})
     )
 
 
-def _start(roof: Roofline, front: float) -> dict[str, float]:
-    e = roof.efficiency
+def _start(roof: Priced, front: float) -> dict[str, float]:
+    e = (roof.decode if isinstance(roof, Pools) else roof).efficiency
     start = {"compute": e.compute, "memory": e.memory, "overhead": e.overhead,
              "per_token": e.per_token or e.per_sequence, "front_latency_s": front}  # fmt: skip
     return {k: min(max(v, PARAMETERS[k][0]), PARAMETERS[k][1]) for k, v in start.items()}
@@ -280,6 +403,9 @@ class Fit:
     points: list[Point]
     figures: list[Figures]
     not_pinned: list[str]
+    #: Each point's fitted pricing at its own layout (a roofline, or a disaggregated point's
+    #: pools).
+    priced: list[Priced]
 
     @property
     def residuals(self) -> np.ndarray:
@@ -292,13 +418,13 @@ class Fit:
                       "(speclens.sim.closed_loop), least squares on log(predicted / measured) "
                       "of median TPOT, median TTFT and throughput per GPU",
             "points": [
-                {"run": str(p.path), "concurrency": p.concurrency,
+                {"run": str(p.path), "concurrency": p.concurrency, "layout": describe_layout(q),
                  "tpot_ms": {"measured": p.tpot_s * 1e3, "predicted": f.median_tpot_s * 1e3},
                  "ttft_ms": {"measured": p.ttft_s * 1e3, "predicted": f.median_ttft_s * 1e3},
                  "throughput_per_gpu": {"measured": p.throughput_per_gpu,
                                         "predicted": f.throughput_per_gpu},
                  "error": {"tpot": float(e[0]), "ttft": float(e[1]), "throughput_per_gpu": float(e[2])}}
-                for p, f, e in zip(self.points, self.figures, r, strict=True)
+                for p, f, e, q in zip(self.points, self.figures, r, self.priced, strict=True)
             ],
             "tpot_error_median": float(np.median(np.abs(r[:, 0]))),
             "ttft_error_median": float(np.median(np.abs(r[:, 1]))),
@@ -307,6 +433,7 @@ class Fit:
             "misfit": _misfit(np.median(np.abs(r), axis=0)),
             "front_latency_s": self.front_latency_s,
             "load_points": [{"concurrency": p.concurrency} for p in self.points],
+            "layouts": sorted({describe_layout(r) for r in self.priced}),
             "batch_widths": [min(p.concurrency for p in self.points),
                              max(p.concurrency for p in self.points)],
         }  # fmt: skip
@@ -328,23 +455,33 @@ def _misfit(medians: np.ndarray) -> str | None:
 def fit_points(
     points: Sequence[Point], roof: Roofline, front: float = 0.05, fanout: Fanout | None = None
 ) -> Fit:
-    """The roofline's free parameters fitted to ``points`` of one deployment (see the module);
-    the points' closed loops are simulated where ``fanout`` says (``speclens.sim.fanout``)."""
+    """The roofline's free parameters fitted to ``points`` of one chip, model, engine and
+    precision (see the module), each priced at its own layout (``deployed``; one that states
+    none at ``roof``'s); the points' closed loops are simulated where ``fanout`` says
+    (``speclens.sim.fanout``)."""
     check_points(points)
-    return fit_pooled(points, [roof] * len(points), front, fanout=fanout)
+    fallback = Deployment(roof.parallel, roof.expert_parallel, roof.dp_attention)
+    return fit_pooled(points, [deployed(roof, p, fallback) for p in points], front,
+                      fanout=fanout)  # fmt: skip
 
 
 def fit_pooled(
-    points: Sequence[Point], roofs: Sequence[Roofline], front: float = 0.05, starts: int = 3,
+    points: Sequence[Point], roofs: Sequence[Priced], front: float = 0.05, starts: int = 3,
     fanout: Fanout | None = None,
 ) -> Fit:  # fmt: skip
-    """One set of free parameters for ``points`` each priced by its own roofline (a chip's
-    defaults are fitted so, over its deployments); ``fit_points`` checks one deployment first.
-    Each point's closed loop is simulated once, where ``fanout`` says: in this process by
-    default, in processes or as Ray tasks (the same schedules wherever they run)."""
+    """One set of free parameters for ``points`` each priced by its own roofline or pools (a
+    chip's defaults are fitted so, over its deployments and layouts); ``fit_points`` checks
+    one chip, model, engine and precision first. Each single-node point's closed loop is
+    simulated once, where ``fanout`` says: in this process by default, in processes or as Ray
+    tasks (the same schedules wherever they run); a disaggregated point is solved at each trial
+    (``disagg``: its steady state, well under a millisecond)."""
     from scipy.optimize import least_squares
 
-    schedules = (fanout or Fanout()).map(schedule, [p.load() for p in points])
+    single = [i for i, p in enumerate(points) if not p.disaggregated]
+    scheduled = (fanout or Fanout()).map(schedule, [points[i].load() for i in single])
+    plans: list[Schedule | Load] = [p.load() for p in points]
+    for i, found in zip(single, scheduled, strict=True):
+        plans[i] = found
     names = list(PARAMETERS)
     start = _start(roofs[0], front)
     x0 = np.log([start[n] for n in names])
@@ -354,8 +491,8 @@ def fit_pooled(
     def model(x: np.ndarray) -> list[Figures]:
         values = dict(zip(names, np.exp(x).tolist(), strict=True))
         front = values["front_latency_s"]
-        return [s.figures(_with(r, values), front, p.gpus)
-                for s, r, p in zip(schedules, roofs, points, strict=True)]  # fmt: skip
+        return [figures_of(s, _with(r, values), front, p.gpus)
+                for s, r, p in zip(plans, roofs, points, strict=True)]  # fmt: skip
 
     def objective(x: np.ndarray) -> np.ndarray:
         return np.concatenate([residuals(points, model(x)), PRIOR * (x - x0)])
@@ -379,8 +516,9 @@ def fit_pooled(
         moved[j] += math.log(2.0) if up else -math.log(2.0)
         if float(np.max(np.abs(residuals(points, model(moved)) - base))) < math.log1p(PINNED):
             not_pinned.append(name)
-    return Fit(_with(roofs[0], values), values["front_latency_s"], list(points), figures,
-               not_pinned)  # fmt: skip
+    first = roofs[0].decode if isinstance(roofs[0], Pools) else roofs[0]
+    return Fit(_with_one(first, values), values["front_latency_s"], list(points), figures,
+               not_pinned, [_with(r, values) for r in roofs])  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -396,9 +534,9 @@ class Acceptance:
     predicted_tpot_ms: float
 
 
-def _tpot(point: Point, roof: Roofline, front: float, k: int) -> Callable[[float], float]:
+def _tpot(point: Point, priced: Priced, front: float, k: int) -> Callable[[float], float]:
     def at(al: float) -> float:
-        return schedule(point.load(k, al)).figures(roof, front, point.gpus).median_tpot_s
+        return predict(point, priced, front, k, al).median_tpot_s
 
     return at
 
@@ -423,9 +561,11 @@ def _solve(at: Callable[[float], float], target: float, k: int) -> float | str:
 
 
 def infer_acceptance(fit: Fit, point: Point, method: str, k: int) -> Acceptance:
-    """The AL at which ``fit``'s model reproduces ``point``'s median TPOT at K ``k``."""
-    roof = replace(fit.roofline, method=method)
-    at = _tpot(point, roof, fit.front_latency_s, k)
+    """The AL at which ``fit``'s model reproduces ``point``'s median TPOT at K ``k``, the point
+    priced at its own layout (a disaggregated point's decode pool speculating)."""
+    roof = fit.roofline
+    fallback = Deployment(roof.parallel, roof.expert_parallel, roof.dp_attention)
+    at = _tpot(point, with_method(deployed(roof, point, fallback), method), fit.front_latency_s, k)
     found = _solve(at, point.tpot_s, k)
     if isinstance(found, str):
         edge = k + 1 if found == "fast" else 1

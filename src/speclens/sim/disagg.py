@@ -1,0 +1,215 @@
+"""A disaggregated deployment's closed loop: prefill workers, a KV transfer, decode workers.
+
+Prefill and decode run on separate workers (NVIDIA Dynamo, AMD Mori, llm-d): a request prefills
+on a prefill worker (which emits its first token), its KV cache moves to a decode worker, and
+it decodes there. The two pools run on their own clocks, so the single-node trick (schedule in
+steps once, price afterwards: ``closed_loop``) does not apply; instead each point is solved in
+its steady state, a few dozen step prices, well under a millisecond:
+
+- Routing is round robin (Dynamo's and Mori's default): ``c`` clients spread evenly, each decode
+  worker holds ``b`` requests on average, ``b`` the root of Little's law over the client cycle
+
+      b = (c / W_d) · T_dec(b) / (TTFT(X) + T_dec(b)),   X = W_d · b / T_dec(b)
+
+  with T_dec(b) a request's decode steps (⌈(O − 1) / AL⌉, K + 1 positions each when the decode
+  pool speculates; only decode pools do) at the step price of a batch of max(b, 1).
+- A prefill worker prefills waiting prompts in steps of up to ``budget`` tokens (m = budget /
+  I prompts a step), so the pool serves at most μ = W_p · m / t(m) requests a second. At
+  utilisation ρ = X / μ a prompt is prefilled in a step that carries between one prompt and m
+  as ρ rises, after waiting half a busy step (t(m) · ρ / 2; in an open loop, a queue of
+  deterministic batches: t(m) · ρ / (2(1 − ρ))). The closed loop's throughput stops just
+  under μ: past it the clients queue for prefill.
+- TTFT = front + wait + prefill + transfer: the prompt's KV (the model's KV bytes a token, MLA's
+  latent included) over the link between the pools: scale-up when both pools fit in one
+  scale-up domain (an NVL72 rack), else the prefill worker's GPUs' scale-out links.
+- A decode worker holds at most its KV capacity in tokens: past it the clients queue.
+
+What it leaves out: the first wave (every client's request arriving at once) and the clumping it
+leaves in later waves, which raise the median TTFT at high concurrency.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from speclens.sim.closed_loop import Figures, Load, lengths
+from speclens.sim.roofline import Roofline
+
+#: Bisection steps on the decode batch (relative precision 2^-50).
+_STEPS = 50
+
+
+@dataclass(frozen=True)
+class Pools:
+    """A disaggregated deployment: one prefill worker's roofline and one decode worker's (its
+    method and K the decode pool's), and how many workers each pool runs."""
+
+    prefill: Roofline
+    decode: Roofline
+    prefill_workers: int
+    decode_workers: int
+
+    @property
+    def gpus(self) -> int:
+        return (self.prefill_workers * self.prefill.parallel
+                + self.decode_workers * self.decode.parallel)  # fmt: skip
+
+    def link_bytes_per_s(self) -> float:
+        """The KV transfer's bandwidth: the chips' scale-up links when both pools fit in one
+        scale-up domain, else their scale-out links; as many in parallel as the narrower of a
+        prefill and a decode worker has GPUs."""
+        chip = self.prefill.chip
+        domain = getattr(chip, "scale_up_domain", None)
+        out = getattr(chip, "scale_out_gbps", None)
+        per_gpu = chip.interconnect_gbps
+        if domain is not None and out is not None and self.gpus > domain:
+            per_gpu = out
+        lanes = min(self.prefill.parallel, self.decode.parallel)
+        return 1e9 * per_gpu * lanes * self.prefill.efficiency.interconnect
+
+    def describe(self) -> str:
+        def one(roof: Roofline, workers: int) -> str:
+            dpa = ", DP attention" if roof.dp_attention else ""
+            return f"{workers} x (TP {roof.parallel}, EP {roof.expert_parallel}{dpa})"
+
+        return (f"prefill {one(self.prefill, self.prefill_workers)}, decode "
+                f"{one(self.decode, self.decode_workers)}")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Steady:
+    """A point's steady state: the decode batch a worker holds, its step, the throughput in
+    requests a second, the TTFT, and whether the prefill pool or the KV cache bounds it."""
+
+    batch: float
+    step_s: float
+    requests_per_s: float
+    ttft_s: float
+    bound: str  # "decode", "prefill" or "kv cache"
+
+
+class OverloadedError(ValueError):
+    """An open loop's rate past what the deployment serves: its queues grow without bound."""
+
+
+def steady(load: Load, pools: Pools, front: float, inputs: np.ndarray, outputs: np.ndarray,
+           rate: float | None = None) -> Steady:  # fmt: skip
+    """Solve the loop's steady state (see the module): closed at the load's concurrency, or,
+    with ``rate``, open at that many requests a second (``OverloadedError`` past capacity)."""
+    k, al = load.num_spec_tokens, float(load.acceptance_length)
+    width = k + 1 if k else 1
+    mean_in, steps = float(inputs.mean()), _decode_steps(outputs, al)
+    mean_steps = max(float(steps.mean()), 1.0)
+    context = mean_in + 1 + al * mean_steps / 2  # a decoding request's mean context
+    held = max(pools.decode.kv_tokens() / max(mean_in + float(outputs.mean()), 1.0), 1e-9)
+
+    def step(b: float) -> float:
+        r = max(b, 1.0)
+        return float(pools.decode.decode(r * width, r, r * context, r if k else 0.0, k))
+
+    m = max(1, min(load.budget // max(round(mean_in), 1), load.concurrency if rate is None
+                   else load.budget))  # fmt: skip
+    full = float(pools.prefill.prefill(m * mean_in, m, m * mean_in / 2))
+    one = float(pools.prefill.prefill(mean_in, 1, mean_in / 2))
+    capacity = pools.prefill_workers * m / full
+    transfer = mean_in * pools.prefill.kv_bytes_per_token() / pools.link_bytes_per_s()
+    unqueued = front + one + full + transfer
+
+    def ttft(x: float) -> float:
+        """Open: a queue of deterministic batches (its wait grows without bound as rho nears
+        1). Closed: no more clients wait than there are, so a prompt waits half a busy step
+        and the throughput stops at the capacity, the clients queueing past it."""
+        rho = x / capacity
+        if rho >= 1:
+            return math.inf
+        wait = full * rho / (2 * (1 - rho)) if rate is not None else full * rho / 2
+        return front + one + (full - one) * rho + wait + transfer
+
+    if rate is not None:
+        return _open(rate, pools, step, mean_steps, held, capacity, ttft, unqueued)
+    per_worker = load.concurrency / pools.decode_workers
+
+    def excess(b: float) -> float:
+        dec = mean_steps * step(b)
+        return b * (1 + ttft(pools.decode_workers * b / dec) / dec) - per_worker
+
+    b = _root(excess, per_worker)
+    bound = "decode"
+    if b > held:
+        b, bound = held, "kv cache"
+    s = step(b)
+    dec = mean_steps * s
+    x = pools.decode_workers * b / dec
+    base = ttft(x)
+    wait = max(base, load.concurrency / x - dec)  # the cycle beyond the decode, queueing included
+    if bound == "decode" and base > unqueued:
+        bound = "prefill"
+    return Steady(b, s, x, wait, bound)
+
+
+def _root(excess: Any, top: float) -> float:
+    """The decode batch in (0, ``top``] where ``excess`` (increasing) crosses 0, by bisection."""
+    low, high = 0.0, top
+    for _ in range(_STEPS):
+        mid = (low + high) / 2
+        if excess(mid) > 0:
+            high = mid
+        else:
+            low = mid
+    return low
+
+
+def _open(rate: float, pools: Pools, step: Any, mean_steps: float, held: float, capacity: float,
+          ttft: Any, unqueued: float) -> Steady:  # fmt: skip
+    """An open loop at ``rate``: the decode batch from Little's law, b = X · T_dec(b) / W_d."""
+    if rate >= capacity:
+        raise OverloadedError(f"the prefill pool serves at most {capacity:.4g} requests/s, "
+                              f"the rate is {rate:.4g}")  # fmt: skip
+    top = held
+    if top - rate * mean_steps * step(top) / pools.decode_workers < 0:
+        most = pools.decode_workers * top / (mean_steps * step(top))
+        raise OverloadedError(f"the decode pool serves at most {most:.4g} requests/s (its KV "
+                              f"cache holds {top:.4g} requests a worker), the rate is "
+                              f"{rate:.4g}")  # fmt: skip
+    b = _root(lambda b: b - rate * mean_steps * step(b) / pools.decode_workers, top)
+    base = ttft(rate)
+    return Steady(b, step(b), rate, base, "prefill" if base > 2 * unqueued else "decode")
+
+
+def _decode_steps(outputs: np.ndarray, al: float) -> np.ndarray:
+    out: np.ndarray = np.where(outputs > 1, np.ceil((outputs - 1) / al), 0.0)
+    return out
+
+
+def figures(load: Load, pools: Pools, front: float = 0.0, gpus: int | None = None,
+            rate: float | None = None) -> Figures:  # fmt: skip
+    """The point's published figures in its steady state (``steady``; open at ``rate``), per
+    request: TTFT the same for every request, TPOT its own decode steps at the steady step
+    price, over its tokens."""
+    problems = load.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    inputs, outputs = lengths(load)
+    state = steady(load, pools, front, inputs, outputs, rate)
+    steps = _decode_steps(outputs, float(load.acceptance_length))
+    decode = steps * state.step_s
+    decoded = np.maximum(outputs - 1, 1)
+    tpot = np.where(outputs > 1, decode / decoded, 0.0)
+    ttft = np.full(len(outputs), state.ttft_s)
+    duration = len(outputs) / state.requests_per_s
+    return Figures(
+        ttft_s=ttft, tpot_s=tpot[outputs > 1], e2e_s=ttft + decode,
+        itl_s=np.array([state.step_s]), itl_weights=np.array([1.0]), duration_s=duration,
+        input_tokens=int(inputs.sum()), output_tokens=int(outputs.sum()),
+        gpus=gpus or pools.gpus,
+    )  # fmt: skip
+
+
+def describe(state: Steady) -> dict[str, Any]:
+    return {"decode_batch": state.batch, "step_ms": state.step_s * 1e3,
+            "requests_per_s": state.requests_per_s, "ttft_ms": state.ttft_s * 1e3,
+            "bound": state.bound}  # fmt: skip

@@ -186,14 +186,16 @@ def _decode_steps(outputs: np.ndarray, al: float) -> np.ndarray:
 
 
 def figures(load: Load, pools: Pools, front: float = 0.0, gpus: int | None = None,
-            rate: float | None = None) -> Figures:  # fmt: skip
+            rate: float | None = None,
+            drawn: tuple[np.ndarray, np.ndarray] | None = None) -> Figures:  # fmt: skip
     """The point's published figures in its steady state (``steady``; open at ``rate``), per
     request: TTFT the same for every request, TPOT its own decode steps at the steady step
-    price, over its tokens."""
+    price, over its tokens. The requests' (prompt, output) lengths are ``drawn``, else drawn
+    as the benchmark draws them (``closed_loop.lengths``)."""
     problems = load.problems()
     if problems:
         raise ValueError("; ".join(problems))
-    inputs, outputs = lengths(load)
+    inputs, outputs = drawn if drawn is not None else lengths(load)
     state = steady(load, pools, front, inputs, outputs, rate)
     steps = _decode_steps(outputs, float(load.acceptance_length))
     decode = steps * state.step_s

@@ -26,6 +26,8 @@ PRECISIONS = ("fp8", "fp4")
 #: Bytes per element of each dtype.
 BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5}
 Positive = Annotated[float, Field(gt=0)]
+#: A bandwidth a new field states: positive and finite (``.inf`` would price a collective free).
+Bandwidth = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=1, le=1_000_000)]
 Zero = Annotated[int, Field(ge=0, le=1_000_000)]
 
@@ -119,6 +121,12 @@ class ChipSpec(_Entry):
     memory_bandwidth_tbps: Positive
     #: Scale-up bandwidth per GPU, one direction (GB/s).
     interconnect_gbps: Positive
+    #: The GPUs one scale-up fabric (NVLink, Infinity Fabric) joins: 8 on an HGX board, 72 in an
+    #: NVL72 rack. A collective over more crosses the network. None: unbounded.
+    scale_up_domain: Count | None = None
+    #: Scale-out (RDMA NIC) bandwidth per GPU, one direction (GB/s): what a collective wider than
+    #: the scale-up domain runs at. None: ``interconnect_gbps``.
+    scale_out_gbps: Bandwidth | None = None
     #: What ``calibrate --host`` measured, and how (free-form).
     measured: dict[str, Any] | None = None
     #: The roofline's defaults on this chip (fitted on published runs; the fields not given, and
@@ -126,12 +134,25 @@ class ChipSpec(_Entry):
     #: no efficiency.
     efficiency: Efficiency | None = None
 
+    def link_gbps(self, width: int) -> float:
+        """The bandwidth per GPU (GB/s, one direction) a collective over ``width`` GPUs runs at:
+        the scale-up fabric's while they fit one domain (or none is stated), else the network's
+        (the scale-up figure where the chip states none): the slowest hop sets a collective's
+        pace."""
+        if self.scale_up_domain is None or width <= self.scale_up_domain:
+            return self.interconnect_gbps
+        return self.scale_out_gbps if self.scale_out_gbps is not None else self.interconnect_gbps
+
     @classmethod
     def _cross_checks(cls, data: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        found: list[tuple[tuple[str | int, ...], str]] = []
         tflops = data.get("tflops")
         if isinstance(tflops, dict) and "bf16" not in tflops:
-            return [(("tflops",), "must give bf16 (the dtype every chip runs)")]
-        return []
+            found.append((("tflops",), "must give bf16 (the dtype every chip runs)"))
+        if data.get("scale_out_gbps") is not None and data.get("scale_up_domain") is None:
+            found.append((("scale_out_gbps",), "never used without scale_up_domain (expected "
+                          "both: the GPUs one scale-up fabric joins, and the GB/s past them)"))  # fmt: skip
+        return found
 
 
 CATALOG = "catalog"

@@ -23,7 +23,9 @@ per layer, for uniform routing), so a MoE step's bytes grow with its batch; unde
 every rank reads every attention weight. Collectives: two all-reduces a layer (attention's and
 the MLP's, N_ar = 2 x layers); under DP attention none for attention; under expert parallelism
 (EP > 1) a MoE layer's MLP all-reduce becomes an all-to-all dispatch and combine (N_a2a = MoE
-layers), 2 T a (EP - 1) / EP hidden activations through the P chips' links.
+layers), 2 T a (EP - 1) / EP hidden activations through the P chips' links. A collective wider
+than the chip's scale-up domain (``ChipSpec.scale_up_domain``) runs at its scale-out bandwidth
+(``scale_out_gbps``): the all-to-all where EP exceeds the domain, the all-reduces where P does.
 
 A speculating sequence's verify step carries K + 1 query tokens. The drafter runs K forwards
 over the d requests that draft: a ``draft_model`` is priced as that model's own step; ``mtp`` on
@@ -272,14 +274,17 @@ class _Constants:
         if roof.expert_dtype != roof.dtype:
             expert_peak, expert_curve = _peak_of(chip, roof.expert_dtype)
         bandwidth = 1e12 * chip.memory_bandwidth_tbps
-        link = 1e9 * chip.interconnect_gbps * e.interconnect
+        # A collective over more chips than one scale-up fabric joins runs at the network's
+        # pace: the all-reduce over the ``tp`` chips, the all-to-all over the ``ep`` ranks.
+        link = 1e9 * chip.link_gbps(tp) * e.interconnect
+        a2a_link = 1e9 * chip.link_gbps(ep) * e.interconnect
         many = tp > 1
         # Collectives: attention's all-reduce (none under DP attention) and each MLP's, but a
         # MoE layer's under expert parallelism: its all-to-all dispatch and combine instead.
         a2a_layers = s.moe_layers if ep > 1 else 0
         ar_layers = (0 if dpa else s.layers) + s.layers - a2a_layers
         ring = ar_layers * 2 * (tp - 1) / tp * s.hidden * ACTIVATION_BYTES / link
-        a2a = _a2a(s, ep, tp) / link
+        a2a = _a2a(s, ep, tp) / a2a_link
         layer_flops = (s.flops_per_token() - 2 * s.lm_head) / s.layers
         layer_dense = (s.dense_part() * s.weight_bytes) / s.layers
         lm_read = s.lm_head * s.weight_bytes
@@ -302,7 +307,7 @@ class _Constants:
                 draft_expert_read=n * s.expert * s.expert_bytes if moe else 0.0,
                 draft_scale=float(n),
                 draft_wire=(mtp_ar * 2 * (tp - 1) / tp * s.hidden * ACTIVATION_BYTES / link
-                            + mtp_a2a * _a2a(s, ep, tp) / max(s.moe_layers, 1) / link),
+                            + mtp_a2a * _a2a(s, ep, tp) / max(s.moe_layers, 1) / a2a_link),
                 draft_latency=(mtp_ar + 2 * mtp_a2a) * e.all_reduce_latency if many else 0.0,
                 draft_pair=n * s.pair_per_layer(),
                 draft_kv=n * s.kv_bytes_per_layer(),

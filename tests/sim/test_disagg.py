@@ -91,7 +91,7 @@ def test_ttft_is_front_prefill_wait_and_the_kv_transfer() -> None:
     rho = state.requests_per_s / (m / full)
     transfer = mean_in * 1e6 / (2 * 1000e9)
     by_hand = 0.05 + one + (full - one) * rho + full * rho / 2 + transfer
-    assert state.ttft_s == pytest.approx(by_hand, rel=1e-9)
+    assert state.ttft_s == pytest.approx(by_hand, rel=1e-6)  # the root's own precision
 
 
 def test_past_the_scale_up_domain_the_kv_moves_over_scale_out() -> None:

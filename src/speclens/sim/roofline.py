@@ -3,7 +3,7 @@
 A step of T query tokens over C context tokens of R sequences, on P = ``parallel`` chips
 (tensor parallel), costs
 
-    overhead + per_sequence * R + per_token * T (a decode step's T; none for a prefill)
+    overhead + (per_sequence * R + per_token * T) / ranks (a decode step's T; none for a prefill)
     + max(T * (F_dense / peak(T) + F_experts / peak_experts(T)) / e_c,
           weight_bytes_read(T) / (bandwidth * e_m))
     + max(attention_flops(T, C / R) / (peak * e_c),  kv_bytes_per_token * C / (bandwidth * e_m))
@@ -26,6 +26,8 @@ the MLP's, N_ar = 2 x layers); under DP attention none for attention; under expe
 layers), 2 T a (EP - 1) / EP hidden activations through the P chips' links. A collective wider
 than the chip's scale-up domain (``ChipSpec.scale_up_domain``) runs at its scale-out bandwidth
 (``scale_out_gbps``): the all-to-all where EP exceeds the domain, the all-reduces where P does.
+The engine's per-request and per-token work runs on each scheduler at once: ``ranks`` is P
+under DP attention (every attention rank schedules its own share), else 1.
 
 A speculating sequence's verify step carries K + 1 query tokens. The drafter runs K forwards
 over the d requests that draft: a ``draft_model`` is priced as that model's own step; ``mtp`` on
@@ -532,6 +534,16 @@ class Roofline:
             "kv_cache_tokens": self.kv_tokens(),
         }
 
+    @property
+    def _ranks(self) -> int:
+        """The schedulers a step's per-request work runs on at once: each DP-attention rank
+        runs its own (its share of the requests), else one for the whole step."""
+        return self.parallel if self.dp_attention else 1
+
+    @property
+    def _seq(self) -> float:
+        return self.efficiency.per_sequence / self._ranks
+
     @functools.cached_property
     def _k(self) -> _Constants:
         return _Constants.of(self)
@@ -598,8 +610,8 @@ class Roofline:
         e = self.efficiency
         return _plain(
             e.overhead
-            + e.per_sequence * np.asarray(requests, dtype=float)
-            + per_token * np.asarray(query_tokens, dtype=float)
+            + self._seq * np.asarray(requests, dtype=float)
+            + per_token / self._ranks * np.asarray(query_tokens, dtype=float)
             + self.forward(query_tokens, requests, context_tokens)
         )
 
@@ -647,7 +659,8 @@ class Roofline:
         attention = np.maximum(
             kk.pair * q * (c / max(r, 1.0)) / (peak * kk.compute), kk.kv_bytes * c / kk.kv_memory
         )
-        width = e.overhead + e.per_sequence * r + e.per_token * q + linear + self._collectives(q)
+        width = (e.overhead + self._seq * r + e.per_token / self._ranks * q + linear
+                 + self._collectives(q))  # fmt: skip
         drafter = self._drafter_formula(r, c, drafting, k)
         return {
             "verify_width": float(width),
@@ -707,8 +720,8 @@ class Roofline:
             if not drafts:
                 return (
                     table.base[qx]
-                    + self.efficiency.per_sequence * r
-                    + per_token * q
+                    + self._seq * r
+                    + per_token / self._ranks * q
                     + c * np.maximum(table.attention[qx] / requests, table.kv)
                 )
             draft, mtp, _, _ = table.for_k(k)
@@ -716,16 +729,16 @@ class Roofline:
             if mtp is None:
                 return (
                     table.base[qx]
-                    + self.efficiency.per_sequence * r
-                    + per_token * q
+                    + self._seq * r
+                    + per_token / self._ranks * q
                     + c * np.maximum(table.attention[qx] / requests, table.kv)
                     + draft[dx]
                 )
             mean_context = c / requests
             return (
                 table.base[qx]
-                + self.efficiency.per_sequence * r
-                + per_token * q
+                + self._seq * r
+                + per_token / self._ranks * q
                 + np.maximum(table.attention[qx] * mean_context, table.kv * c)
                 + (draft[dx] + mtp[dx] * mean_context)
             )
@@ -743,8 +756,8 @@ class Roofline:
         context: float = float(c) / max(float(r), 1.0)  # a sequence's, the batch's mean
         price: float = (
             t.base_list[qi]
-            + self.efficiency.per_sequence * float(r)
-            + per_token * qi
+            + self._seq * float(r)
+            + per_token / self._ranks * qi
             + max(t.attention_list[qi] * context, t.kv * float(c))
         )
         if drafts:
@@ -833,7 +846,7 @@ class Roofline:
             kk.pair * pairs / (peak * kk.compute), kk.kv_bytes * kv_read / kk.kv_memory
         )
         forward = linear + attention + self._collectives(q)
-        verify = e.overhead + e.per_sequence * (rd + rp) + e.per_token * qd + forward
+        verify = e.overhead + self._seq * (rd + rp) + e.per_token / self._ranks * qd + forward
         drafter = self._drafter_formula(rd, cd, drafting, k)
         return _plain(verify + drafter)
 

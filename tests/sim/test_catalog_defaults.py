@@ -39,9 +39,12 @@ def benchmark() -> tuple[ModuleType, list[dict[str, Any]]]:
     return script, script.deployments(INFERENCEX_DIR)
 
 
-def _agrees(fitted: float, shipped: float) -> bool:
+def _agrees(fitted: float | None, shipped: float | None) -> bool:
     """``fitted`` rounds to ``shipped`` at the printed precision: within half a unit of its last
-    printed digit (a hair over, for another machine's last-bit differences)."""
+    printed digit (a hair over, for another machine's last-bit differences); a field neither
+    states (None) agrees."""
+    if shipped is None or fitted is None:
+        return shipped is fitted
     if shipped == 0.0:
         return fitted == 0.0
     unit = 10.0 ** (math.floor(math.log10(abs(shipped))) - PRINTED + 1)

@@ -36,6 +36,17 @@ DATASHEET = {
 E_I = 0.7
 H200_NVLINK, GB200_NVLINK, NIC_400G = 450e9, 900e9, 400e9 / 8
 
+
+def _a2a_seconds_a_byte(ep: int, domain: int, nvlink: float, nic: float) -> float:
+    """An all-to-all over ``ep`` ranks past a ``domain``: (EP - D) / (EP - 1) of a token's remote
+    experts sit on another node and cross the network, the rest stay on the fabric, both at
+    once; the slower share sets the pace."""
+    if ep <= domain:
+        return 1 / (nvlink * E_I)
+    crossing = (ep - domain) / (ep - 1)
+    return max((1 - crossing) / (nvlink * E_I), crossing / (nic * E_I))
+
+
 # DeepSeek-R1 (its config.json): 61 layers, the first 3 dense, 58 MoE; hidden 7,168; 8 routed
 # experts a token. Under DP attention no attention all-reduce: N_ar = 3 (the dense MLPs),
 # N_a2a = 58.
@@ -94,14 +105,19 @@ def test_a_chip_without_the_fields_keeps_every_collective_on_its_interconnect() 
 
 
 def test_h200_at_ep_16_pays_its_all_to_all_and_all_reduce_at_the_nic() -> None:
-    """EP 16 over two HGX H200 nodes (domain 8): the all-to-all and the dense layers' all-reduce
-    cross the network at 50 GB/s, not NVLink's 450. Per token, 3 x 2 x 15/16 x 7,168 x 2 =
-    80,640 bytes of all-reduce and 58 x 2 x 8 x 7,168 x 2 x 15/16 / 16 = 779,520 of all-to-all;
-    64 tokens at 35 GB/s rather than 315: 1.398 ms more a step."""
+    """EP 16 over two HGX H200 nodes (domain 8): the dense layers' all-reduce crosses the
+    network at 50 GB/s, not NVLink's 450, and 8 of a token's 15 remote expert ranks sit on the
+    other node. Per token, 3 x 2 x 15/16 x 7,168 x 2 = 80,640 bytes of all-reduce and
+    58 x 2 x 8 x 7,168 x 2 x 15/16 / 16 = 779,520 of all-to-all; 64 tokens: the all-reduce at
+    35 GB/s rather than 315, the all-to-all at 8/15 of its bytes over 35 GB/s: 0.733 ms more a
+    step."""
     h200 = catalog.chip("h200")
     assert _r1_bytes(16, 16) == 80_640 + 779_520
-    extra = 64 * (80_640 + 779_520) * (1 / (NIC_400G * E_I) - 1 / (H200_NVLINK * E_I))
-    assert extra == pytest.approx(1.398e-3, rel=1e-3)
+    slower = 1 / (NIC_400G * E_I) - 1 / (H200_NVLINK * E_I)
+    a2a = _a2a_seconds_a_byte(16, 8, H200_NVLINK, NIC_400G) - 1 / (H200_NVLINK * E_I)
+    assert _a2a_seconds_a_byte(16, 8, H200_NVLINK, NIC_400G) == pytest.approx(8 / 15 / 35e9)
+    extra = 64 * (80_640 * slower + 779_520 * a2a)
+    assert extra == pytest.approx(0.733e-3, rel=1e-3)
     crossed = _step(_r1(h200, 16, 16)) - _step(_r1(_lifted(h200), 16, 16))
     assert crossed == pytest.approx(extra, rel=1e-6)
 
@@ -146,7 +162,8 @@ def test_an_all_to_all_alone_runs_at_the_nic() -> None:
     a2a = 4 * 2 * 4 * 1024 * 2 * 15 / 16 / 16
     assert a2a == 3840
     crossed = _step(roof(h200), 256) - _step(roof(_lifted(h200)), 256)
-    expected = 256 * a2a * (1 / (NIC_400G * E_I) - 1 / (H200_NVLINK * E_I))
+    expected = 256 * a2a * (_a2a_seconds_a_byte(16, 8, H200_NVLINK, NIC_400G)
+                            - 1 / (H200_NVLINK * E_I))  # fmt: skip
     assert crossed == pytest.approx(expected, rel=1e-6)
 
 
@@ -157,7 +174,8 @@ def test_the_mtp_drafters_all_to_all_crosses_the_network_too() -> None:
     crossed = float(_r1(h200, 16, 16, "mtp").draft(32)) - float(
         _r1(_lifted(h200), 16, 16, "mtp").draft(32)
     )
-    expected = 32 * 13_440 * (1 / (NIC_400G * E_I) - 1 / (H200_NVLINK * E_I))
+    expected = 32 * 13_440 * (_a2a_seconds_a_byte(16, 8, H200_NVLINK, NIC_400G)
+                              - 1 / (H200_NVLINK * E_I))  # fmt: skip
     assert crossed == pytest.approx(expected, rel=1e-6)
 
 
@@ -178,12 +196,18 @@ def test_a_tensor_parallel_all_reduce_wider_than_the_domain_crosses_the_network(
 
 def test_gb200_at_ep_32_stays_on_nvlink() -> None:
     """32 of an NVL72 rack's 72 GPUs share one NVLink domain: priced as before. Were the domain
-    16, the same step would cross at 50 GB/s rather than 900: 3 x 2 x 31/32 x 7,168 x 2 + 58 x 2
-    x 8 x 7,168 x 2 x 31/32 / 32 = 83,328 + 402,752 bytes a token."""
+    16, the all-reduce would cross at 50 GB/s rather than 900 (3 x 2 x 31/32 x 7,168 x 2 =
+    83,328 bytes a token), and 16 of a token's 31 remote expert ranks would sit in the other
+    domain (58 x 2 x 8 x 7,168 x 2 x 31/32 / 32 = 402,752 bytes, 16/31 of them at 50 GB/s)."""
     gb200 = catalog.chip("gb200")
     assert _step(_r1(gb200, 32, 32)) == _step(_r1(_lifted(gb200), 32, 32))
     assert _r1_bytes(32, 32) == 83_328 + 402_752
     small = gb200.model_copy(update={"scale_up_domain": 16})
     crossed = _step(_r1(small, 32, 32)) - _step(_r1(gb200, 32, 32))
-    expected = 64 * (83_328 + 402_752) * (1 / (NIC_400G * E_I) - 1 / (GB200_NVLINK * E_I))
+    nvlink = 1 / (GB200_NVLINK * E_I)
+    expected = 64 * (
+        83_328 * (1 / (NIC_400G * E_I) - nvlink)
+        + 402_752 * (_a2a_seconds_a_byte(32, 16, GB200_NVLINK, NIC_400G) - nvlink)
+    )
+    assert _a2a_seconds_a_byte(32, 16, GB200_NVLINK, NIC_400G) == pytest.approx(16 / 31 / 35e9)
     assert crossed == pytest.approx(expected, rel=1e-6)

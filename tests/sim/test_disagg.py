@@ -215,3 +215,17 @@ def test_only_the_decode_pool_speculates() -> None:
             found.decode.method) == (16, 16, True, "mtp")  # fmt: skip
     assert (found.prefill_workers, found.decode_workers, found.gpus) == (1, 2, 40)
     assert replace(found, decode_workers=1).gpus == 24
+
+
+def test_the_medians_a_fit_reads_are_the_figures_medians() -> None:
+    """``medians`` (what a fit reads hundreds of times) equals the full figures' median TPOT,
+    TTFT and throughput per GPU, speculating or not."""
+    pools = _pools(workers=(1, 3))
+    for load in (
+        Load(24, 1024, 101),
+        Load(24, 1024, 101, num_spec_tokens=3, acceptance_length=2.3),
+    ):
+        full, quick = disagg.figures(load, pools, 0.02, 10), disagg.medians(load, pools, 0.02, 10)
+        assert quick.median_tpot_s == pytest.approx(full.median_tpot_s, rel=1e-12)
+        assert quick.median_ttft_s == pytest.approx(full.median_ttft_s, rel=1e-12)
+        assert quick.throughput_per_gpu == pytest.approx(full.throughput_per_gpu, rel=1e-12)

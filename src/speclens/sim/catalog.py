@@ -111,6 +111,10 @@ class Efficiency(_Model):
     all_reduce_latency: Seconds = 1e-5
     #: The share of memory the engine may fill (weights and KV cache).
     memory_utilization: Fraction = 0.9
+    #: A disaggregated deployment's prefill pool's compute efficiency, where it differs from
+    #: ``compute`` (a fit on disaggregated points sets it: what queues their prompts, the prefill
+    #: workers' kernels or their KV hand-off, shows there); None: ``compute``.
+    prefill_compute: Fraction | None = None
 
 
 class ChipSpec(_Entry):

@@ -22,7 +22,8 @@ its steady state, a few dozen step prices, well under a millisecond:
 - TTFT = front + wait + prefill + transfer: the prompt's KV (the model's KV bytes a token, MLA's
   latent included) over the link between the pools: scale-up when both pools fit in one
   scale-up domain (an NVL72 rack), else the prefill worker's GPUs' scale-out links.
-- A decode worker holds at most its KV capacity in tokens: past it the clients queue.
+- A decode worker holds at most its KV capacity in tokens: past it the clients queue (a worker
+  whose weights leave no KV room by the catalog's accounting is not bounded: it ran).
 
 What it leaves out: the first wave (every client's request arriving at once) and the clumping it
 leaves in later waves, which raise the median TTFT at high concurrency.
@@ -31,6 +32,7 @@ leaves in later waves, which raise the median TTFT at high concurrency.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,8 +41,11 @@ import numpy as np
 from speclens.sim.closed_loop import Figures, Load, lengths
 from speclens.sim.roofline import Roofline
 
-#: The decode batch's root: a bracket narrowed 5 times on a grid of 32 (relative 32^-5, 3e-8).
-_ROUNDS, _GRID = 5, 32
+#: The decode batch's root: bracketed on a geometric grid of this many points (ratio 1.06 over
+#: 10^6), then on a linear one within the bracket, then at most this many regula falsi steps.
+_GRID, _NARROW = 256, 8
+#: The most requests an open loop's decode worker is searched for, when its KV cache is unbounded.
+_UNBOUNDED = 1e9
 #: A prefill pool at this share of its capacity bounds the loop.
 SATURATED = 0.95
 
@@ -102,12 +107,20 @@ def steady(load: Load, pools: Pools, front: float, inputs: np.ndarray, outputs: 
            rate: float | None = None) -> Steady:  # fmt: skip
     """Solve the loop's steady state (see the module): closed at the load's concurrency, or,
     with ``rate``, open at that many requests a second (``OverloadedError`` past capacity)."""
+    steps = _decode_steps(outputs, float(load.acceptance_length))
+    return _solve(load, pools, front, float(inputs.mean()), float(outputs.mean()),
+                  max(float(steps.mean()), 1.0), rate)  # fmt: skip
+
+
+def _solve(load: Load, pools: Pools, front: float, mean_in: float, mean_out: float,
+           mean_steps: float, rate: float | None) -> Steady:  # fmt: skip
     k, al = load.num_spec_tokens, float(load.acceptance_length)
     width = k + 1 if k else 1
-    mean_in, steps = float(inputs.mean()), _decode_steps(outputs, al)
-    mean_steps = max(float(steps.mean()), 1.0)
     context = mean_in + 1 + al * mean_steps / 2  # a decoding request's mean context
-    held = max(pools.decode.kv_tokens() / max(mean_in + float(outputs.mean()), 1.0), 1e-9)
+    # A worker whose weights the catalog's accounting cannot fit (its KV capacity 0) ran all the
+    # same where a published point says so: its capacity is then left unbounded.
+    kv = pools.decode.kv_tokens()
+    held = kv / max(mean_in + mean_out, 1.0) if kv > 0 else math.inf
 
     def step(b: Any) -> Any:
         r = np.maximum(np.asarray(b, dtype=float), 1.0)
@@ -148,24 +161,54 @@ def steady(load: Load, pools: Pools, front: float, inputs: np.ndarray, outputs: 
     dec = mean_steps * s
     x = pools.decode_workers * b / dec
     base = float(ttft(x))
-    wait = max(base, load.concurrency / x - dec)  # the cycle beyond the decode, queueing included
     if bound == "decode" and x >= SATURATED * capacity:
         bound = "prefill"
+    # Queued (the prefill pool or the KV cache full): the cycle beyond the decode. Else the
+    # TTFT itself (the root's; the cycle's remainder is a small difference of large numbers).
+    wait = base if bound == "decode" else max(base, load.concurrency / x - dec)
     return Steady(b, s, x, wait, bound)
 
 
 def _root(excess: Any, top: float) -> float:
-    """The decode batch in (0, ``top``] where ``excess`` (increasing) crosses 0: the bracket
-    narrowed ``_ROUNDS`` times on a grid of ``_GRID`` (one vectorised step price each)."""
-    low, high = 0.0, top
-    for _ in range(_ROUNDS):
-        grid = np.linspace(low, high, _GRID + 1)
-        above = np.flatnonzero(excess(grid[1:]) > 0)
-        if not len(above):
-            return float(high)
-        i = int(above[0])
-        low, high = float(grid[i]), float(grid[i + 1])
-    return low
+    """The decode batch in (0, ``top``] where ``excess`` (increasing) crosses 0: bracketed on a
+    geometric grid (``_GRID`` points from ``top`` / 10^6), the bracket cut in ``_GRID`` again,
+    then narrowed by regula falsi; the low end returned (its excess <= 0: the loop's identities
+    hold there)."""
+    lo, hi, e_lo, e_hi = _bracket(excess, top * np.geomspace(1e-6, 1.0, _GRID))
+    if hi <= lo:
+        return lo
+    lo, hi, e_lo, e_hi = _bracket(excess, np.linspace(lo, hi, _GRID)[1:], lo, e_lo)
+    if hi <= lo or not np.isfinite(e_hi):
+        return lo
+    side = 0
+    for _ in range(_NARROW):  # regula falsi, Illinois: a side kept twice has its weight halved
+        mid = lo + (hi - lo) * (-e_lo) / (e_hi - e_lo)
+        e_mid = float(excess(np.array([mid]))[0])
+        if e_mid > 0:
+            hi, e_hi = mid, e_mid
+            e_lo, side = (e_lo / 2 if side == 1 else e_lo), 1
+        else:
+            lo, e_lo = mid, e_mid
+            e_hi, side = (e_hi / 2 if side == -1 else e_hi), -1
+        if hi - lo <= 1e-12 * top:
+            break
+    return lo
+
+
+def _bracket(excess: Any, grid: np.ndarray, lo: float = 0.0,
+             e_lo: float = -math.inf) -> tuple[float, float, float, float]:  # fmt: skip
+    """The first grid interval where ``excess`` turns positive: (lo, hi, excess at each); hi
+    equal to lo where it never does (lo the grid's end) or does at once (lo its start)."""
+    values = excess(grid)
+    above = np.flatnonzero(values > 0)
+    if not len(above):
+        return float(grid[-1]), float(grid[-1]), float(values[-1]), float(values[-1])
+    i = int(above[0])
+    if i == 0 and e_lo == -math.inf:
+        return float(grid[0]), float(grid[0]), float(values[0]), float(values[0])
+    if i > 0:
+        lo, e_lo = float(grid[i - 1]), float(values[i - 1])
+    return lo, float(grid[i]), e_lo, float(values[i])
 
 
 def _open(rate: float, pools: Pools, step: Any, mean_steps: float, held: float, capacity: float,
@@ -174,7 +217,7 @@ def _open(rate: float, pools: Pools, step: Any, mean_steps: float, held: float, 
     if rate >= capacity:
         raise OverloadedError(f"the prefill pool serves at most {capacity:.4g} requests/s, "
                               f"the rate is {rate:.4g}")  # fmt: skip
-    top = held
+    top = held if math.isfinite(held) else _UNBOUNDED
     if top - rate * mean_steps * float(step(top)) / pools.decode_workers < 0:
         most = pools.decode_workers * top / (mean_steps * float(step(top)))
         raise OverloadedError(f"the decode pool serves at most {most:.4g} requests/s (its KV "
@@ -230,6 +273,38 @@ def figures(load: Load, pools: Pools, front: float = 0.0, gpus: int | None = Non
         input_tokens=int(inputs.sum()), output_tokens=int(outputs.sum()),
         gpus=gpus or pools.gpus,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Medians:
+    """The three figures a fit reads (``fit_points.residuals``), without the per-request
+    arrays: a fit prices each point hundreds of times."""
+
+    median_tpot_s: float
+    median_ttft_s: float
+    throughput_per_gpu: float
+
+
+@functools.lru_cache(maxsize=1024)
+def _drawn_stats(load: Load) -> tuple[float, float, float, float, int, int]:
+    """The benchmark's draw of ``load``, summed up: mean prompt and output, mean decode steps,
+    the median of a request's steps over its decoded tokens, its tokens and its requests."""
+    inputs, outputs = _benchmark_lengths(load)
+    steps = _decode_steps(outputs, float(load.acceptance_length))
+    many = outputs > 1
+    ratio = float(np.median(steps[many] / (outputs[many] - 1))) if many.any() else 0.0
+    return (float(inputs.mean()), float(outputs.mean()), max(float(steps.mean()), 1.0), ratio,
+            int(inputs.sum() + outputs.sum()), len(outputs))  # fmt: skip
+
+
+def medians(load: Load, pools: Pools, front: float, gpus: int) -> Medians:
+    """``figures(load, pools, front, gpus)``'s median TPOT, TTFT and throughput per GPU (equal
+    to them: one step price for every request, so the median TPOT is it times the median of
+    each request's steps over its tokens)."""
+    mean_in, mean_out, mean_steps, ratio, tokens, count = _drawn_stats(load)
+    state = _solve(load, pools, front, mean_in, mean_out, mean_steps, None)
+    return Medians(state.step_s * ratio, state.ttft_s,
+                   tokens * state.requests_per_s / count / gpus)  # fmt: skip
 
 
 def describe(state: Steady) -> dict[str, Any]:

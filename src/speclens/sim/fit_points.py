@@ -45,6 +45,8 @@ PARAMETERS: dict[str, tuple[float, float]] = {
     "per_token": (1e-8, 1e-2),
     "front_latency_s": (1e-5, 10.0),
 }
+#: A fit with disaggregated points also fits its prefill pools' compute efficiency.
+PREFILL = {"prefill_compute": (1e-3, 1.0)}
 #: The pull to the starting values, per unit of log parameter (a residual of 2% per e-fold).
 PRIOR = 0.02
 #: A parameter whose 2x move changes no prediction by more than this is not pinned down.
@@ -266,6 +268,13 @@ def layout(point: Point) -> dict[str, tuple[int, int, int, bool]]:
         width = gpus // workers if not bad else 1
         if ep is None:
             ep = 1
+        tp = pool.get("tensor_parallel")
+        stated = max(tp if isinstance(tp, int) and not isinstance(tp, bool) else 1,
+                     ep if isinstance(ep, int) and not isinstance(ep, bool) else 1)  # fmt: skip
+        if not bad and 1 < stated < width and width % stated == 0:
+            # a worker's GPUs a multiple of its stated TP and EP: that many more workers of
+            # that width (a width TP and EP both leave at 1 is the worker's GPUs, DP attention)
+            workers, width = gpus // stated, stated
         if not (isinstance(ep, int) and not isinstance(ep, bool) and 1 <= ep <= max(width, 1)):
             bad.append(f"{where}.expert_parallel: expected an integer from 1 to {width} (a "
                        f"worker's GPUs), got {ep!r}")  # fmt: skip
@@ -290,13 +299,15 @@ def pools(roof: Roofline, point: Point) -> Pools:
                       method=roof.method if name == "decode" else None)  # fmt: skip
         problems = out.problems()
         experts = out.model.experts
-        if experts is not None and experts.routed % ep:
-            problems.append(f"expert_parallel: {ep} does not divide {out.model.name}'s "
-                            f"{experts.routed} routed experts")  # fmt: skip
+        if experts is not None and ep > experts.routed:  # EPLB's redundant experts fill the rest
+            problems.append(f"expert_parallel: {ep} ranks for {out.model.name}'s "
+                            f"{experts.routed} routed experts: expected at most one rank an "
+                            "expert")  # fmt: skip
         if problems:
             raise PointsError([f"{file}: settings.{name}.{line}" for line in problems])
         priced[name] = out
-    return Pools(priced["prefill"], priced["decode"], found["prefill"][0], found["decode"][0])
+    return pools_at(Pools(priced["prefill"], priced["decode"], found["prefill"][0],
+                          found["decode"][0]))  # fmt: skip
 
 
 def plan(point: Point, k: int = 0, acceptance_length: float = 1.0) -> Schedule | Load:
@@ -365,8 +376,8 @@ def _with(roof: Priced, values: dict[str, float]) -> Priced:
     per-token reading priced InferenceX's MTP runs at concurrency 16 to 64 within 8%, the
     per-sequence one 18% to 30% fast)."""
     if isinstance(roof, Pools):
-        return replace(roof, prefill=_with_one(roof.prefill, values),
-                       decode=_with_one(roof.decode, values))  # fmt: skip
+        return pools_at(replace(roof, prefill=_with_one(roof.prefill, values),
+                                decode=_with_one(roof.decode, values)))  # fmt: skip
     return _with_one(roof, values)
 
 
@@ -377,14 +388,26 @@ def _with_one(roof: Roofline, values: dict[str, float]) -> Roofline:
     )
 
 
+def pools_at(pools: Pools) -> Pools:
+    """``pools`` with the prefill pool at its own compute efficiency (``prefill_compute``)
+    where the efficiencies state one."""
+    e = pools.prefill.efficiency
+    if e.prefill_compute is None:
+        return pools
+    return replace(pools, prefill=replace(pools.prefill, efficiency=e.model_copy(
+        update={"compute": e.prefill_compute})))  # fmt: skip
+
+
 def _start(roof: Priced, front: float) -> dict[str, float]:
     e = (roof.decode if isinstance(roof, Pools) else roof).efficiency
     start = {"compute": e.compute, "memory": e.memory, "overhead": e.overhead,
-             "per_token": e.per_token or e.per_sequence, "front_latency_s": front}  # fmt: skip
-    return {k: min(max(v, PARAMETERS[k][0]), PARAMETERS[k][1]) for k, v in start.items()}
+             "per_token": e.per_token or e.per_sequence, "front_latency_s": front,
+             "prefill_compute": e.prefill_compute or e.compute}  # fmt: skip
+    bounds = {**PARAMETERS, **PREFILL}
+    return {k: min(max(v, bounds[k][0]), bounds[k][1]) for k, v in start.items()}
 
 
-def residuals(points: Sequence[Point], figures: Sequence[Figures]) -> np.ndarray:
+def residuals(points: Sequence[Point], figures: Sequence[Figures | disagg.Medians]) -> np.ndarray:
     """Per point: log(predicted / measured) of median TPOT, median TTFT, throughput per GPU."""
     out = []
     for p, f in zip(points, figures, strict=True):
@@ -482,17 +505,25 @@ def fit_pooled(
     plans: list[Schedule | Load] = [p.load() for p in points]
     for i, found in zip(single, scheduled, strict=True):
         plans[i] = found
-    names = list(PARAMETERS)
+    bounds = {**PARAMETERS, **(PREFILL if any(isinstance(r, Pools) for r in roofs) else {})}
+    names = list(bounds)
     start = _start(roofs[0], front)
     x0 = np.log([start[n] for n in names])
-    low = np.log([PARAMETERS[n][0] for n in names])
-    high = np.log([PARAMETERS[n][1] for n in names])
+    low = np.log([bounds[n][0] for n in names])
+    high = np.log([bounds[n][1] for n in names])
 
-    def model(x: np.ndarray) -> list[Figures]:
+    def model(x: np.ndarray, full: bool = False) -> list[Figures | disagg.Medians]:
+        """Each point's figures at ``x``: a disaggregated one's medians alone, but ``full``."""
         values = dict(zip(names, np.exp(x).tolist(), strict=True))
         front = values["front_latency_s"]
-        return [figures_of(s, _with(r, values), front, p.gpus)
-                for s, r, p in zip(plans, roofs, points, strict=True)]  # fmt: skip
+        out: list[Figures | disagg.Medians] = []
+        for s, r, p in zip(plans, roofs, points, strict=True):
+            priced = _with(r, values)
+            if isinstance(priced, Pools) and isinstance(s, Load) and not full:
+                out.append(disagg.medians(s, priced, front, p.gpus))
+            else:
+                out.append(figures_of(s, priced, front, p.gpus))
+        return out
 
     def objective(x: np.ndarray) -> np.ndarray:
         return np.concatenate([residuals(points, model(x)), PRIOR * (x - x0)])
@@ -500,14 +531,15 @@ def fit_pooled(
     best = None
     # From the start and from spread starts: the roofline's max makes the error piecewise.
     for shift in (0.0, -1.5, 1.5)[:starts]:
-        x = np.clip(x0 + np.array([shift, shift, -shift, 0.0, 0.0]), low + 1e-9, high - 1e-9)
+        spread = np.array([shift, shift, -shift, 0.0, 0.0, shift][: len(names)])
+        x = np.clip(x0 + spread, low + 1e-9, high - 1e-9)
         result = least_squares(objective, x, bounds=(low, high), method="trf", x_scale=1.0,
                                diff_step=1e-3, max_nfev=400)  # fmt: skip
         if best is None or result.cost < best.cost:
             best = result
     assert best is not None
     values = dict(zip(names, np.exp(best.x).tolist(), strict=True))
-    figures = model(best.x)
+    figures = [f for f in model(best.x, full=True) if isinstance(f, Figures)]
     base = residuals(points, figures)
     not_pinned = []
     for j, name in enumerate(names):

@@ -24,8 +24,10 @@ every rank reads every attention weight. Collectives: two all-reduces a layer (a
 the MLP's, N_ar = 2 x layers); under DP attention none for attention; under expert parallelism
 (EP > 1) a MoE layer's MLP all-reduce becomes an all-to-all dispatch and combine (N_a2a = MoE
 layers), 2 T a (EP - 1) / EP hidden activations through the P chips' links. A collective wider
-than the chip's scale-up domain (``ChipSpec.scale_up_domain``) runs at its scale-out bandwidth
-(``scale_out_gbps``): the all-to-all where EP exceeds the domain, the all-reduces where P does.
+than the chip's scale-up domain (``ChipSpec.scale_up_domain``, D) runs at its scale-out
+bandwidth (``scale_out_gbps``): the all-reduces where P exceeds it; an all-to-all over EP > D
+ranks sends (EP - D) / (EP - 1) of a token's remote activations over the network and the rest
+over the fabric at once, the slower share setting its pace.
 The engine's per-request and per-token work runs on each scheduler at once: ``ranks`` is P
 under DP attention (every attention rank schedules its own share), else 1.
 
@@ -279,7 +281,7 @@ class _Constants:
         # A collective over more chips than one scale-up fabric joins runs at the network's
         # pace: the all-reduce over the ``tp`` chips, the all-to-all over the ``ep`` ranks.
         link = 1e9 * chip.link_gbps(tp) * e.interconnect
-        a2a_link = 1e9 * chip.link_gbps(ep) * e.interconnect
+        a2a_link = 1e9 * _a2a_gbps(chip, ep) * e.interconnect
         many = tp > 1
         # Collectives: attention's all-reduce (none under DP attention) and each MLP's, but a
         # MoE layer's under expert parallelism: its all-to-all dispatch and combine instead.
@@ -345,6 +347,18 @@ class _Constants:
             latency=(ar_layers + 2 * a2a_layers) * e.all_reduce_latency if many else 0.0,
             **draft,
         )
+
+
+def _a2a_gbps(chip: ChipSpec, ep: int) -> float:
+    """The bandwidth an all-to-all over ``ep`` ranks runs at: the scale-up fabric's within one
+    domain; past it a token's remote experts sit on another node for (EP - D) / (EP - 1) of
+    them, which cross the network while the rest stay on the fabric, both at once: the slower
+    share sets the pace."""
+    domain, out = chip.scale_up_domain, chip.scale_out_gbps
+    if domain is None or out is None or ep <= domain:
+        return chip.interconnect_gbps
+    crossing = (ep - domain) / (ep - 1)
+    return 1.0 / max((1 - crossing) / chip.interconnect_gbps, crossing / out)
 
 
 def _a2a(s: Shape, ep: int, tp: int) -> float:

@@ -226,7 +226,9 @@ def own_defaults(deps: Sequence[dict[str, Any]], chip: str) -> dict[str, Any]:
     mine = [d for d in deps if d["key"][0] == chip]
     points = [p for d in mine for p in d["off"]]
     own = fit_pooled(points, [roofline(p, False) for p in points], starts=1)
-    return {**_defaults(own), "points": len(points), "deployments": len(mine)}
+    concurrencies = [p.concurrency for p in points]
+    return {**_defaults(own), "points": len(points), "deployments": len(mine),
+            "concurrency": [min(concurrencies), max(concurrencies)]}  # fmt: skip
 
 
 def leave_chip_out(deps: Sequence[dict[str, Any]], chip: str) -> tuple[Fit, list[list[float]]]:

@@ -261,6 +261,8 @@ def test_a_published_trace_without_a_step_cost_is_priced_at_the_catalogs_default
     said = " ".join((stdout + err).split())
     assert "the catalog's roofline of deepseek-r1 on h200 at its defaults" in said
     assert "no calibration" in said
+    assert ("h200's catalog defaults were fitted on single-node points at concurrency 4 to 64 "
+            f"and this run reaches {point['settings']['concurrency']}") in said  # fmt: skip
     (summary,) = [json.loads(p.read_text()) for p in out.glob("points/*/summary.json")]
     assert summary["provenance"]["step_cost"] is None
     assert any("no calibration" in n for n in summary["provenance"]["notes"])

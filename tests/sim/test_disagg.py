@@ -229,3 +229,22 @@ def test_the_medians_a_fit_reads_are_the_figures_medians() -> None:
         assert quick.median_tpot_s == pytest.approx(full.median_tpot_s, rel=1e-12)
         assert quick.median_ttft_s == pytest.approx(full.median_ttft_s, rel=1e-12)
         assert quick.throughput_per_gpu == pytest.approx(full.throughput_per_gpu, rel=1e-12)
+
+
+def test_a_closed_loops_waves_queue_for_prefill() -> None:
+    """64 clients began at once, so they return in waves, each spread over its decodes' spread
+    (outputs of 80..101 tokens: 21 steps at the step's price). A prefill pool of 20 prompts a
+    second takes a wave 3.2 s: a wave's median prompt waits half of what that exceeds its
+    window, worked out here from the solved step price."""
+    load = Load(64, 1024, 101)
+    inputs, outputs = _by_hand_mean(load)
+    assert (outputs.min(), outputs.max()) == (80, 101)
+    pools = _pools(prefill=Stand(per_prompt=0.05, parallel=2))
+    state = disagg.steady(load, pools, 0.0, inputs, outputs)
+    m = 16384 // round(float(inputs.mean()))
+    full, capacity = 0.05 * m, 1 / 0.05
+    rho = state.requests_per_s / capacity
+    wave = (64 / capacity - 21 * state.step_s) / 2
+    assert wave > full * rho / 2  # the wave, not the steady trickle, sets the wait here
+    transfer = float(inputs.mean()) * 1e6 / (2 * 1000e9)
+    assert state.ttft_s == pytest.approx(0.05 + (full - 0.05) * rho + wave + transfer, rel=1e-6)

@@ -41,7 +41,12 @@ def predict_command(
 ) -> None:  # fmt: skip
     from speclens.acceptance.quantity import length_problems
     from speclens.sim import fit_points as fp
-    from speclens.sim.calibrate import extrapolation, fit_warnings, read_cost_file
+    from speclens.sim.calibrate import (
+        defaults_extrapolation,
+        extrapolation,
+        fit_warnings,
+        read_cost_file,
+    )
     from speclens.sim.roofline import Roofline
     from speclens.sim.trust import for_pricing
 
@@ -88,6 +93,7 @@ def predict_command(
     if step_cost is None:
         notes.append(f"priced with {source}, no calibration; TTFT leaves out the client's front "
                      "latency (a cost file calibrate fitted adds it)")  # fmt: skip
+        notes += defaults_extrapolation(cost.chip, widths, any(p.disaggregated for p in points))
     for p, roof in priced:
         figures = fp.predict(p, roof, front, kk, al)
         _check_figures(figures, p, source)

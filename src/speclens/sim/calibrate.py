@@ -701,6 +701,27 @@ def extrapolation(meta: dict[str, Any], widths: tuple[int, int]) -> str | None:
             f"reaches {widths[0]} to {widths[1]}: outside them it extrapolates")  # fmt: skip
 
 
+def defaults_extrapolation(chip: Any, widths: tuple[int, int],
+                           disaggregated: bool | None = None) -> list[str]:  # fmt: skip
+    """Notes when a prediction at a chip's catalog defaults runs past what they were fitted on
+    (``ChipSpec.fitted_on``): concurrencies outside its span, or a kind of run (single-node or
+    disaggregated) it never saw."""
+    fitted = getattr(chip, "fitted_on", None)
+    if fitted is None:
+        return []
+    notes = []
+    low, high = fitted.concurrency
+    if widths[0] < low or widths[1] > high:
+        notes.append(f"{chip.name}'s catalog defaults were fitted on {fitted.runs} points at "
+                     f"concurrency {low} to {high} and this run reaches {widths[0]} to "
+                     f"{widths[1]}: outside them it extrapolates")  # fmt: skip
+    if disaggregated is not None and disaggregated != (fitted.runs == "disaggregated"):
+        kind = "disaggregated" if disaggregated else "single-node"
+        notes.append(f"{chip.name}'s catalog defaults were fitted on {fitted.runs} runs and this "
+                     f"one is {kind}: it extrapolates")  # fmt: skip
+    return notes
+
+
 def fit_warnings(meta: dict[str, Any], source: str) -> list[str]:
     """What the fit said of itself that every replay with it repeats (``<source>: <warning>``):
     a roofline that does not describe its own runs (``misfit``), a step cost whose error on

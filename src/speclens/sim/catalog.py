@@ -117,6 +117,25 @@ class Efficiency(_Model):
     prefill_compute: Fraction | None = None
 
 
+class FittedOn(_Model):
+    """The published runs a chip's efficiency defaults were fitted on: how many MTP-off points
+    of how many deployments (single-node) or configurations (disaggregated), and the
+    concurrencies they span (a prediction past them extrapolates, and says so)."""
+
+    runs: Literal["single-node", "disaggregated"]
+    points: Count
+    groups: Count
+    concurrency: Annotated[list[Count], Field(min_length=2, max_length=2)]
+
+    @classmethod
+    def _cross_checks(cls, data: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        span = data.get("concurrency")
+        if isinstance(span, list) and len(span) == 2 and all(type(c) is int for c in span):
+            if span[0] > span[1]:
+                return [(("concurrency",), f"expected [lowest, highest], got {span}")]
+        return []
+
+
 class ChipSpec(_Entry):
     kind: Literal["Chip"] = "Chip"
     #: Dense (no sparsity) peak TFLOP/s by the dtype a matmul runs in.
@@ -137,6 +156,8 @@ class ChipSpec(_Entry):
     #: a chip without it, take the global defaults): what a roofline uses where its caller gives
     #: no efficiency.
     efficiency: Efficiency | None = None
+    #: What ``efficiency`` was fitted on (with it, and only with it).
+    fitted_on: FittedOn | None = None
 
     def link_gbps(self, width: int) -> float:
         """The bandwidth per GPU (GB/s, one direction) a collective over ``width`` GPUs runs at:
@@ -156,6 +177,9 @@ class ChipSpec(_Entry):
         if data.get("scale_out_gbps") is not None and data.get("scale_up_domain") is None:
             found.append((("scale_out_gbps",), "never used without scale_up_domain (expected "
                           "both: the GPUs one scale-up fabric joins, and the GB/s past them)"))  # fmt: skip
+        if data.get("fitted_on") is not None and data.get("efficiency") is None:
+            found.append((("fitted_on",), "states what efficiency defaults were fitted on, but "
+                          "the entry gives no efficiency"))  # fmt: skip
         return found
 
 

@@ -18,15 +18,18 @@ its steady state, a few dozen step prices, well under a millisecond:
   utilisation ρ = X / μ a prompt is prefilled in a step that carries between one prompt and m
   as ρ rises, after waiting half a busy step (t(m) · ρ / 2; in an open loop, a queue of
   deterministic batches: t(m) · ρ / (2(1 − ρ))). The closed loop's throughput stops just
-  under μ: past it the clients queue for prefill.
+  under μ: past it the clients queue for prefill. Its clients began at once, so they return in
+  waves, each spread only over its decodes' spread W (the most decode steps less the fewest,
+  at the step's price): where a wave takes the pool longer than that (c / μ > W), its median
+  prompt waits (c / μ − W) / 2 instead, when that is longer.
 - TTFT = front + wait + prefill + transfer: the prompt's KV (the model's KV bytes a token, MLA's
   latent included) over the link between the pools: scale-up when both pools fit in one
   scale-up domain (an NVL72 rack), else the prefill worker's GPUs' scale-out links.
 - A decode worker holds at most its KV capacity in tokens: past it the clients queue (a worker
   whose weights leave no KV room by the catalog's accounting is not bounded: it ran).
 
-What it leaves out: the first wave (every client's request arriving at once) and the clumping it
-leaves in later waves, which raise the median TTFT at high concurrency.
+What it leaves out: each request's own TTFT (one figure for all: the median's), and the first
+wave's ramp (its decodes start together).
 """
 
 from __future__ import annotations
@@ -109,11 +112,13 @@ def steady(load: Load, pools: Pools, front: float, inputs: np.ndarray, outputs: 
     with ``rate``, open at that many requests a second (``OverloadedError`` past capacity)."""
     steps = _decode_steps(outputs, float(load.acceptance_length))
     return _solve(load, pools, front, float(inputs.mean()), float(outputs.mean()),
-                  max(float(steps.mean()), 1.0), rate)  # fmt: skip
+                  max(float(steps.mean()), 1.0), rate, float(steps.max() - steps.min()))  # fmt: skip
 
 
 def _solve(load: Load, pools: Pools, front: float, mean_in: float, mean_out: float,
-           mean_steps: float, rate: float | None) -> Steady:  # fmt: skip
+           mean_steps: float, rate: float | None, spread: float = 0.0) -> Steady:  # fmt: skip
+    """The steady state from the draw's means (``spread``: its most decode steps less its
+    fewest, the window a wave of clients returns in)."""
     k, al = load.num_spec_tokens, float(load.acceptance_length)
     width = k + 1 if k else 1
     context = mean_in + 1 + al * mean_steps / 2  # a decoding request's mean context
@@ -134,13 +139,20 @@ def _solve(load: Load, pools: Pools, front: float, mean_in: float, mean_out: flo
     capacity = pools.prefill_workers * m / full
     transfer = mean_in * pools.prefill.kv_bytes_per_token() / pools.link_bytes_per_s()
 
-    def ttft(x: Any) -> Any:
+    def ttft(x: Any, window: Any = 0.0) -> Any:
         """Open: a queue of deterministic batches (its wait grows without bound as rho nears
         1). Closed: no more clients wait than there are, so a prompt waits half a busy step
-        and the throughput stops at the capacity, the clients queueing past it."""
+        and the throughput stops at the capacity, the clients queueing past it; and the
+        clients return in waves (they all began at once, and a wave spreads only over
+        ``window``, its decodes' spread): where a wave takes the prefill pool longer than that,
+        its median prompt waits half the difference."""
         rho = np.asarray(x, dtype=float) / capacity
         with np.errstate(divide="ignore"):
-            wait = full * rho / (2 * (1 - rho)) if rate is not None else full * rho / 2
+            if rate is not None:
+                wait = full * rho / (2 * (1 - rho))
+            else:
+                wave = (load.concurrency / capacity - np.asarray(window, dtype=float)) / 2
+                wait = np.maximum(full * rho / 2, wave)
         out = front + one + (full - one) * rho + wait + transfer
         return np.where(rho >= 1, np.inf, out)
 
@@ -149,8 +161,10 @@ def _solve(load: Load, pools: Pools, front: float, mean_in: float, mean_out: flo
     per_worker = load.concurrency / pools.decode_workers
 
     def excess(b: np.ndarray) -> np.ndarray:
-        dec = mean_steps * step(b)
-        out: np.ndarray = b * (1 + ttft(pools.decode_workers * b / dec) / dec) - per_worker
+        price = step(b)
+        dec = mean_steps * price
+        wait = ttft(pools.decode_workers * b / dec, spread * price)
+        out: np.ndarray = b * (1 + wait / dec) - per_worker
         return out
 
     b = _root(excess, per_worker)
@@ -160,7 +174,7 @@ def _solve(load: Load, pools: Pools, front: float, mean_in: float, mean_out: flo
     s = float(step(b))
     dec = mean_steps * s
     x = pools.decode_workers * b / dec
-    base = float(ttft(x))
+    base = float(ttft(x, spread * s))
     if bound == "decode" and x >= SATURATED * capacity:
         bound = "prefill"
     # Queued (the prefill pool or the KV cache full): the cycle beyond the decode. Else the
@@ -286,23 +300,25 @@ class Medians:
 
 
 @functools.lru_cache(maxsize=1024)
-def _drawn_stats(load: Load) -> tuple[float, float, float, float, int, int]:
+def _drawn_stats(load: Load) -> tuple[float, float, float, float, int, int, float]:
     """The benchmark's draw of ``load``, summed up: mean prompt and output, mean decode steps,
-    the median of a request's steps over its decoded tokens, its tokens and its requests."""
+    the median of a request's steps over its decoded tokens, its tokens and its requests, and
+    the spread of its decode steps."""
     inputs, outputs = _benchmark_lengths(load)
     steps = _decode_steps(outputs, float(load.acceptance_length))
     many = outputs > 1
     ratio = float(np.median(steps[many] / (outputs[many] - 1))) if many.any() else 0.0
     return (float(inputs.mean()), float(outputs.mean()), max(float(steps.mean()), 1.0), ratio,
-            int(inputs.sum() + outputs.sum()), len(outputs))  # fmt: skip
+            int(inputs.sum() + outputs.sum()), len(outputs),
+            float(steps.max() - steps.min()))  # fmt: skip
 
 
 def medians(load: Load, pools: Pools, front: float, gpus: int) -> Medians:
     """``figures(load, pools, front, gpus)``'s median TPOT, TTFT and throughput per GPU (equal
     to them: one step price for every request, so the median TPOT is it times the median of
     each request's steps over its tokens)."""
-    mean_in, mean_out, mean_steps, ratio, tokens, count = _drawn_stats(load)
-    state = _solve(load, pools, front, mean_in, mean_out, mean_steps, None)
+    mean_in, mean_out, mean_steps, ratio, tokens, count, spread = _drawn_stats(load)
+    state = _solve(load, pools, front, mean_in, mean_out, mean_steps, None, spread)
     return Medians(state.step_s * ratio, state.ttft_s,
                    tokens * state.requests_per_s / count / gpus)  # fmt: skip
 

@@ -38,9 +38,18 @@ from speclens.sim.limits import (
 
 
 def _sweep(text: str) -> tuple[str, list[int]]:
+    """One ``--sweep AXIS=POINTS``: K (0, no speculation, for a disaggregated scenario only),
+    concurrency, or a pool's workers or width (``deployment.pools[I].replicas``, also spelt
+    ``.workers``, or ``.parallel``: a disaggregated scenario's)."""
+    from speclens.sim.disagg_run import pool_axis
+
     name, sep, values = text.partition("=")
-    if not sep or name not in ("num_spec_tokens", "concurrency"):
-        fail(f"--sweep: expected num_spec_tokens=... or concurrency=..., got {text!r}", code=2)
+    axis = pool_axis(name)
+    if axis is not None:
+        name = f"deployment.pools[{axis[0]}].{axis[1]}"
+    elif not sep or name not in ("num_spec_tokens", "concurrency"):
+        fail(f"--sweep: expected num_spec_tokens=..., concurrency=... or "
+             f"deployment.pools[I].workers=... (or .parallel), got {text!r}", code=2)  # fmt: skip
     try:
         if ".." in values:
             lo, hi = (int(v) for v in values.split(".."))
@@ -51,7 +60,7 @@ def _sweep(text: str) -> tuple[str, list[int]]:
             points = [int(v) for v in values.split(",") if v.strip()]
     except ValueError:
         fail(f"--sweep: expected A..B or A,B,C integers, got {values!r}", code=2)
-    if not points or min(points) < 1:
+    if not points or min(points) < (0 if name == "num_spec_tokens" else 1):
         fail("--sweep: points must be integers >= 1", code=2)
     if len(points) > MAX_SWEEP_POINTS:
         fail(f"--sweep: {len(points)} points, over the limit of {MAX_SWEEP_POINTS}", code=2)
@@ -70,7 +79,9 @@ def _grid(texts: list[str]) -> tuple[list[str], list[dict[str, int]]]:
             fail(f"--sweep: {name} is given twice; give each axis once (a grid: --sweep "
                  "num_spec_tokens=... --sweep concurrency=...)", code=2)  # fmt: skip
         axes[name] = points
-    names: list[str] = [n for n in ("num_spec_tokens", "concurrency") if n in axes]
+    pooled = sorted((n for n in axes if n.startswith("deployment.")),
+                    key=lambda n: (int(n.split("[")[1].split("]")[0]), n))  # fmt: skip
+    names: list[str] = [*pooled, *(n for n in ("num_spec_tokens", "concurrency") if n in axes)]
     size = 1
     for n in names:
         size *= len(axes[n])
@@ -123,13 +134,15 @@ def sim(
         "--sweep",
         metavar="AXIS=POINTS",
         help="num_spec_tokens=1..8 or concurrency=1,8,32: one row per point; give both for "
-        "the grid.",
+        "the grid. A disaggregated scenario adds deployment.pools[I].workers=1..4 and "
+        "deployment.pools[I].parallel=4,8, and K 0.",
     ),
     at_interactivity: float | None = typer.Option(
         None,
         "--at-interactivity",
         help="With --sweep concurrency=...: each K's output tok/s/GPU at this many tok/s/user, "
-        "and which K wins.",
+        "and which K wins (a disaggregated scenario: which prefill:decode split and K, with "
+        "its serving flags).",
     ),
     context: str | None = typer.Option(
         None,
@@ -250,6 +263,22 @@ def sim(
         fail(f"--jobs: expected an integer >= 1, got {jobs}", code=2)
     axes, grid = _grid(sweep)
     name = " x ".join(axes)
+    from speclens.sim.disagg_run import states_disaggregated
+
+    if states_disaggregated(scenario_path):  # one prefill pool and one decode pool
+        from speclens.cli.sim_disagg import Flags, disagg_command
+
+        disagg_command(scenario_path, axes, grid, Flags(
+            at_interactivity, context, emit, plot, exact, address, seed, as_json, output_dir,
+            precision, registry, (acceptance_length, acceptance_rate, per_position_rates),
+        ))  # fmt: skip
+        return
+    for axis in axes:
+        if axis.startswith("deployment."):
+            fail(f"--sweep: {axis} goes with a disaggregated scenario (a prefill pool and a "
+                 "decode pool)", code=2)  # fmt: skip
+    if any(g.get("num_spec_tokens") == 0 for g in grid):
+        fail("--sweep: points must be integers >= 1", code=2)
     if at_interactivity is not None and "concurrency" not in axes:
         fail("--at-interactivity needs --sweep concurrency=...: each K's curve runs over "
              "concurrency", code=2)  # fmt: skip

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from speclens.acceptance import AcceptancePin, AcceptanceValue, Problem, ValidationError, read_yaml
 from speclens.acceptance.files import inside, validate
@@ -21,6 +21,7 @@ from speclens.acceptance.schema import (
     _Model,
 )
 from speclens.cost import StepCost
+from speclens.runs.rundir import MAX_GPUS
 from speclens.sim import catalog
 from speclens.sim.roofline import Efficiency, Roofline
 
@@ -53,13 +54,27 @@ StepCostSpec = StepCost
 class Pool(_Model):
     role: Literal["mixed", "prefill", "decode"] = "mixed"
     name: NonEmptyStr | None = None
+    #: A worker's GPUs: its tensor parallel width.
     parallel: PositiveInt = 1
-    replicas: PositiveInt = 1
+    #: The pool's workers (engine replicas); ``workers`` is the same field, as a disaggregated
+    #: deployment's published settings name it.
+    replicas: PositiveInt = Field(1, validation_alias=AliasChoices("replicas", "workers"))
+    #: How many of a worker's GPUs split the routed experts (a roofline's EP; at most parallel).
+    expert_parallel: PositiveInt = 1
+    #: Attention data parallel over a worker's GPUs (a roofline's DP attention).
+    dp_attention: bool = False
     engine: PoolEngine = Field(default_factory=PoolEngine)
     step_cost: StepCost | None = None
     step_cost_file: NonEmptyStr | None = None
     #: A roofline's efficiencies and overhead (with ``hardware`` and no step cost).
     efficiency: Efficiency | None = None
+
+    @classmethod
+    def _own_message(cls, err: Any) -> str:
+        """Both spellings of the worker count are one field given twice."""
+        if err["type"] == "extra_forbidden" and tuple(err["loc"]) == ("workers",):
+            return "is not allowed with replicas: workers is replicas spelt another way; give one"
+        return super()._own_message(err)
 
 
 class Deployment(_Model):
@@ -179,9 +194,94 @@ def load_scenario(path: Path, precision: str | None = None) -> Scenario:
                     "is not allowed with step_cost",
                 )
             )
+        if disaggregated(scenario) and "kv_cache_tokens" in pool.engine.model_fields_set:
+            problems.append(Problem(str(path), f"deployment.pools[{index}].engine.kv_cache_tokens", (
+                "is not read in a disaggregated deployment: a worker's KV capacity is its "
+                "roofline's (its GPUs' memory beyond the weights); leave it out"
+            )))  # fmt: skip
+    problems += layout_problems(scenario, str(path))
     if problems:
         raise ValidationError(problems)
     return _with_kv_capacity(scenario, path.parent, str(path))
+
+
+def disaggregated(scenario: Scenario) -> bool:
+    """Whether the deployment splits prefill from decode (a pool of role prefill or decode):
+    ``layout_problems`` holds it to one prefill pool and one decode pool."""
+    return any(pool.role != "mixed" for pool in scenario.deployment.pools)
+
+
+def layout_problems(scenario: Scenario, file: str) -> list[Problem]:
+    """What the pools' layout cannot run as stated: expert parallelism wider than a worker or
+    on a pool no roofline prices; a disaggregated deployment that is not one prefill pool and
+    one decode pool, priced by a roofline, with only the decode pool speculating."""
+    pools = scenario.deployment.pools
+
+    def at(index: int, field: str, what: str) -> Problem:
+        return Problem(file, f"deployment.pools[{index}].{field}", what)
+
+    out = []
+    for i, pool in enumerate(pools):
+        if pool.expert_parallel > pool.parallel:
+            out.append(at(i, "expert_parallel", (
+                f"is {pool.expert_parallel}, over parallel {pool.parallel}: expert parallelism "
+                "splits the experts over a worker's GPUs (at most parallel)"
+            )))  # fmt: skip
+        if _cost_origin(pool, scenario) != "roofline" and not disaggregated(scenario):
+            for field, value in (("expert_parallel", pool.expert_parallel > 1),
+                                 ("dp_attention", pool.dp_attention)):  # fmt: skip
+                if value:
+                    out.append(at(i, field, (
+                        "prices nothing here: the pool's steps are priced by a step cost, and "
+                        "expert parallelism and DP attention are a roofline's (name hardware, "
+                        "without step_cost)"
+                    )))  # fmt: skip
+    if not disaggregated(scenario):
+        return out
+    roles = {r: [i for i, p in enumerate(pools) if p.role == r] for r in ("prefill", "decode")}
+    for role, other in (("prefill", "decode"), ("decode", "prefill")):
+        found = roles[role]
+        for i in found[1:]:
+            out.append(at(i, "role", (
+                f"is {role}, as deployment.pools[{found[0]}] is: a disaggregated deployment has "
+                "exactly one prefill pool and one decode pool"
+            )))  # fmt: skip
+        if found and not roles[other]:
+            need = "prefills: a decode pool needs a prefill pool" if role == "decode" else (
+                "decodes: a prefill pool needs a decode pool")  # fmt: skip
+            out.append(at(found[0], "role", (
+                f"is {role}, but no pool {need} (role: {other}); the KV cache moves from one to "
+                "the other"
+            )))  # fmt: skip
+    for i, pool in enumerate(pools):
+        if pool.role == "mixed":
+            out.append(at(i, "role", (
+                "is mixed in a disaggregated deployment: it has one prefill pool, one decode "
+                "pool and no mixed pool"
+            )))  # fmt: skip
+        if pool.role == "prefill" and pool.engine.speculative is not None:
+            out.append(at(i, "engine.speculative", (
+                "only decode pools speculate; an acceptance value names the decode pool's K"
+            )))  # fmt: skip
+        for field in ("step_cost", "step_cost_file"):
+            if getattr(pool, field) is not None:
+                out.append(at(i, field, (
+                    "is not allowed in a disaggregated deployment: its pools are priced by a "
+                    "roofline (KV bytes and links come from the catalog)"
+                )))  # fmt: skip
+    gpus = sum(pool.parallel * pool.replicas for pool in pools)
+    if gpus > MAX_GPUS:
+        widest = max(range(len(pools)), key=lambda i: pools[i].parallel * pools[i].replicas)
+        out.append(at(widest, "replicas", (
+            f"{gpus:,} GPUs over the pools (parallel x replicas), over the {MAX_GPUS:,} a run "
+            "records"
+        )))  # fmt: skip
+    if scenario.hardware is None and scenario.hardware_file is None:
+        out.append(Problem(file, "hardware", (
+            "is not set: a disaggregated deployment is priced by a roofline (KV bytes and links "
+            "come from the catalog): name the chip"
+        )))  # fmt: skip
+    return out
 
 
 def _with_kv_capacity(scenario: Scenario, base: Path, file: str) -> Scenario:
@@ -192,22 +292,45 @@ def _with_kv_capacity(scenario: Scenario, base: Path, file: str) -> Scenario:
         except ValidationError as exc:
             problems += exc.problems
             continue
-        if isinstance(cost, Roofline) and "kv_cache_tokens" not in pool.engine.model_fields_set:
-            tokens = cost.kv_tokens()
-            if tokens < 1:
-                problems.append(Problem(file, f"deployment.pools[{index}].parallel", (
-                    f"{cost.model.name}'s weights ({cost.weights_bytes() / 1e9:,.1f} GB) do not "
-                    f"fit in {pool.parallel} x {cost.chip.memory_gb:g} GB of {cost.chip.name} at "
-                    f"{cost.efficiency.memory_utilization:.0%} use: raise parallel"
-                )))  # fmt: skip
+        stated = "kv_cache_tokens" in pool.engine.model_fields_set
+        if isinstance(cost, Roofline):
+            found = roofline_problems(cost, pool, file, index, fit=not stated)
+            if found:
+                problems += found
                 continue
-            engine = pool.engine.model_copy(update={"kv_cache_tokens": tokens})
-            pool = pool.model_copy(update={"engine": engine})
+            if not stated:
+                engine = pool.engine.model_copy(update={"kv_cache_tokens": cost.kv_tokens()})
+                pool = pool.model_copy(update={"engine": engine})
         pools.append(pool)
     if problems:
         raise ValidationError(problems)
     deployment = scenario.deployment.model_copy(update={"pools": pools})
     return scenario.model_copy(update={"deployment": deployment})
+
+
+def roofline_problems(
+    cost: Roofline, pool: Pool, file: str, index: int, fit: bool = True
+) -> list[Problem]:
+    """Pool ``index``'s roofline ``cost`` cannot price it: expert parallelism that does not
+    divide the model's routed experts (or a model with none), and (``fit``) weights that do not
+    fit in a worker's GPUs."""
+    out = []
+    ep, experts = pool.expert_parallel, cost.model.experts
+    if ep > 1 and (experts is None or not cost.shape.moe_layers):
+        out.append(Problem(file, f"deployment.pools[{index}].expert_parallel", (
+            f"is {ep}, but {cost.model.name} has no routed experts to spread: leave it at 1"
+        )))  # fmt: skip
+    elif ep > 1 and experts is not None and experts.routed % ep:
+        out.append(Problem(file, f"deployment.pools[{index}].expert_parallel", (
+            f"is {ep}, which does not divide {cost.model.name}'s {experts.routed} routed experts"
+        )))  # fmt: skip
+    if fit and cost.kv_tokens() < 1:
+        out.append(Problem(file, f"deployment.pools[{index}].parallel", (
+            f"{cost.model.name}'s weights ({cost.weights_bytes() / 1e9:,.1f} GB) do not "
+            f"fit in {pool.parallel} x {cost.chip.memory_gb:g} GB of {cost.chip.name} at "
+            f"{cost.efficiency.memory_utilization:.0%} use: raise parallel"
+        )))  # fmt: skip
+    return out
 
 
 def _cost_origin(pool: Pool, scenario: Scenario | None) -> str:
@@ -288,4 +411,6 @@ def roofline(
         draft_layers=spec.draft_layers if spec is not None else 1,
         drafter=drafter,
         efficiency=efficiency,
+        expert_parallel=pool.expert_parallel,
+        dp_attention=pool.dp_attention,
     )

@@ -1,7 +1,7 @@
 """speclens's predictions against InferenceX's published DeepSeek-R1 runs on GPUs.
 
     python benchmarks/inferencex.py [--data ../shared/data/inferencex] [--jobs 2] [--json OUT]
-        [--ray [ADDRESS]] [--write-trust PATH]
+        [--ray [ADDRESS]] [--write-trust PATH] [--section all|single|disagg]
 
 The data (``benchmarks.json`` and ``benchmarks-history.json``: see its README) is imported as
 ``speclens import inferencex`` does. Every single-node deployment (chip, engine, precision,
@@ -28,8 +28,10 @@ Each chip's fits (leave one chip out, and its own defaults), then each deploymen
 one call of ``speclens.sim.fanout``: in ``--jobs`` processes, or with ``--ray`` as Ray tasks on a
 local Ray (``--ray``) or on the cluster at ADDRESS (``--ray HOST:PORT``); the figures are the
 same. ``own_defaults`` is what the catalog's chip entries ship (``tests/sim`` regenerates it).
-``--write-trust PATH`` writes the figures as the accuracy table the package states beside its
-predictions (``speclens.sim.trust``; ``src/speclens/registry/catalog/accuracy/inferencex.yaml``).
+The disaggregated runs are scored by ``benchmarks/inferencex_disagg.py`` (``--section disagg``
+runs that alone). ``--write-trust PATH`` writes the figures as the accuracy table the package
+states beside its predictions (``speclens.sim.trust``;
+``src/speclens/registry/catalog/accuracy/inferencex.yaml``).
 """
 
 from __future__ import annotations
@@ -361,7 +363,12 @@ def main() -> None:
     parser.add_argument("--write-trust", type=Path, default=None, metavar="PATH",
                         help="write the accuracy table speclens states beside its predictions "
                         "(src/speclens/registry/catalog/accuracy/inferencex.yaml)")  # fmt: skip
+    parser.add_argument("--section", choices=("all", "single", "disagg"), default="all",
+                        help="the single-node runs, the disaggregated ones "
+                        "(benchmarks/inferencex_disagg.py), or both")  # fmt: skip
     args = parser.parse_args()
+    if args.write_trust and args.section != "all":
+        parser.error("--write-trust: the table holds both sections: leave --section out")
     if args.ray is not None:
         problem = fanout.address_problem(args.ray)
         if problem:
@@ -370,6 +377,15 @@ def main() -> None:
             fanout.require_ray()
         except fanout.FanoutError as exc:
             parser.error(f"--ray: {exc}")
+    disagg = None
+    if args.section != "single":
+        disagg = _disaggregated(args)
+        if args.section == "disagg":
+            if args.json:
+                args.json.write_text(json.dumps({"disaggregated": disagg}, indent=1,
+                                                default=float))  # fmt: skip
+            return
+        print()
     start = time.perf_counter()
     deps = deployments(args.data)
     known = set(catalog.names("chips"))
@@ -447,9 +463,44 @@ def main() -> None:
               f"front {d['front_latency_s'] * 1e3:.0f} ms |")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"figures": figures, "deployments": rows,
-                                         "chips": chip_rows}, indent=1, default=float))  # fmt: skip
-    if args.write_trust:
-        write_trust(args.write_trust, trust_table(deps, figures, chip_rows, rows))
+                                         "chips": chip_rows, "disaggregated": disagg},
+                                        indent=1, default=float))  # fmt: skip
+    if args.write_trust and disagg is not None:
+        table = trust_table(deps, figures, chip_rows, rows)
+        table["disaggregated"] = _disagg_module().trust_block(disagg)
+        write_trust(args.write_trust, table)
+
+
+def _disagg_module() -> Any:
+    """``benchmarks/inferencex_disagg.py``, importable by name (fanned-out calls pickle its
+    ``task``: spawned processes inherit this ``sys.path``)."""
+    import sys
+
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import inferencex_disagg
+
+    return inferencex_disagg
+
+
+def _disaggregated(args: argparse.Namespace) -> dict[str, Any]:
+    """The disaggregated section: run, printed, returned."""
+    module = _disagg_module()
+    start = time.perf_counter()
+
+    def fan(task: Any, calls: list[Any]) -> list[Any]:
+        try:
+            return fanout.run(task, calls, args.jobs, ray_address=args.ray)
+        except fanout.FanoutError as exc:
+            raise SystemExit(f"--ray: {exc}") from None
+
+    result: dict[str, Any] = module.run(args.data, fan)
+    where = f"{args.jobs} process(es)" if args.ray is None else f"Ray ({args.ray})"
+    print(f"disaggregated: {time.perf_counter() - start:.0f} s on {where}, "
+          f"{platform.processor() or platform.machine()}")  # fmt: skip
+    module.report(result)
+    return result
 
 
 if __name__ == "__main__":

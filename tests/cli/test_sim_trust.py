@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from speclens.sim import trust
+from speclens.sim import catalog, trust
 from toyrooflinekit import cost_file
 
 B200: dict[str, Any] = {
@@ -71,13 +71,16 @@ def test_a_b200_run_prints_b200s_leave_one_chip_out_error(run_cli, tmp_path: Pat
 def test_a_chip_without_published_points_states_the_median_over_the_others(
     run_cli, tmp_path: Path
 ) -> None:  # fmt: skip
+    """gb200 ran no single-node point: a single-node scenario on it states the other chips'
+    median, and that its defaults were fitted on its disaggregated runs."""
     overall = _table()["uncalibrated"]
     path = _write(tmp_path, "gb200.yaml", {**B200, "hardware": "gb200"})
     code, out, err = run_cli("sim", path, *AL, "--json")
     assert code == 0, err
     got = json.loads(out)["trust"]
     assert got["expected_error"] == {k: overall[k] for k in ("tpot", "ttft", "throughput")}
-    assert "no published points for gb200" in _said(got["line"])
+    said = _said(got["line"])
+    assert "no single-node points for gb200" in said and "disaggregated points" in said
 
 
 def _points_fit() -> dict[str, Any]:
@@ -111,11 +114,11 @@ def test_a_pool_priced_by_a_calibrated_cost_file_states_its_held_out_error(
 def test_pools_priced_differently_state_each_and_the_larger_error(
     run_cli, tmp_path: Path
 ) -> None:  # fmt: skip
-    """A prefill pool at b200's defaults and a decode pool from a calibrated cost file: each
-    pool's statement, and as the run's expected error each figure's larger."""
+    """A pool at b200's defaults and a pool from a calibrated cost file: each pool's
+    statement, and as the run's expected error each figure's larger."""
     chips = _table()["chips"]
     cost_file(tmp_path / "c.yaml", fit=_points_fit(), hardware="b200")
-    pools = [{"role": "prefill", "parallel": 8}, {"role": "decode", "step_cost_file": "c.yaml"}]
+    pools = [{"role": "mixed", "parallel": 8}, {"step_cost_file": "c.yaml"}]
     path = _write(tmp_path, "pd.yaml", {**B200, "deployment": {"pools": pools}})
     code, out, err = run_cli("sim", path, "--json")
     assert code == 0, err
@@ -218,3 +221,26 @@ def test_a_replay_priced_by_a_scenario_states_its_chips_error(run_cli, tmp_path:
     assert code == 0, err
     got = json.loads(stdout)["trust"]
     assert got["expected_error"] == b200 and "TTFT reads low" in _said(got["line"])
+
+
+def test_a_run_past_the_concurrencies_its_defaults_were_fitted_on_says_so(
+    run_cli, tmp_path: Path
+) -> None:  # fmt: skip
+    """b200's defaults were fitted on single-node points at concurrency 1 to 64: a run at 512
+    (InferenceX's B200 SGLang FP8 MTP point there is off by 117%) says it extrapolates, a sweep
+    names its span, and a run inside the span says nothing of it."""
+    fitted = catalog.chip("b200").fitted_on
+    assert fitted is not None and fitted.concurrency == [1, 64]
+    wide = {**B200, "workload": {**B200["workload"], "concurrency": 512, "requests": 512}}
+    code, out, err = run_cli("sim", _write(tmp_path, "wide.yaml", wide), *AL, "--json")
+    assert code == 0, err
+    got = json.loads(out)["trust"]
+    note = ("b200's catalog defaults were fitted on single-node points at concurrency 1 to 64 "
+            "and this run reaches 512 to 512: outside them it extrapolates")  # fmt: skip
+    assert note in _said(got["line"]) and got["notes"] == [note]
+    code, out, err = run_cli("sim", _write(tmp_path, "wide.yaml", wide), *AL, "--sweep",
+                             "concurrency=16,128", "--jobs", "1")  # fmt: skip
+    assert code == 0, err
+    assert "this run reaches 16 to 128: outside them it extrapolates" in _said(out)
+    code, out, err = run_cli("sim", _write(tmp_path, "inside.yaml", B200), *AL, "--json")
+    assert code == 0 and "extrapolates" not in json.loads(out)["trust"]["line"]

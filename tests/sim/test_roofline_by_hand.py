@@ -61,7 +61,7 @@ def test_attention_costs_each_sequence_its_own_context_not_the_batchs() -> None:
     256 x 4096 x 131,072 bytes = 137 GB at 2.68 TB/s; its FLOPs, 524,288 x 256 x 4096 =
     0.55 PFLOP, take 1.11 ms), overhead 1 ms + 256 x 20 us: 65.17 ms. Priced over the batch's
     1,048,576 context tokens, attention's FLOPs would be 256x, 284 ms, and the step 298 ms."""
-    cost = Roofline(catalog.model("llama-3.1-8b"), catalog.chip("h100"))
+    cost = Roofline(catalog.model("llama-3.1-8b"), catalog.chip("h100"), efficiency=Efficiency())
     assert 32 * (41_943_040 + 176_160_768) + 525_336_576 == 7_504_658_432
     assert (LLAMA_8B_KV, LLAMA_8B_PAIR) == (32 * 2 * 8 * 128 * 2, 32 * 4 * 32 * 128)
 

@@ -268,7 +268,7 @@ def test_a_mixed_step_reads_the_weights_once_for_decodes_and_the_prefill_chunk()
     of its tokens already in the KV: one read of the weights for 520 tokens (compute-bound),
     attention over 8 x 1,000 decode pairs and 512 x (1,024 + 256) causal chunk pairs, the KV of
     the decodes' contexts and of the prompt; then overhead and 9 sequences."""
-    roof = Roofline(catalog.model("llama-3.1-8b"), catalog.chip("h100"))
+    roof = Roofline(catalog.model("llama-3.1-8b"), catalog.chip("h100"), efficiency=Efficiency())
     e = roof.efficiency
     tokens = 8 + 512
     linear = max(2 * LLAMA_MATMULS * tokens / (H100_BF16 * COMPUTE),
@@ -281,7 +281,9 @@ def test_a_mixed_step_reads_the_weights_once_for_decodes_and_the_prefill_chunk()
     apart = roof.decode(8, 8, 8000, 0, 0) + roof.prefill(512, 1, 1024 + 512)
     assert roof.mixed(8, 8, 8000, 512, 1, 1024, 0, 0) < apart
     # With no prefill a mixed step is a decode step, drafter included (arrays elementwise).
-    eagle = Roofline(catalog.model("llama-3.1-8b"), catalog.chip("h100"), method="eagle")
+    eagle = Roofline(
+        catalog.model("llama-3.1-8b"), catalog.chip("h100"), method="eagle", efficiency=Efficiency()
+    )
     q, r = np.array([8, 32, 4]), np.array([2, 8, 1])
     c, d = np.array([900, 16000, 7]), np.array([2, 0, 1])
     zero = np.zeros(3)
@@ -314,7 +316,7 @@ def test_a_mixed_chunk_of_two_prompts_attends_causally_within_each() -> None:
     assert pairs == 7_342_032
     compute_bound = _llama_mixed(4, 2, 2048, pairs, 2000 + 2 * 3072 + 2048)
     assert compute_bound == pytest.approx(71.152e-3, rel=1e-4)
-    roof = Roofline(catalog.model("llama-3.1-8b"), catalog.chip("h100"))
+    roof = Roofline(catalog.model("llama-3.1-8b"), catalog.chip("h100"), efficiency=Efficiency())
     assert roof.mixed(4, 4, 2000, 2048, 2, 3072, 0, 0) == pytest.approx(compute_bound, rel=1e-9)
     one_prompt = 4 * 500 + 2048 * (3072 + 2048 / 2)
     assert one_prompt - pairs == 1_048_576 == pairs - (4 * 500 + 2048 * 3072)
@@ -343,7 +345,7 @@ def test_a_mixed_step_reads_the_decodes_kv_the_prompts_prefix_and_the_chunk_once
     kv_seconds = LLAMA_KV * kv_tokens / (H100_BANDWIDTH * MEMORY)
     assert kv_seconds == pytest.approx(12.815e-3, rel=1e-4)
     assert kv_seconds > LLAMA_PAIR * pairs / (H100_BF16 * COMPUTE)  # memory-bound
-    roof = Roofline(catalog.model("llama-3.1-8b"), catalog.chip("h100"))
+    roof = Roofline(catalog.model("llama-3.1-8b"), catalog.chip("h100"), efficiency=Efficiency())
     assert roof.mixed(64, 64, 256_000, 32, 2, 3000, 0, 0) == pytest.approx(memory_bound, rel=1e-9)
     # The chunk's own 32 tokens of KV are 1.57 us of it, far above the tolerance above.
     chunk_kv = LLAMA_KV * 32 / (H100_BANDWIDTH * MEMORY)
@@ -366,10 +368,11 @@ def test_a_chips_efficiency_is_the_rooflines_default(tmp_path: Path) -> None:
     roof = Roofline(model, chip)
     assert (roof.efficiency.memory, roof.efficiency.overhead) == (0.6, 0.002)
     assert roof.efficiency.compute == Efficiency().compute  # not given: the global default
-    assert roof.verify(1, 1, 100) > Roofline(model, catalog.chip("h100")).verify(1, 1, 100)
+    bare = catalog.chip("h100").model_copy(update={"efficiency": None, "fitted_on": None})
+    assert roof.verify(1, 1, 100) > Roofline(model, bare).verify(1, 1, 100)
     stated = Efficiency(memory=0.9)
     assert Roofline(model, chip, efficiency=stated).efficiency is stated
-    assert Roofline(model, catalog.chip("h100")).efficiency == Efficiency()
+    assert Roofline(model, bare).efficiency == Efficiency()  # a chip without: the global ones
     # A scenario's pool states some fields: those over the chip's, the rest the chip's.
     scenario = {
         "model": "llama-3.1-8b", "hardware_file": "chip.yaml",
@@ -401,15 +404,20 @@ def test_a_chips_bad_efficiency_names_its_field(
 
 def test_a_shipped_chips_efficiencies_say_where_they_come_from() -> None:
     """A chip's efficiency defaults are fitted on published runs, never read off a datasheet:
-    the entry says so, and a chip with no such runs says why it has none."""
+    the entry says so and names the benchmark that fitted them (single-node runs, or, for a
+    chip that ran none, its disaggregated ones), and a chip with no such runs says why it has
+    none."""
     stated = [n for n in catalog.names("chips") if catalog.chip(n).efficiency is not None]
-    assert {"h200", "mi355x", "b200"} <= set(stated)
+    assert {"h200", "mi355x", "b200", "gb200"} <= set(stated)
     for name in catalog.names("chips"):
         chip = catalog.chip(name)
         assert isinstance(chip, ChipSpec)
         notes = " ".join((chip.notes or "").split())
         if chip.efficiency is not None:
-            assert "fitted on this data" in notes and "benchmarks/inferencex.py" in notes
+            assert chip.fitted_on is not None, name
+            script = {"single-node": "benchmarks/inferencex.py",
+                      "disaggregated": "benchmarks/inferencex_disagg.py"}[chip.fitted_on.runs]  # fmt: skip
+            assert "fitted on this data" in notes and script in notes, name
         else:
             assert "No efficiency defaults" in notes
 

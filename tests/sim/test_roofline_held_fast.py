@@ -39,7 +39,7 @@ def test_the_floor_by_hand() -> None:
 def test_a_decode_step_at_concurrency_one_never_beats_the_weights(chip_default: bool) -> None:
     model, h100 = catalog.model("llama-3.1-8b"), catalog.chip("h100")
     generous_chip = h100.model_copy(update={"efficiency": GENEROUS})
-    default = Roofline(model, h100)
+    default = Roofline(model, h100, efficiency=Efficiency())  # the global defaults
     generous = (
         Roofline(model, generous_chip)
         if chip_default

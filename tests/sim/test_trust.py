@@ -40,6 +40,16 @@ TABLE: dict[str, Any] = {
                    "uncalibrated": {"tpot": 0.225, "ttft": 0.153, "throughput": 0.339},
                    "held_out": {"tpot": 0.066, "ttft": 0.091, "throughput": 0.064}},
     },
+    "disaggregated": {
+        "held_out": {"deployments": 36, "tpot": 0.204, "ttft": 0.647, "throughput": 0.194},
+        "speculating": {"deployments": 21, "tpot": 0.267, "ttft": 0.9, "throughput": 0.2},
+        "uncalibrated": {"deployments": 44, "tpot": 0.18, "ttft": 0.925, "throughput": 0.196},
+        "chips": {
+            "gb200": {"deployments": 10, "points": 63,
+                      "uncalibrated": {"tpot": 0.192, "ttft": 0.872, "throughput": 0.206},
+                      "held_out": {"tpot": 0.211, "ttft": 0.55, "throughput": 0.23}},
+        },
+    },
 }  # fmt: skip
 
 
@@ -67,16 +77,29 @@ def test_a_chips_catalog_defaults_state_its_leave_one_chip_out_error(table: Any)
 
 
 def test_a_chip_without_published_points_states_the_median_and_says_so(table: Any) -> None:
-    assert catalog.chip("gb200").efficiency is None  # prices at the global defaults
-    got = trust.for_chip("gb200", table)
+    assert "tpu9" not in catalog.names("chips")  # a chip from a file: the global defaults
+    got = trust.for_chip("tpu9", table)
     assert got.expected is not None
     want = {k: v for k, v in TABLE["uncalibrated"].items() if k != "deployments"}
     assert got.expected.model_dump() == want
     said = _said(got)
     assert said.startswith("expected error TPOT 22%, TTFT 46%, throughput per GPU 17% ")
-    assert "no published points for gb200: the median over the other chips'" in said
+    assert "no published points for tpu9: the median over the other chips'" in said
     assert "30 deployments" in said and "global defaults" in said
-    assert "fitted on gb200 itself" not in said
+    assert "fitted on tpu9 itself" not in said
+
+
+def test_a_rack_scale_chip_predicting_one_node_says_what_its_defaults_rest_on(
+    table: Any,
+) -> None:
+    """gb200's defaults were fitted on its disaggregated runs: a single-node prediction on it
+    states the other chips' median, a guide only, and what its defaults rest on."""
+    assert catalog.chip("gb200").fitted_on is not None
+    said = _said(trust.for_chip("gb200", table))
+    assert "no single-node points for gb200: the median over the other chips'" in said
+    points = catalog.chip("gb200").fitted_on.points
+    assert f"gb200's defaults were fitted on its {points} disaggregated points" in said
+    assert "global defaults" not in said
 
 
 def _points_fit(chip: str = "b200", n: int = 4) -> dict[str, Any]:
@@ -174,14 +197,20 @@ def test_the_pricing_a_sim_run_states_picks_its_figures(table: Any) -> None:
 
 
 def test_the_shipped_table_covers_every_chip_that_ships_defaults() -> None:
+    """Single-node defaults: the chips the table scores single-node; every chip with
+    disaggregated runs: the table's disaggregated block."""
     shipped = trust.table()
-    with_defaults = {n for n in catalog.names("chips") if catalog.chip(n).efficiency is not None}
-    assert set(shipped.chips) == with_defaults
+    single = {n for n in catalog.names("chips")
+              if (f := catalog.chip(n).fitted_on) is not None and f.runs == "single-node"}  # fmt: skip
+    assert set(shipped.chips) == single
+    assert shipped.disaggregated is not None
+    assert {"gb200", "gb300", "h100"} <= set(shipped.disaggregated.chips)
     for name in catalog.names("chips"):
         got = trust.for_chip(name)
         assert got.expected is not None, name
         fitted_on_itself = "fitted on " + name + " itself" in _said(got)
-        assert fitted_on_itself == (name in with_defaults), name
+        assert fitted_on_itself == (name in single), name
+        assert trust.for_chip(name, disaggregated=True).expected is not None, name
 
 
 def test_a_broken_table_is_refused_naming_each_field(tmp_path: Path) -> None:
@@ -246,3 +275,26 @@ def test_a_published_replay_with_a_broken_own_error_writes_nothing(run_cli, tmp_
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "fit.tpot_error_median" in lines[0] and str(cost) in lines[0]
     assert not out.exists()
+
+
+def test_a_disaggregated_prediction_states_the_disaggregated_figures(table: Any) -> None:
+    """A disaggregated prediction at a chip's defaults states the chip's leave-one-chip-out
+    error on disaggregated runs (not its single-node one), and what its defaults rest on; a
+    chip the block lacks, the block's median; a cost file, the block's held-out error."""
+    got = trust.for_chip("gb200", table, disaggregated=True)
+    assert got.expected is not None
+    assert got.expected.model_dump() == TABLE["disaggregated"]["chips"]["gb200"]["uncalibrated"]
+    said = _said(got)
+    assert said.startswith("expected error TPOT 19%, TTFT 87%, throughput per GPU 21% ")
+    assert "on disaggregated runs" in said and "scored on gb200's 10 configurations" in said
+    fitted = catalog.chip("gb200").fitted_on
+    assert fitted is not None and f"its own disaggregated runs, {fitted.points} points" in said
+    other = trust.for_chip("b200", table, disaggregated=True)
+    assert other.expected is not None and other.expected.tpot == 0.18
+    assert "no disaggregated points for b200" in _said(other)
+    fit = trust.for_cost_file(_points_fit("mi355x"), "c.yaml", accuracy=table, disaggregated=True)
+    assert fit.expected is not None and fit.expected.tpot == 0.204
+    assert "36 disaggregated configurations" in _said(fit)
+    spec = trust.for_cost_file(_points_fit("mi355x"), "c.yaml", speculating=True, accuracy=table,
+                               disaggregated=True)  # fmt: skip
+    assert spec.expected is not None and spec.expected.tpot == 0.267

@@ -306,7 +306,7 @@ def sim(
         check(scenario, str(scenario_path), ks, budget, runs=len(grid), base=scenario_path.parent)
         _check_closed_loop(scenario_path, scenario, grid)
         reg = load_registry(registry)
-        trusts = _trusts(scenario, scenario_path.parent, ks)
+        trusts = _trusts(scenario, scenario_path.parent, ks, grid)
     out = _open_output(output_dir, scenario, axes, grid, seed) if output_dir else None
 
     pools = scenario.speculating
@@ -544,14 +544,18 @@ def _schedule_command(
             console.print(f"wrote {path}", markup=False)
 
 
-def _trusts(scenario: Any, base: Path, ks: list[int | None]) -> dict[int | None, dict[str, Any]]:
-    """How far to trust each K's runs (``run_output.run_trust``; None: the scenario's own K),
-    before any simulation: a cost file whose fit records a broken error is refused first."""
+def _trusts(scenario: Any, base: Path, ks: list[int | None],
+            grid: list[dict[str, Any]] | None = None) -> dict[int | None, dict[str, Any]]:  # fmt: skip
+    """How far to trust each K's runs (``run_output.run_trust``; None: the scenario's own K) at
+    the grid's concurrencies, before any simulation: a cost file whose fit records a broken
+    error is refused first."""
     from speclens.sim import run_output
 
     pools = scenario.speculating
     own = pools[0].engine.speculative.num_spec_tokens if pools else None
-    return {k: run_output.run_trust(scenario, base, own if k is None else k) for k in ks}
+    swept = sorted(int(g["concurrency"]) for g in grid or [] if g.get("concurrency"))
+    widths = (swept[0], swept[-1]) if swept else None
+    return {k: run_output.run_trust(scenario, base, own if k is None else k, widths) for k in ks}
 
 
 def _decision_trust(decision: dict[str, Any], trusts: dict[int | None, dict[str, Any]]) -> None:

@@ -80,7 +80,9 @@ def predict_command(
         fail(f"command line: --output-dir: {output_dir}: exists and is not empty", 2)
     with reported():  # the fit's own errors, read before any replay
         described = {**cost.describe(), "source": f"from {source}" if step_cost else source}
-        trust = for_pricing(described, meta, speculating).as_dict()
+        trust = for_pricing(
+            described, meta, speculating, disaggregated=any(p.disaggregated for p in points)
+        ).as_dict()
     front = float(meta.get("front_latency_s") or 0.0)
     kk, al = int(k or 0), float(acceptance_length or 1.0)
     priced = [(p, _roofline(cost, method if speculating else None, precision, p)) for p in points]

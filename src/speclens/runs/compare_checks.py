@@ -43,7 +43,7 @@ CHECKS = ("model", "prompts", "sampling", "lengths", "k", "acceptance", "histogr
 NAMEABLE = ("k",)
 #: The settings that make a deployment (an aggregate-only run states them).
 DEPLOYMENT = ("hardware", "engine", "precision", "tensor_parallel", "expert_parallel",
-              "dp_attention", "gpus", "disaggregated")  # fmt: skip
+              "dp_attention", "gpus", "disaggregated", "prefill", "decode")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -358,7 +358,8 @@ def _show_spec(spec: tuple[str, int | None] | None) -> str:
 
 
 def _settings_of(item: Input, names: Sequence[str]) -> set[tuple[Any, ...]]:
-    return {tuple(orjson.dumps(run.settings.get(n)).decode() for n in names) for run in item.runs}
+    return {tuple(orjson.dumps(run.settings.get(n), option=orjson.OPT_SORT_KEYS).decode()
+                  for n in names) for run in item.runs}  # fmt: skip
 
 
 def states_deployment(run: Run) -> bool:

@@ -130,9 +130,10 @@ class FittedOn(_Model):
     @classmethod
     def _cross_checks(cls, data: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
         span = data.get("concurrency")
-        if isinstance(span, list) and len(span) == 2 and all(type(c) is int for c in span):
-            if span[0] > span[1]:
-                return [(("concurrency",), f"expected [lowest, highest], got {span}")]
+        if not (isinstance(span, list) and len(span) == 2 and all(type(c) is int for c in span)):
+            return []
+        if span[0] > span[1]:
+            return [(("concurrency",), f"expected [lowest, highest], got {span}")]
         return []
 
 

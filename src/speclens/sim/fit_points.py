@@ -49,6 +49,10 @@ PARAMETERS: dict[str, tuple[float, float]] = {
 PREFILL = {"prefill_compute": (1e-3, 1.0)}
 #: The pull to the starting values, per unit of log parameter (a residual of 2% per e-fold).
 PRIOR = 0.02
+#: The weight of a disaggregated point's TTFT in the fit: its steady state's weakest figure (one
+#: TTFT for every request, no ramp), which at full weight pulls the decode prices without
+#: coming closer itself (GB200's own fit: TTFT 90% off either way, TPOT 20% at 1, 17% at 0.3).
+DISAGG_TTFT_WEIGHT = 0.3
 #: A parameter whose 2x move changes no prediction by more than this is not pinned down.
 PINNED = 0.02
 #: A fit whose median error on its own points exceeds this on any figure does not describe them.
@@ -525,8 +529,12 @@ def fit_pooled(
                 out.append(figures_of(s, priced, front, p.gpus))
         return out
 
+    grid = np.ones((len(points), 3))
+    grid[[p.disaggregated for p in points], 1] = DISAGG_TTFT_WEIGHT
+    weights = grid.ravel()
+
     def objective(x: np.ndarray) -> np.ndarray:
-        return np.concatenate([residuals(points, model(x)), PRIOR * (x - x0)])
+        return np.concatenate([weights * residuals(points, model(x)), PRIOR * (x - x0)])
 
     best = None
     # From the start and from spread starts: the roofline's max makes the error piecewise.

@@ -58,8 +58,9 @@ def batched_tokens(pool: Pool) -> int:
 
 
 def simulated_pools(scenario: Scenario) -> list[tuple[int, Pool]]:
-    """The pools whose replicas run an engine: those that decode (prefill pools are not
-    modelled apart yet), or the first pool when every pool only prefills."""
+    """The pools whose replicas run an engine in the stepped loops: those that decode (a
+    scenario with a prefill pool is disaggregated and solved in its steady state instead:
+    ``sim/disagg_run.py``), or the first pool when every pool only prefills."""
     pools = [(i, p) for i, p in enumerate(scenario.deployment.pools) if p.role != "prefill"]
     return pools or [(0, scenario.deployment.pools[0])]
 

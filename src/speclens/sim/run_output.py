@@ -174,8 +174,9 @@ NO_FRONT_LATENCY = (
 
 
 def pool_trust(
-    scenario: Scenario, base: Path, index: int, speculating: bool, front_added: bool = False
-) -> dict[str, Any]:
+    scenario: Scenario, base: Path, index: int, speculating: bool, front_added: bool = False,
+    widths: tuple[int, int] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """How far to trust the figures of pool ``index`` (``speclens.sim.trust.for_pricing`` on how
     its steps are priced: its cost file's fit where it names one), as ``Trust.as_dict`` gives
     it; ``speculating``: the pool runs speculation here; ``front_added``: the prediction adds
@@ -193,30 +194,63 @@ def pool_trust(
         path = inside(base, name, "step_cost_file", str(base / name))
         meta = read_cost_file(path)[1]
         pricing["source"] = f"from {path}"
-    return priced_trust(pricing, meta, speculating, front_added)
+    disaggregated = any(p.role == "prefill" for p in scenario.deployment.pools)
+    out = priced_trust(pricing, meta, speculating, front_added, disaggregated)
+    notes = _extrapolating(pool, base, scenario, index, meta, pricing, widths, disaggregated)
+    if notes:
+        out["line"] = out["line"] + "; " + "; ".join(notes)
+        out["notes"] = notes
+    return out
+
+
+def _extrapolating(pool: Any, base: Path, scenario: Scenario, index: int,
+                   meta: dict[str, Any] | None, pricing: dict[str, Any],
+                   widths: tuple[int, int] | None, disaggregated: bool) -> list[str]:  # fmt: skip
+    """Where the run's concurrencies (``widths``; else the workload's) lie past what its prices
+    were fitted on: a cost file's fitted batches, a chip's catalog defaults' ``fitted_on``."""
+    from speclens.sim.calibrate import defaults_extrapolation, extrapolation
+    from speclens.sim.scenario import pool_cost
+
+    if widths is None:
+        c = scenario.workload.concurrency
+        if c is None:
+            return []
+        widths = (c, c)
+    if meta is not None:
+        note = extrapolation(meta, widths)
+        return [note] if note else []
+    if pricing.get("kind") == "roofline" and pricing.get("efficiency_source") == "chip":
+        cost = pool_cost(pool, base, scenario, index=index)
+        return defaults_extrapolation(getattr(cost, "chip", None), widths, disaggregated)
+    return []
 
 
 def priced_trust(
-    pricing: dict[str, Any], meta: dict[str, Any] | None, speculating: bool, front_added: bool
-) -> dict[str, Any]:
-    """``speclens.sim.trust.for_pricing``'s statement as ``Trust.as_dict`` gives it, its line
-    saying where TTFT reads low: the figure was scored with a front latency this prediction
-    does not add (``front_added`` False)."""
+    pricing: dict[str, Any], meta: dict[str, Any] | None, speculating: bool, front_added: bool,
+    disaggregated: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """``speclens.sim.trust.for_pricing``'s statement as ``Trust.as_dict`` gives it (a
+    ``disaggregated`` deployment's: scored on disaggregated runs), its line saying where TTFT
+    reads low: the figure was scored with a front latency this prediction does not add
+    (``front_added`` False)."""
     from speclens.sim import trust
 
-    said = trust.for_pricing(pricing, meta, speculating)
+    said = trust.for_pricing(pricing, meta, speculating, disaggregated=disaggregated)
     out = said.as_dict()
     if said.expected is not None and not front_added:
         out["line"] = said.line + NO_FRONT_LATENCY
     return out
 
 
-def run_trust(scenario: Scenario, base: Path, k: int | None) -> dict[str, Any]:
-    """How far to trust a run of ``scenario`` at K ``k`` (0 or None: no speculation): each
-    pool's statement (``pool_trust``), one for the run (``combined``)."""
+def run_trust(scenario: Scenario, base: Path, k: int | None,
+              widths: tuple[int, int] | None = None) -> dict[str, Any]:  # fmt: skip
+    """How far to trust a run of ``scenario`` at K ``k`` (0 or None: no speculation) at the
+    concurrencies ``widths`` (else the workload's): each pool's statement (``pool_trust``), one
+    for the run (``combined``)."""
     pools = scenario.deployment.pools
     speculating = [bool(k) and pool.engine.speculative is not None for pool in pools]
-    return combined([(f"pool {i}", pool_trust(scenario, base, i, speculating[i]))
+    return combined([(f"pool {i}", pool_trust(scenario, base, i, speculating[i],
+                                              widths=widths))
                      for i in range(len(pools))])  # fmt: skip
 
 
@@ -391,12 +425,13 @@ def deployment(scenario: Scenario, row: dict[str, Any] | None = None) -> dict[st
     """The deployment a simulated run records in its settings, under the names an
     aggregate-only run states (``compare``'s deployment check reads them): the chip (the
     scenario's ``hardware``, else the chip its roofline priced), the precision, the tensor
-    parallelism (each pool's ``parallel``; null when pools differ), no expert parallelism or
-    DP attention (a scenario states neither, and the roofline prices neither), prefill and
-    decode pools as disaggregated, and the GPUs summed. ``engine`` is null: the simulator is
-    no serving engine."""
+    parallelism, expert parallelism and DP attention (each pool's; null when pools differ),
+    prefill and decode pools as disaggregated, and the GPUs summed. ``engine`` is null: the
+    simulator is no serving engine."""
     pools = scenario.deployment.pools
     parallel = {pool.parallel for pool in pools}
+    ep = {pool.expert_parallel for pool in pools}
+    dpa = {pool.dp_attention for pool in pools}
     chip = scenario.hardware
     if chip is None and row is not None:
         priced = [p.get("chip") for p in (row.get("pricing") or {}).values()
@@ -405,7 +440,8 @@ def deployment(scenario: Scenario, row: dict[str, Any] | None = None) -> dict[st
     return {
         "hardware": chip, "engine": None, "precision": scenario.precision,
         "tensor_parallel": parallel.pop() if len(parallel) == 1 else None,
-        "expert_parallel": 1, "dp_attention": False,
+        "expert_parallel": ep.pop() if len(ep) == 1 else None,
+        "dp_attention": dpa.pop() if len(dpa) == 1 else None,
         "disaggregated": any(pool.role != "mixed" for pool in pools),
         "gpus": scenario_gpus(scenario),
     }  # fmt: skip

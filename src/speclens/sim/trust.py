@@ -16,6 +16,10 @@ deployments.
   chip's, else the median over all), speculating or not, beside its own error on its points.
 - A cost file fitted on bench runs: its own error on those runs; no held-out figure is measured.
 - Efficiencies or step prices stated by hand: no error measured.
+
+A disaggregated prediction takes the table's ``disaggregated`` figures instead (scored by
+``benchmarks/inferencex_disagg.py`` on InferenceX's disaggregated runs, a configuration in place
+of a deployment).
 """
 
 from __future__ import annotations
@@ -98,9 +102,20 @@ class InferredAL(_Model):
     date: str
 
 
+class Disaggregated(_Model):
+    """The same figures on InferenceX's disaggregated runs (``benchmarks/inferencex_disagg.py``):
+    a "deployment" here is a configuration (chip, engine, precision, lengths; its layouts
+    vary)."""
+
+    held_out: Overall
+    speculating: Overall | None = None
+    uncalibrated: Overall
+    chips: dict[str, ChipErrors]
+
+
 class Accuracy(_Model):
-    """The table: how it was made, the medians over all deployments, each chip's, and the AL
-    each speculating deployment infers."""
+    """The table: how it was made, the medians over all deployments, each chip's, the AL each
+    speculating deployment infers, and the disaggregated runs' figures."""
 
     kind: Literal["Accuracy"] = "Accuracy"
     source: str
@@ -110,6 +125,7 @@ class Accuracy(_Model):
     uncalibrated: Overall
     chips: dict[str, ChipErrors]
     inferred_acceptance: list[InferredAL] = Field(default_factory=list)
+    disaggregated: Disaggregated | None = None
 
 
 def table_path() -> Path:
@@ -183,9 +199,12 @@ def _ships_defaults(chip: str) -> bool:
     return chip in catalog.names("chips") and catalog.chip(chip).efficiency is not None
 
 
-def for_chip(chip: str, accuracy: Accuracy | None = None) -> Trust:
-    """A roofline at the catalog defaults of ``chip`` (a catalog name)."""
+def for_chip(chip: str, accuracy: Accuracy | None = None, disaggregated: bool = False) -> Trust:
+    """A roofline at the catalog defaults of ``chip`` (a catalog name); ``disaggregated``: the
+    prediction is of a disaggregated deployment, scored on those runs."""
     accuracy = accuracy or table()
+    if disaggregated:
+        return _disaggregated_chip(chip, accuracy)
     entry = accuracy.chips.get(chip)
     if entry is not None and _ships_defaults(chip):
         return Trust("catalog defaults", f"expected error {_figures(entry.uncalibrated)} "
@@ -195,12 +214,44 @@ def for_chip(chip: str, accuracy: Accuracy | None = None) -> Trust:
                      f"on {chip} itself, those {entry.points} points)", chip,
                      entry.uncalibrated)  # fmt: skip
     overall = Errors(**accuracy.uncalibrated.model_dump(exclude={"deployments"}))
+    fitted = catalog.chip(chip).fitted_on if chip in catalog.names("chips") else None
+    if fitted is not None and fitted.runs == "disaggregated":
+        return Trust("no published points", f"expected error {_figures(overall)} (no "
+                     f"single-node points for {chip}: the median over the other chips' {SOURCE} "
+                     f"leave-one-chip-out errors, {accuracy.uncalibrated.deployments} "
+                     f"deployments, a guide only: {chip}'s defaults were fitted on its "
+                     f"{fitted.points} disaggregated points, scored on no single-node one)",
+                     chip, overall)  # fmt: skip
     return Trust("no published points", f"expected error {_figures(overall)} (no published "
                  f"points for {chip}: the median over the other chips' {SOURCE} "
                  f"leave-one-chip-out errors, {accuracy.uncalibrated.deployments} deployments, a "
                  f"guide only: {chip} prices at the roofline's global defaults, fitted on no "
                  "chip and scored on none)", chip,
                  overall)  # fmt: skip
+
+
+def _disaggregated_chip(chip: str, accuracy: Accuracy) -> Trust:
+    """``for_chip`` of a disaggregated prediction: the chip's leave-one-chip-out error on its
+    disaggregated configurations, else the median over the chips that have some."""
+    block = accuracy.disaggregated
+    if block is None:
+        return Trust("unmeasured", f"expected error not measured (no disaggregated run was "
+                     f"scored for {chip})", chip)  # fmt: skip
+    entry = block.chips.get(chip)
+    fitted = catalog.chip(chip).fitted_on if chip in catalog.names("chips") else None
+    own = (f"; {chip}'s shipped defaults were fitted on its own {fitted.runs} runs, "
+           f"{fitted.points} points" if fitted is not None else "")  # fmt: skip
+    if entry is not None:
+        return Trust("catalog defaults", f"expected error {_figures(entry.uncalibrated)} "
+                     f"({chip}'s catalog defaults on disaggregated runs, {SOURCE} "
+                     f"leave-one-chip-out: defaults fitted on the other chips' disaggregated "
+                     f"points, scored on {chip}'s {entry.deployments} configurations{own})",
+                     chip, entry.uncalibrated)  # fmt: skip
+    overall = Errors(**block.uncalibrated.model_dump(exclude={"deployments"}))
+    return Trust("no published points", f"expected error {_figures(overall)} (no disaggregated "
+                 f"points for {chip}: the median over the other chips' {SOURCE} "
+                 f"leave-one-chip-out errors, {block.uncalibrated.deployments} configurations, "
+                 "a guide only)", chip, overall)  # fmt: skip
 
 
 #: The own-error fields each kind of fit writes (calibrate on published points, on bench runs).
@@ -222,7 +273,7 @@ def _rate(fit: dict[str, Any], key: str, source: str) -> float | None:
 
 def for_cost_file(
     meta: dict[str, Any], source: str, speculating: bool = False,
-    accuracy: Accuracy | None = None,
+    accuracy: Accuracy | None = None, disaggregated: bool = False,
 ) -> Trust:  # fmt: skip
     """A cost file ``calibrate`` wrote (``meta``: ``read_cost_file``'s, with ``fit`` and
     ``provenance``), ``source`` its name for errors; ``speculating``: the prediction runs
@@ -236,7 +287,7 @@ def for_cost_file(
         points = fit.get("load_points")
         count = f"{len(points)} " if isinstance(points, list) else ""
         mine = {k: float(v) for k, v in own.items() if v is not None}
-        expected, where = _held_out(accuracy, chip, speculating)
+        expected, where = _held_out(accuracy, chip, speculating, disaggregated)
         how = ("speculating, the AL inferred at one concurrency and the others predicted"
                if speculating else "a fit on a deployment's other concurrencies predicting the "
                "one left out")  # fmt: skip
@@ -252,7 +303,18 @@ def for_cost_file(
                  "error, on what it was fitted on or held out)", chip)  # fmt: skip
 
 
-def _held_out(accuracy: Accuracy, chip: str | None, speculating: bool) -> tuple[Errors, str]:
+def _held_out(accuracy: Accuracy, chip: str | None, speculating: bool,
+              disaggregated: bool = False) -> tuple[Errors, str]:  # fmt: skip
+    block = accuracy.disaggregated
+    if disaggregated and block is not None:
+        entry_d = block.chips.get(chip) if chip else None
+        if entry_d is not None and not speculating:
+            return entry_d.held_out, (f"median over {chip}'s {entry_d.deployments} "
+                                      "disaggregated configurations")  # fmt: skip
+        over = block.speculating if speculating and block.speculating else block.held_out
+        return Errors(**over.model_dump(include={"tpot", "ttft", "throughput"})), (
+            f"median over {over.deployments} disaggregated configurations of every chip"
+        )
     entry = accuracy.chips.get(chip) if chip else None
     if entry is not None and not speculating:
         return entry.held_out, f"median over {chip}'s {entry.deployments} deployments"
@@ -267,18 +329,19 @@ def _held_out(accuracy: Accuracy, chip: str | None, speculating: bool) -> tuple[
 
 def for_pricing(
     pricing: dict[str, Any], meta: dict[str, Any] | None = None, speculating: bool = False,
-    accuracy: Accuracy | None = None,
+    accuracy: Accuracy | None = None, disaggregated: bool = False,
 ) -> Trust:  # fmt: skip
     """What prices a pool's steps (its ``describe()``, as a sim run's ``pricing`` holds it, with
-    ``source``), and where it came from a cost file ``calibrate`` wrote, that file's ``meta``."""
+    ``source``), and where it came from a cost file ``calibrate`` wrote, that file's ``meta``;
+    ``disaggregated``: the prediction is of a disaggregated deployment."""
     if meta and isinstance(meta.get("fit"), dict):
         where = str(pricing.get("source") or "the cost file").removeprefix("from ")
-        return for_cost_file(meta, where, speculating, accuracy)
+        return for_cost_file(meta, where, speculating, accuracy, disaggregated)
     chip = pricing.get("chip")
     if pricing.get("kind") == "roofline" and isinstance(chip, str):
         origin = pricing.get("efficiency_source")
         if origin == "chip" or (origin == "default" and not _ships_defaults(chip)):
-            return for_chip(chip, accuracy)
+            return for_chip(chip, accuracy, disaggregated)
         return Trust("stated", f"expected error not measured (efficiencies stated for {chip}, "
                      "not its catalog defaults: no benchmark scored them)", chip)  # fmt: skip
     source = pricing.get("source") or "the step cost"

@@ -47,7 +47,9 @@ TABLE: dict[str, Any] = {
         "chips": {
             "gb200": {"deployments": 10, "points": 63,
                       "uncalibrated": {"tpot": 0.192, "ttft": 0.872, "throughput": 0.206},
-                      "held_out": {"tpot": 0.211, "ttft": 0.55, "throughput": 0.23}},
+                      "held_out": {"tpot": 0.211, "ttft": 0.55, "throughput": 0.23},
+                      "speculating": {"tpot": 0.44, "ttft": 0.87, "throughput": 0.4},
+                      "speculating_deployments": 3},
         },
     },
 }  # fmt: skip
@@ -298,3 +300,11 @@ def test_a_disaggregated_prediction_states_the_disaggregated_figures(table: Any)
     spec = trust.for_cost_file(_points_fit("mi355x"), "c.yaml", speculating=True, accuracy=table,
                                disaggregated=True)  # fmt: skip
     assert spec.expected is not None and spec.expected.tpot == 0.267
+    chip = trust.for_cost_file(_points_fit("gb200"), "c.yaml", accuracy=table,
+                               disaggregated=True)  # fmt: skip
+    assert chip.expected is not None and chip.expected.tpot == 0.211
+    assert "median over gb200's 10 disaggregated configurations" in _said(chip)
+    mtp = trust.for_cost_file(_points_fit("gb200"), "c.yaml", speculating=True, accuracy=table,
+                              disaggregated=True)  # fmt: skip
+    assert mtp.expected is not None and mtp.expected.tpot == 0.44
+    assert "gb200's 3 disaggregated configurations with MTP runs" in _said(mtp)

@@ -311,6 +311,10 @@ def _held_out(accuracy: Accuracy, chip: str | None, speculating: bool,
         if entry_d is not None and not speculating:
             return entry_d.held_out, (f"median over {chip}'s {entry_d.deployments} "
                                       "disaggregated configurations")  # fmt: skip
+        if entry_d is not None and entry_d.speculating is not None:
+            return entry_d.speculating, (f"median over {chip}'s "
+                                         f"{entry_d.speculating_deployments} disaggregated "
+                                         "configurations with MTP runs")  # fmt: skip
         over = block.speculating if speculating and block.speculating else block.held_out
         return Errors(**over.model_dump(include={"tpot", "ttft", "throughput"})), (
             f"median over {over.deployments} disaggregated configurations of every chip"

@@ -73,8 +73,7 @@ class Pools:
         scale-up domain, else their scale-out links; as many in parallel as the narrower of a
         prefill and a decode worker has GPUs."""
         chip = self.prefill.chip
-        domain = getattr(chip, "scale_up_domain", None)
-        out = getattr(chip, "scale_out_gbps", None)
+        domain, out = chip.scale_up_domain, chip.scale_out_gbps
         per_gpu = chip.interconnect_gbps
         if domain is not None and out is not None and self.gpus > domain:
             per_gpu = out
@@ -266,10 +265,17 @@ def _decode_steps(outputs: np.ndarray, al: float) -> np.ndarray:
 def figures(load: Load, pools: Pools, front: float = 0.0, gpus: int | None = None,
             rate: float | None = None,
             drawn: tuple[np.ndarray, np.ndarray] | None = None) -> Figures:  # fmt: skip
+    """The point's published figures in its steady state (``solve``'s, without the state)."""
+    return solve(load, pools, front, gpus, rate, drawn)[0]
+
+
+def solve(load: Load, pools: Pools, front: float = 0.0, gpus: int | None = None,
+          rate: float | None = None,
+          drawn: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[Figures, Steady]:  # fmt: skip
     """The point's published figures in its steady state (``steady``; open at ``rate``), per
-    request: TTFT the same for every request, TPOT its own decode steps at the steady step
-    price, over its tokens. The requests' (prompt, output) lengths are ``drawn``, else drawn
-    as the benchmark draws them (``closed_loop.lengths``)."""
+    request, and that state: TTFT the same for every request, TPOT its own decode steps at the
+    steady step price, over its tokens. The requests' (prompt, output) lengths are ``drawn``,
+    else drawn as the benchmark draws them (``closed_loop.lengths``)."""
     problems = load.problems()
     if problems:
         raise ValueError("; ".join(problems))
@@ -281,12 +287,13 @@ def figures(load: Load, pools: Pools, front: float = 0.0, gpus: int | None = Non
     tpot = np.where(outputs > 1, decode / decoded, 0.0)
     ttft = np.full(len(outputs), state.ttft_s)
     duration = len(outputs) / state.requests_per_s
-    return Figures(
+    out = Figures(
         ttft_s=ttft, tpot_s=tpot[outputs > 1], e2e_s=ttft + decode,
         itl_s=np.array([state.step_s]), itl_weights=np.array([1.0]), duration_s=duration,
         input_tokens=int(inputs.sum()), output_tokens=int(outputs.sum()),
         gpus=gpus or pools.gpus,
     )  # fmt: skip
+    return out, state
 
 
 @dataclass(frozen=True)

@@ -222,7 +222,7 @@ def run(
     scenario: Scenario, base: Path, file: str, seed: int, k: int, al: float,
     concurrency: int | None = None, lengths: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """One point: ``disagg.figures`` (and its ``steady`` state) for the scenario's pools, load
+    """One point: ``disagg.solve``'s figures and steady state for the scenario's pools, load
     and drawn lengths (``lengths``: ``drawn``'s at ``seed``, drawn once for a sweep), as a row
     (figures as an aggregate-only run states them, in ms). Raises ``disagg.OverloadedError``
     for an open loop past what the pools serve."""
@@ -230,8 +230,7 @@ def run(
     planned = load(scenario, k, al, concurrency)
     lengths = lengths if lengths is not None else drawn(scenario, seed)
     open_rate = rate(scenario, concurrency)
-    figures = disagg.figures(planned, priced, rate=open_rate, drawn=lengths)
-    state = disagg.steady(planned, priced, 0.0, *lengths, rate=open_rate)
+    figures, state = disagg.solve(planned, priced, rate=open_rate, drawn=lengths)
     block = figures.summary_figures()
     block["throughput"]["requests_per_s"] = state.requests_per_s
     p, d = indices(scenario)

@@ -195,6 +195,11 @@ def _figures(errors: Errors) -> str:
             f"{percent(errors.throughput)}")  # fmt: skip
 
 
+def _fitted_on(chip: str) -> catalog.FittedOn | None:
+    """What a catalog chip's defaults were fitted on (None: a chip from a file, or none)."""
+    return catalog.chip(chip).fitted_on if chip in catalog.names("chips") else None
+
+
 def _ships_defaults(chip: str) -> bool:
     return chip in catalog.names("chips") and catalog.chip(chip).efficiency is not None
 
@@ -214,7 +219,7 @@ def for_chip(chip: str, accuracy: Accuracy | None = None, disaggregated: bool = 
                      f"on {chip} itself, those {entry.points} points)", chip,
                      entry.uncalibrated)  # fmt: skip
     overall = Errors(**accuracy.uncalibrated.model_dump(exclude={"deployments"}))
-    fitted = catalog.chip(chip).fitted_on if chip in catalog.names("chips") else None
+    fitted = _fitted_on(chip)
     if fitted is not None and fitted.runs == "disaggregated":
         return Trust("no published points", f"expected error {_figures(overall)} (no "
                      f"single-node points for {chip}: the median over the other chips' {SOURCE} "
@@ -238,7 +243,7 @@ def _disaggregated_chip(chip: str, accuracy: Accuracy) -> Trust:
         return Trust("unmeasured", f"expected error not measured (no disaggregated run was "
                      f"scored for {chip})", chip)  # fmt: skip
     entry = block.chips.get(chip)
-    fitted = catalog.chip(chip).fitted_on if chip in catalog.names("chips") else None
+    fitted = _fitted_on(chip)
     own = (f"; {chip}'s shipped defaults were fitted on its own {fitted.runs} runs, "
            f"{fitted.points} points" if fitted is not None else "")  # fmt: skip
     if entry is not None:

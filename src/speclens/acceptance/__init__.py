@@ -33,6 +33,7 @@ from speclens.acceptance.resolver import LAYERS, Layer, Resolution, resolve
 from speclens.acceptance.schema import (
     AcceptancePin,
     AcceptanceProfileSet,
+    AcceptanceSpread,
     AcceptanceValue,
     Profile,
     ProfileKey,
@@ -48,6 +49,7 @@ __all__ = [
     "AcceptanceHistogram",
     "AcceptancePin",
     "AcceptanceProfileSet",
+    "AcceptanceSpread",
     "AcceptanceValue",
     "AmbiguousProfile",
     "Layer",

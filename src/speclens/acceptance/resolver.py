@@ -26,6 +26,7 @@ from speclens.acceptance.quantity import (
 from speclens.acceptance.registry import Registry
 from speclens.acceptance.schema import (
     AcceptancePin,
+    AcceptanceSpread,
     AcceptanceValue,
     Profile,
     ProfileKey,
@@ -65,6 +66,9 @@ class Resolution(BaseModel):
     #: The share of decode steps that draft (AL counts only those); 1.0 unless stated.
     draft_coverage: float = FULL_COVERAGE
     draft_coverage_stated: bool = False
+    #: The per-request AL's spread the winning layer states with its value (never merged from
+    #: another layer); None: unknown, so every request gets the mean's schedule.
+    spread: AcceptanceSpread | None = None
 
     @property
     def acceptance_rate(self) -> float:
@@ -97,6 +101,7 @@ def _from_value(layer: Layer, value: AcceptanceValue) -> Resolution:
         rates_derived=stated is None,
         draft_coverage=FULL_COVERAGE if value.draft_coverage is None else value.draft_coverage,
         draft_coverage_stated=value.draft_coverage is not None,
+        spread=value.spread,
     )
 
 
@@ -133,6 +138,7 @@ def _from_profile(
         rates_derived=stated is None,
         draft_coverage=FULL_COVERAGE if profile.draft_coverage is None else profile.draft_coverage,
         draft_coverage_stated=profile.draft_coverage is not None,
+        spread=profile.spread,
     )
 
 

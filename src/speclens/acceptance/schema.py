@@ -39,6 +39,12 @@ from speclens.acceptance.quantity import (
     rates_shape_problems,
     rates_sum_problem,
 )
+from speclens.acceptance.spread import (
+    LEVEL_NAMES,
+    MAX_TOLERANCE,
+    MIN_REQUESTS,
+    quantile_problems,
+)
 
 Loc = tuple[str | int, ...]
 ThinkingMode = Literal["on", "off"]
@@ -348,6 +354,94 @@ def _length_range(data: dict[str, Any], k: int | None) -> list[tuple[Loc, str]]:
     return [(("acceptance_length",), m) for m in length_problems(length, k)]
 
 
+# --------------------------------------------------------------------------- spread
+def _tolerance(value: float) -> float:
+    if not (is_finite_number(value) and 0 < value <= MAX_TOLERANCE):
+        raise _fail(f"expected a number in (0, {MAX_TOLERANCE:g}], got {_describe(value)}")
+    return value
+
+
+def _quantile_map(value: object) -> object:
+    """The names are checked before the entries, so a mapping of a million keys is refused by
+    its size, and a misspelt level is named."""
+    if not isinstance(value, dict):
+        return value
+    if len(value) > 4 * len(LEVEL_NAMES):
+        raise _fail(f"has {len(value):,} entries: expected the {len(LEVEL_NAMES)} levels "
+                    f"{', '.join(LEVEL_NAMES)}")  # fmt: skip
+    names = [str(k) for k in value]
+    unknown = [_show(n) for n in names if n not in LEVEL_NAMES]
+    missing = [n for n in LEVEL_NAMES if n not in value]
+    if unknown or missing:
+        parts = ([f"unknown level {', '.join(unknown)}"] if unknown else []) + (
+            [f"missing {', '.join(missing)}"] if missing else []
+        )
+        raise _fail(f"{'; '.join(parts)}: expected exactly {', '.join(LEVEL_NAMES)}")
+    return value
+
+
+def spread_values(data: object) -> list[float] | None:
+    """A raw spread mapping's quantiles in level order, or None when they are not all numbers."""
+    if not isinstance(data, dict):
+        return None
+    quantiles = data.get("quantiles")
+    if not isinstance(quantiles, dict) or any(n not in quantiles for n in LEVEL_NAMES):
+        return None
+    numbers = [_number(quantiles[n]) for n in LEVEL_NAMES]
+    return None if any(n is None for n in numbers) else [float(n) for n in numbers if n is not None]
+
+
+class AcceptanceSpread(_Model):
+    """Acceptance's spread between requests: the per-request AL's quantiles, each request weighted
+    by its verify steps (so their mean is the pooled AL), and how many requests they rest on."""
+
+    num_spec_tokens: NumSpecTokens
+    quantiles: Annotated[dict[str, float], BeforeValidator(_quantile_map)] = Field(
+        description=f"Per-request AL at the levels {', '.join(LEVEL_NAMES)}, weighted by verify "
+        "steps; non-decreasing, each in [1, K + 1]."
+    )
+    requests: Annotated[int, AfterValidator(_at_least(MIN_REQUESTS))] = Field(
+        description=f"The requests the quantiles rest on; at least {MIN_REQUESTS}."
+    )
+    tolerance: Annotated[float, AfterValidator(_tolerance)] | None = Field(
+        None,
+        description="How far the quantiles' implied mean may sit from the AL it accompanies "
+        "(default 0.05).",
+    )
+    source: NonEmptyStr | None = Field(None, description="The run the spread was measured on.")
+
+    @classmethod
+    def _cross_checks(cls, data: dict[str, Any]) -> list[tuple[Loc, str]]:
+        values = spread_values(data)
+        if values is None:
+            return []
+        return [(("quantiles",), m) for m in quantile_problems(values, _k(data), None, None)]
+
+    @property
+    def values(self) -> list[float]:
+        """The quantiles in level order (``spread.LEVELS``)."""
+        return [self.quantiles[n] for n in LEVEL_NAMES]
+
+
+def _spread_against(data: dict[str, Any], length: float | None) -> list[tuple[Loc, str]]:
+    """A spread beside an AL: at the same K, its implied mean within its tolerance of the AL."""
+    spread = data.get("spread")
+    if not isinstance(spread, dict):
+        return []
+    k, spread_k = _k(data), _k(spread)
+    if k is not None and spread_k is not None and spread_k != k:
+        return [(("spread", "num_spec_tokens"),
+                 f"is {spread_k}, but the value it spreads is stated at K {k}: a spread is "
+                 "refused at another K, never rescaled")]  # fmt: skip
+    values = spread_values(spread)
+    tolerance = _number(spread.get("tolerance"))
+    if values is None or length is None or k is None:
+        return []
+    if quantile_problems(values, k, None, None):
+        return []  # the spread reports its own problems
+    return [(("spread", "quantiles"), m) for m in quantile_problems(values, k, length, tolerance)]
+
+
 # --------------------------------------------------------------------------- provenance
 class Sampling(_Model):
     """The decoding configuration a value was measured under."""
@@ -442,6 +536,9 @@ class Profile(_Model):
         None, description="K rates, each in [0, 1], non-increasing, summing to AL - 1 within 0.01."
     )
     draft_coverage: DraftCoverage | None = None
+    spread: AcceptanceSpread | None = Field(
+        None, description="The per-request AL's spread around acceptance_length (measured)."
+    )
     method: ProfileMethod = Field(description="How the value was obtained.")
     provenance: Provenance | None = Field(None, description="Required unless method is assumed.")
     rationale: NonEmptyStr | None = Field(None, description="Required unless method is measured.")
@@ -468,6 +565,7 @@ class Profile(_Model):
             mismatch = rates_sum_problem(rates, length)
             if mismatch:
                 problems.append((("per_position_rates",), mismatch))
+        problems += _spread_against(data, length)
         method = data.get("method")
         if method not in PROFILE_METHODS:
             return problems  # the method field reports it; its requirements are unknown
@@ -542,6 +640,9 @@ class AcceptanceValue(_Model):
     acceptance_rate: Rate | None = Field(None, description="(AL - 1) / K, in [0, 1].")
     per_position_rates: Rates | None = Field(None, description="K rates, as for a profile.")
     draft_coverage: DraftCoverage | None = None
+    spread: AcceptanceSpread | None = Field(
+        None, description="The per-request AL's spread around the value."
+    )
     source: NonEmptyStr | None = Field(None, description="Where the value came from.")
 
     @classmethod
@@ -575,7 +676,9 @@ class AcceptanceValue(_Model):
                 problems.append(
                     (("per_position_rates",), f"disagree with the stated value: {mismatch}")
                 )
-        return problems
+        if length is None and rates is not None:
+            length = 1.0 + math.fsum(rates)
+        return problems + _spread_against(data, length)
 
     @property
     def length(self) -> float:

@@ -377,6 +377,9 @@ def _quantile_map(value: object) -> object:
             [f"missing {', '.join(missing)}"] if missing else []
         )
         raise _fail(f"{'; '.join(parts)}: expected exactly {', '.join(LEVEL_NAMES)}")
+    bad = [f"{n} {_describe(v)}" for n, v in value.items() if not is_finite_number(v)]
+    if bad:
+        raise _fail(f"expected a finite number at each level, got {', '.join(bad)}")
     return value
 
 

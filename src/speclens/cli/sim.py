@@ -98,6 +98,101 @@ def _grid(texts: list[str]) -> tuple[list[str], list[dict[str, int]]]:
 MAX_SEED = 2**32 - 1
 
 
+def _slo(text: str | None) -> dict[str, float]:
+    """``--slo`` as ``runs.figures.parse_slo`` reads it (seconds by metric), each limit a
+    positive number given once, and only what a simulated request keeps (TTFT, TPOT, E2E);
+    anything else is one line, exit 2."""
+    if text is None:
+        return {}
+    from speclens.runs.figures import parse_slo
+    from speclens.sim.simulate import SLO_METRICS
+
+    try:
+        slos = parse_slo(text)
+    except ValueError as exc:
+        fail(f"command line: {exc}", code=2)
+    names = [part.partition(":")[0].strip().lower() for part in text.split(",")]
+    if not slos:
+        fail(f"command line: --slo: expected NAME:MS,... with NAME in {', '.join(SLO_METRICS)}, "
+             f"got {text!r}", code=2)  # fmt: skip
+    if len(names) != len(slos):
+        twice = next(n for n in names if names.count(n) > 1)
+        fail(f"command line: --slo: {twice} is given twice; give each limit once", code=2)
+    for name, limit in slos.items():
+        if name not in SLO_METRICS:
+            fail(f"command line: --slo: {name} is not simulated per request (the simulator "
+                 f"keeps each request's {', '.join(SLO_METRICS)}, not its worst gap)", code=2)  # fmt: skip
+        if not 0 < limit < float("inf"):
+            fail(f"command line: --slo: {name}: expected milliseconds > 0, got "
+                 f"{limit * 1000:g}", code=2)  # fmt: skip
+    return slos
+
+
+def _spread_or_slo(spread: Path | None, slos: dict[str, float]) -> str:
+    """The option a refusal names: ``--acceptance-spread``, else ``--slo``."""
+    return "--acceptance-spread" if spread is not None else "--slo"
+
+
+def _spread_file(path: Path | None, stated: tuple[Any, Any, Any]) -> tuple[Path, Any] | None:
+    """``--acceptance-spread FILE`` read (``AcceptanceSpread``; its problems one line each,
+    exit 1), with the file's name. A spread is stated with its value: without an AL on the
+    command line it is refused (exit 2), never laid over another layer's value."""
+    if path is None:
+        return None
+    if all(v is None for v in stated):
+        fail("command line: --acceptance-spread: goes with --acceptance-length (or "
+             "--acceptance-rate, --per-position-rates): a spread is stated with the value it "
+             "spreads, never laid over another layer's", code=2)  # fmt: skip
+    from speclens.acceptance import AcceptanceSpread, load
+
+    with reported():
+        return path, load(AcceptanceSpread, path)
+
+
+def _cli_value(k: int, stated: tuple[Any, Any, Any], spread: tuple[Path, Any] | None) -> Any:
+    """The command line's value at K (``cli_value``) with its spread: a spread at another K, or
+    whose quantiles' mean is beyond its tolerance of the value's AL, is refused naming the
+    file and field."""
+    value = cli_value(k, *stated)
+    if value is None or spread is None:
+        return value
+    from speclens.acceptance import Problem, ValidationError
+    from speclens.acceptance.spread import quantile_problems
+
+    path, given = spread
+    if given.num_spec_tokens != k:
+        raise ValidationError([Problem(str(path), "num_spec_tokens", (
+            f"is {given.num_spec_tokens}, but the run speculates K {k}: a spread is refused at "
+            "another K, never rescaled"
+        ))])  # fmt: skip
+    found = quantile_problems(given.values, k, value.length, given.tolerance)
+    if found:
+        raise ValidationError([Problem(str(path), "quantiles", m)
+                               for m in found])  # fmt: skip
+    return value.model_copy(update={"spread": given})
+
+
+def _spread_note(resolution: Any, spread: tuple[Path, Any] | None) -> dict[str, Any]:
+    """What a run's tails rest on: each request's own AL from the resolution's spread (the
+    line names its quantiles and where it came from), or ``SPREAD_UNKNOWN``."""
+    from speclens.acceptance.spread import SPREAD_UNKNOWN
+
+    given = resolution.spread
+    if given is None:
+        return {"simulated": False, "line": SPREAD_UNKNOWN, "source": None}
+    if resolution.layer == "cli" and spread is not None:
+        origin = f"--acceptance-spread {spread[0]}"
+    elif resolution.profile:
+        origin = f"the {resolution.layer} layer ({resolution.profile_set}: {resolution.profile})"
+    else:
+        origin = f"the {resolution.layer} layer's value"
+    q = given.quantiles
+    line = (f"spread: each request draws its own AL (p10 {q['p10']:.2f}, p50 {q['p50']:.2f}, "
+            f"p90 {q['p90']:.2f} over {given.requests:,} requests"
+            + (f", measured on {given.source}" if given.source else "") + f") from {origin}")  # fmt: skip
+    return {"simulated": True, "line": line, "source": given.source or origin}
+
+
 def _check_plot(plot: Path, sweep: str | None) -> None:
     """Refuse a --plot that cannot be written, before any simulation (exit 2)."""
     if sweep is None:
@@ -128,6 +223,21 @@ def sim(
     acceptance_length: float | None = ACCEPTANCE_LENGTH_OPTION,
     acceptance_rate: float | None = ACCEPTANCE_RATE_OPTION,
     per_position_rates: str | None = PER_POSITION_RATES_OPTION,
+    acceptance_spread: Path | None = typer.Option(
+        None,
+        "--acceptance-spread",
+        metavar="FILE",
+        help="With --acceptance-length (or -rate, --per-position-rates): the per-request AL's "
+        "spread around it (num_spec_tokens, quantiles p0..p100, requests): each request "
+        "draws its own AL.",
+    ),
+    slo: str | None = typer.Option(
+        None,
+        "--slo",
+        metavar="NAME:MS,...",
+        help="ttft:200,tpot:20,e2e:9000 (ms): goodput, the requests meeting every limit; "
+        "--at-interactivity leaves out points whose per-request p90 misses one.",
+    ),
     registry: list[Path] = REGISTRY_OPTION,
     sweep: list[str] = typer.Option(
         [],
@@ -231,6 +341,11 @@ def sim(
              f"{num_speculative_tokens}", code=2)  # fmt: skip
     if trace is not None and ray is not None:
         fail("command line: --ray: goes with a scenario; a replay (--trace) is one run", code=2)
+    slos = _slo(slo)
+    if trace is not None and (acceptance_spread is not None or slos):
+        fail(f"command line: {_spread_or_slo(acceptance_spread, slos)}: goes with a scenario; "
+             "a replay (--trace) keeps each recorded request's own acceptance, and a published "
+             "point is predicted from its mean AL only", code=2)  # fmt: skip
     address = ray_address(ray)
     if trace is not None:
         from speclens.cli.calibrate_points import is_published
@@ -268,6 +383,10 @@ def sim(
     if states_disaggregated(scenario_path):  # one prefill pool and one decode pool
         from speclens.cli.sim_disagg import Flags, disagg_command
 
+        if acceptance_spread is not None or slos:
+            fail(f"command line: {_spread_or_slo(acceptance_spread, slos)}: a disaggregated "
+                 "deployment is simulated in its steady state from the mean AL, with no "
+                 "per-request tails to spread or hold to an SLO", code=2)  # fmt: skip
         disagg_command(scenario_path, axes, grid, Flags(
             at_interactivity, context, emit, plot, exact, address, seed, as_json, output_dir,
             precision, registry, (acceptance_length, acceptance_rate, per_position_rates),
@@ -286,10 +405,18 @@ def sim(
         fail(f"--at-interactivity: expected tok/s/user > 0, got {at_interactivity:g}", code=2)
     if emit is not None and context is None:
         fail("--emit needs --context: it writes the flags of the K schedule", code=2)
+    if slos and context is not None:
+        fail(
+            "command line: --slo: does not go with --context (the schedule reads TPOT p50 at "
+            "each point; run --sweep with --at-interactivity to hold points to an SLO)",
+            2,
+        )
+    stated = (acceptance_length, acceptance_rate, per_position_rates)
+    spread = _spread_file(acceptance_spread, stated)
     if context is not None:
         _schedule_command(scenario_path, context, emit, grid, axes, at_interactivity, seed,
                           precision, registry, plot, output_dir, as_json, jobs, address,
-                          (acceptance_length, acceptance_rate, per_position_rates))  # fmt: skip
+                          stated, spread)  # fmt: skip
         return
     if plot is not None:
         _check_plot(plot, name or None)
@@ -325,8 +452,7 @@ def sim(
                     model=scenario.model, method=spec.method, num_spec_tokens=k,
                     hardware=scenario.hardware, registry=reg,
                     workload=WorkloadAcceptance(thinking=workload.thinking, category=workload.category, acceptance=workload.acceptance),
-                    scenario=scenario.acceptance,
-                    cli=cli_value(k, acceptance_length, acceptance_rate, per_position_rates),
+                    scenario=scenario.acceptance, cli=_cli_value(k, stated, spread),
                 )  # fmt: skip
             rates = resolution.per_position_rates
             resolved[k] = resolution
@@ -338,6 +464,8 @@ def sim(
             max_request_steps=budget, source=str(scenario_path),
             draft_coverage=resolution.draft_coverage if resolution else 1.0, fast=not exact,
             keep_records=out is not None,
+            spread=resolution.spread if resolution else None,
+            rates_derived=resolution.rates_derived if resolution else True, slo=slos or None,
         ))  # fmt: skip
     workers = jobs or cores()
     written: list[Path] = []
@@ -348,6 +476,7 @@ def sim(
         records = result.pop("records", [])
         resolution = resolutions[i]
         result["resolution"] = resolution.model_dump() if resolution else None
+        result["spread"] = _spread_note(resolution, spread) if resolution else None
         result["trust"] = trusts[calls[i]["num_spec_tokens"]]
         if name:
             result["sweep"] = dict(grid[i])
@@ -355,7 +484,7 @@ def sim(
             state, streams = out
             k = calls[i]["num_spec_tokens"] or (spec.num_spec_tokens if spec else None)
             written.extend(_write_run(streams[i], scenario, str(scenario_path), seed, calls[i],
-                                      result, records, k))  # fmt: skip
+                                      result, records, k, slos))  # fmt: skip
             if state is not None:
                 state.record(state.points[i], 0)
         return result
@@ -380,7 +509,7 @@ def sim(
         gpus = sum(p.parallel * p.replicas for p in scenario.deployment.pools)
         decision = decide(
             [(g.get("num_spec_tokens", own), r) for g, r in zip(grid, rows, strict=True)],
-            at_interactivity, gpus,
+            at_interactivity, gpus, slos or None,
         )  # fmt: skip
         _decision_trust(decision, trusts)
     if as_json:
@@ -391,7 +520,7 @@ def sim(
     else:
         if decision is not None:
             _print_decision(decision)
-        _print(rows, axes, trust=decision is None)
+        _print(rows, axes, trust=decision is None, slo=slos)
     if plot is not None:
         _plot(rows, axes, plot)
         (err_console if as_json else out_console).print(f"wrote {plot}")
@@ -410,6 +539,7 @@ def _schedule_command(
     axes: list[str], target: float | None, seed: int, precision: str | None,
     registry: list[Path], plot: Path | None, output_dir: Path | None, as_json: bool,
     jobs: int | None, address: str | None, values: tuple[Any, Any, Any],
+    spread: tuple[Path, Any] | None = None,
 ) -> None:  # fmt: skip
     """``--context``: the K x concurrency grid, K 0 added, once per context length; the
     schedule table first, then each K's loss at long context named by its term, then the
@@ -464,7 +594,7 @@ def _schedule_command(
                 model=base_scenario.model, method=spec.method, num_spec_tokens=k,
                 hardware=base_scenario.hardware, registry=reg,
                 workload=WorkloadAcceptance(thinking=workload.thinking, category=workload.category, acceptance=workload.acceptance),
-                scenario=base_scenario.acceptance, cli=cli_value(k, *values),
+                scenario=base_scenario.acceptance, cli=_cli_value(k, values, spread),
             )  # fmt: skip
         base = scenario_path.parent
         said = run_output.combined([
@@ -497,7 +627,8 @@ def _schedule_command(
                     num_spec_tokens=None if k == 0 else k, max_request_steps=budget,
                     source=str(scenario_path),
                     draft_coverage=res.draft_coverage if res else 1.0, fast=True,
-                    keep_records=False,
+                    keep_records=False, spread=res.spread if res else None,
+                    rates_derived=res.rates_derived if res else True,
                 ))  # fmt: skip
                 keys.append((c, k, n))
     with reported(), ray_reported():
@@ -699,16 +830,17 @@ def _write_sweep(state: Any, console: Any, decision: dict[str, Any] | None = Non
 
 def _write_run(
     stream: Any, scenario: Any, source: str, seed: int, call: dict[str, Any],
-    row: dict[str, Any], records: list[Any], k: int | None,
+    row: dict[str, Any], records: list[Any], k: int | None, slo: dict[str, float] | None = None,
 ) -> list[Path]:  # fmt: skip
-    """records.jsonl, summary.json (bench's shape, ``summarize`` over the records), summary.csv
-    and the plots; a file that cannot be written is one line and exit 1."""
+    """records.jsonl, summary.json (bench's shape, ``summarize`` over the records; its goodput
+    under ``slo``), summary.csv and the plots; a file that cannot be written is one line and
+    exit 1."""
     from speclens.sim import run_output
 
     settings = run_output.run_settings(scenario, source, seed, call["concurrency"], k, row)
     summary = run_output.summary(
         records, row["makespan_s"], settings,
-        run_output.server_info(scenario, k, row["resolution"]), row, row.get("trust"),
+        run_output.server_info(scenario, k, row["resolution"]), row, row.get("trust"), slo,
     )  # fmt: skip
     try:
         return run_output.write_run(stream, summary, records)
@@ -756,43 +888,55 @@ def _print_decision(decision: dict[str, Any]) -> None:
         )
     out_console.print(table)
     out_console.print(decision["interval"], markup=False, highlight=False)
+    for e in decision["ks"]:
+        for point in e.get("left_out", []):
+            where = " ".join(
+                f"{SHORT_AXIS.get(a, a)}={v}" for a, v in (point["sweep"] or {}).items()
+            )
+            out_console.print(f"left out {where}: {', '.join(point['misses'])}", markup=False,
+                              highlight=False, soft_wrap=True)  # fmt: skip
     if decision.get("trust"):
         out_console.print(decision["trust"]["line"], markup=False, highlight=False,
                           soft_wrap=True)  # fmt: skip
 
 
-def _print(rows: list[dict[str, Any]], axes: list[str], trust: bool = True) -> None:
-    """The figures' table, how steps were priced, and (``trust``: unless the decision above
-    said it) how far to trust the figures."""
+#: The latencies sim's table prints (metric, percentile), in ms.
+LATENCY_COLUMNS = (("ttft", "p50"), ("tpot", "p50"), ("tpot", "p90"), ("tpot", "p99"),
+                   ("itl", "p99"), ("e2e", "p99"))  # fmt: skip
+
+
+def _print(
+    rows: list[dict[str, Any]], axes: list[str], trust: bool = True,
+    slo: dict[str, float] | None = None,
+) -> None:  # fmt: skip
+    """Two tables that each fit 100 columns: throughput and acceptance (goodput under ``slo``),
+    then the latencies in ms, TPOT's tails among them; then how steps were priced, what the
+    tails rest on (the spread, or that it is unknown), and (``trust``: unless the decision
+    above said it) how far to trust the figures."""
     table = Table(title="speclens sim")
-    for col in [
-        *axes,
-        "AL",
-        "coverage",
-        "tok/step",
-        "req/s",
-        "out tok/s",
-        "TTFT p50",
-        "TPOT p50",
-        "ITL p99",
-        "E2E p99",
-    ]:
+    for col in [*axes, "AL", "coverage", "tok/step", "req/s", "out tok/s",
+                *(["goodput"] if slo else [])]:  # fmt: skip
         table.add_column(col, justify="right")
+    latency = Table(title="latency (ms)")
+    for col in [*axes, *(f"{m.upper()} {q}" for m, q in LATENCY_COLUMNS)]:
+        latency.add_column(col, justify="right")
     for r in rows:
         lat = r["latency_ms"]
-        cells = [
+        good = r.get("goodput")
+        point = [str(r["sweep"][a]) for a in axes]
+        table.add_row(
+            *point,
             f"{r['realized_acceptance_length']:.3f}" if r["realized_acceptance_length"] else "-",
             f"{r['draft_coverage']:.3f}" if r["draft_coverage"] is not None else "-",
             f"{r['tokens_per_step']:.3f}" if r["tokens_per_step"] is not None else "-",
             f"{r['throughput']['requests_per_s']:.2f}",
             f"{r['throughput']['output_tokens_per_s']:,.0f}",
-            *(
-                f"{lat[m][q]:.1f} ms" if lat[m] else "-"
-                for m, q in (("ttft", "p50"), ("tpot", "p50"), ("itl", "p99"), ("e2e", "p99"))
-            ),
-        ]
-        table.add_row(*(str(r["sweep"][a]) for a in axes), *cells)
+            *([f"{good['fraction']:.1%}" if good else "-"] if slo else []),
+        )
+        latency.add_row(*point, *(f"{lat[m][q]:,.1f}" if lat[m] else "-"
+                                  for m, q in LATENCY_COLUMNS))  # fmt: skip
     out_console.print(table)
+    out_console.print(latency)
     fallback = rows[0].get("fallback")
     out_console.print(
         f"step-exact loop: the fast path cannot represent {fallback}"
@@ -809,6 +953,24 @@ def _print(rows: list[dict[str, Any]], axes: list[str], trust: bool = True) -> N
     res = rows[0]["resolution"]
     if res:
         out_console.print(_acceptance_text(res))
+    for line in dict.fromkeys(r["spread"]["line"] for r in rows if r.get("spread")):
+        out_console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if slo:
+        out_console.print(_goodput_line(rows, slo), markup=False, highlight=False,
+                          soft_wrap=True)  # fmt: skip
+
+
+def _goodput_line(rows: list[dict[str, Any]], slo: dict[str, float]) -> str:
+    """The SLO goodput counts against, and for one run its figure: the requests (latencies'
+    warm-up left out) meeting every limit, as bench counts them."""
+    from speclens.sim.decide import slo_text
+
+    head = f"goodput: the requests meeting every limit of the SLO ({slo_text(slo)})"
+    good = rows[0].get("goodput") if len(rows) == 1 else None
+    if good is None:
+        return head + ", a share of each point's"
+    return (f"{head}: {good['requests']:,} ({good['fraction']:.1%}), "
+            f"{good['requests_per_s']:.2f} req/s")  # fmt: skip
 
 
 def _acceptance_text(res: dict[str, Any], where: str = "") -> str:

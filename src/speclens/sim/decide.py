@@ -10,6 +10,9 @@ A simulated point is one run, so the figures carry no interval. Where a K's AL c
 profile of method ``inferred`` (``calibrate --acceptance-from`` writes them: the AL a run's TPOT
 implies, the other Ks from ``acceptance.curve``'s model), the line says so, and from what (the
 profile's provenance source): the best K is then only as good as that inference.
+Under an SLO (``--slo``) a point whose per-request tails miss it (its ``SLO_PERCENTILE`` TTFT,
+TPOT or E2E over the limit) leaves its K's curve before the curve is drawn, and the line says
+how many left: a K that wins on mean TPOT can lose once its slow requests are counted.
 """
 
 from __future__ import annotations
@@ -28,6 +31,26 @@ NO_INTERVAL = "no interval: one simulated run a point"
 #: The throughput the decision reads, as its line names it (output tokens only: compare's
 #: ``--metric output``).
 UNIT = "output tok/s/GPU"
+#: The per-request percentile a point is held to under an SLO: a limit met by the median
+#: request but not by the slowest tenth is missed.
+SLO_PERCENTILE = "p90"
+
+
+def slo_misses(row: dict[str, Any], slo: dict[str, float]) -> list[str]:
+    """What of ``row``'s per-request tails misses ``slo`` (seconds by metric), each as "TPOT
+    p90 31.2 ms over 30 ms"; empty when every limit is met."""
+    out = []
+    for name, limit in slo.items():
+        figure = (row["latency_ms"].get(name) or {}).get(SLO_PERCENTILE)
+        if figure is None or not figure <= limit * 1000:
+            said = "unknown" if figure is None else f"{figure:,.1f} ms"
+            out.append(f"{name.upper()} {SLO_PERCENTILE} {said} over {limit * 1000:g} ms")
+    return out
+
+
+def slo_text(slo: dict[str, float]) -> str:
+    """``tpot 30 ms, ttft 200 ms``."""
+    return ", ".join(f"{name} {limit * 1000:g} ms" for name, limit in slo.items())
 
 
 def _curve(points: Sequence[tuple[float, float]]) -> list[CurvePoint]:
@@ -46,17 +69,26 @@ def at(curve: Sequence[tuple[float, float]], x: float) -> float | None:
     return None if found is None else found.mean
 
 
-def decide(rows: Sequence[tuple[int, dict[str, Any]]], target: float, gpus: int) -> dict[str, Any]:
+def decide(
+    rows: Sequence[tuple[int, dict[str, Any]]], target: float, gpus: int,
+    slo: dict[str, float] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """The decision over a K x concurrency grid of (K, ``speclens sim`` row) pairs (each row with
     ``throughput``, ``latency_ms`` and ``resolution``; K 0: no speculation) at ``target``
-    tok/s/user, on ``gpus`` GPUs."""
+    tok/s/user, on ``gpus`` GPUs; with ``slo`` (seconds by metric) only over the points that
+    meet it (``slo_misses``)."""
     by_k: dict[int, list[dict[str, Any]]] = {}
     for k, row in rows:
         by_k.setdefault(k, []).append(row)
     ks = []
     for k, group in sorted(by_k.items()):
         points = []
+        left_out = []
         for row in group:
+            misses = slo_misses(row, slo) if slo else []
+            if misses:
+                left_out.append({"sweep": row.get("sweep"), "misses": misses})
+                continue
             tpot = (row["latency_ms"].get("tpot") or {}).get("mean")
             if tpot and tpot > 0:
                 points.append((1000.0 / tpot, row["throughput"]["output_tokens_per_s"] / gpus))
@@ -74,13 +106,17 @@ def decide(rows: Sequence[tuple[int, dict[str, Any]]], target: float, gpus: int)
         if value is None:
             span = f"{curve[0][0]:,.1f} to {curve[-1][0]:,.1f} tok/s/user" if curve else "no points"
             entry["reason"] = f"its curve spans {span}, not {target:g}"
+            if left_out:
+                entry["reason"] += f" ({len(left_out)} of {len(group)} points miss the SLO)"
+        if slo:
+            entry["left_out"] = left_out
         ks.append(entry)
     reached = [e for e in ks if e["tok_s_gpu"] is not None]
     best = max(reached, key=lambda e: e["tok_s_gpu"]) if reached else None
     for e in ks:
         value = e["tok_s_gpu"]
         e["ratio_to_best"] = value / best["tok_s_gpu"] if best and value is not None else None
-    return {
+    out = {
         "tok_s_user": target,
         "gpus": gpus,
         "interval": NO_INTERVAL,
@@ -89,6 +125,16 @@ def decide(rows: Sequence[tuple[int, dict[str, Any]]], target: float, gpus: int)
         "ks": ks,
         "headline": headline(ks, best, target),
     }
+    if slo:
+        gone = sum(len(e["left_out"]) for e in ks)
+        out["slo"] = {"slo_ms": {n: v * 1000 for n, v in slo.items()},
+                      "percentile": SLO_PERCENTILE, "left_out": gone, "points": len(rows)}  # fmt: skip
+        out["headline"] += (
+            f"; {gone} of {len(rows)} points left out: their per-request {SLO_PERCENTILE} "
+            f"misses the SLO ({slo_text(slo)})" if gone else
+            f"; every point's per-request {SLO_PERCENTILE} meets the SLO ({slo_text(slo)})"
+        )  # fmt: skip
+    return out
 
 
 def headline(ks: list[dict[str, Any]], best: dict[str, Any] | None, target: float) -> str:

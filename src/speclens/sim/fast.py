@@ -13,6 +13,10 @@ those events the engine's clock is a cumulative sum over the window. Prefill ste
 (``max_num_seqs``, the token budget), closed and open loops and idle gaps follow the engine's
 scheduler and ``simulate._run_replica`` step for step.
 
+With a spread (``RequestSpread``) each request accepts at its own AL, the one the engine's
+forced stream draws for the same request id (a pure function of the seed and the id), so both
+loops give request i the same AL; only its steps' draws differ.
+
 The draws are numpy's, not the engine's torch stream, so results match the exact loop in
 distribution (tests/sim/test_fast.py), not draw for draw. No torch is imported here.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +33,7 @@ from typing import Protocol
 
 import numpy as np
 
+from speclens.acceptance.spread import RequestDraw, request_rates, request_uniform
 from speclens.cost import BLOCK_SIZE, Pricing
 from speclens.sim.sketch import Tally, Totals
 
@@ -92,26 +98,62 @@ class Counts:
     drafting_steps: int
 
 
-class _Draws:
-    """Trajectories for admitted requests: per decode step the tokens gained (uncapped), whether
-    it drafted, and the context it attends over."""
+class RequestSpread:
+    """Acceptance that differs between requests: request ``index``'s AL is
+    ``RequestDraw(quantiles, 1 + sum(rates), K).al(request_uniform(seed, str(index)))`` and its
+    rates ``request_rates`` at that AL, as the engine's forced stream draws them for request id
+    ``str(index)`` with seed ``seed`` (the exact loop's ids and its replica's seed)."""
 
     def __init__(
-        self, k: int, rates: list[float] | None, coverage: float, rng: np.random.Generator
+        self, quantiles: Sequence[float], rates: Sequence[float], derived: bool, seed: int
+    ) -> None:
+        self.rates, self.derived, self.seed = list(rates), derived, seed
+        self.draw = RequestDraw(quantiles, 1.0 + math.fsum(self.rates), len(self.rates))
+
+    def al(self, index: int) -> float:
+        """Request ``index``'s own AL."""
+        return self.draw.al(request_uniform(self.seed, str(index)))
+
+    def rates_of(self, index: int) -> list[float]:
+        """Request ``index``'s per-position rates at its own AL."""
+        return request_rates(self.al(index), self.rates, self.derived)
+
+
+def _cdf(rates: Sequence[float], k: int) -> np.ndarray:
+    """P(accepted <= j) for j = 0..K from per-position rates (position j reached with r_j)."""
+    reach = [1.0, *list(rates)[:k], 0.0] if k else [1.0, 0.0]
+    return np.cumsum([reach[j] - reach[j + 1] for j in range(len(reach) - 1)])
+
+
+class _Draws:
+    """Trajectories for admitted requests: per decode step the tokens gained (uncapped), whether
+    it drafted, and the context it attends over. With ``spread`` each request draws at its own
+    rates (``RequestSpread``); without, every request at ``rates``."""
+
+    def __init__(
+        self,
+        k: int,
+        rates: list[float] | None,
+        coverage: float,
+        rng: np.random.Generator,
+        spread: RequestSpread | None = None,
     ) -> None:
         self.k = k
-        reach = [1.0, *(rates or [])[:k], 0.0] if k else [1.0, 0.0]
-        self.cdf = np.cumsum([reach[j] - reach[j + 1] for j in range(len(reach) - 1)])
+        self.cdf = _cdf(rates or [], k)
         self.coverage = coverage if k else 0.0
         self.rng = rng
+        self.spread = spread if k else None
         mean_tokens = 1.0 + self.coverage * float(sum(rates or [])) if k else 1.0
         self.mean_tokens = mean_tokens
         self.histogram = np.zeros(k + 1, dtype=np.int64)
         self.request_steps = 0
         self.drafting_steps = 0
 
-    def _draw(self, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """``count`` request-steps: accepted drafts (0 when not drafting) and drafting flags."""
+    def _draw(
+        self, count: int, owners: np.ndarray | None = None, cdfs: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``count`` request-steps: accepted drafts (0 when not drafting) and drafting flags;
+        with ``cdfs`` (a row a request), step j draws from row ``owners[j]``."""
         if not self.k:
             return np.zeros(count, dtype=np.int64), np.zeros(count, dtype=bool)
         drafting = (
@@ -119,7 +161,13 @@ class _Draws:
             if self.coverage < 1.0
             else np.ones(count, dtype=bool)
         )
-        drawn = np.searchsorted(self.cdf, self.rng.random(count), side="right")
+        if cdfs is None or owners is None:
+            drawn = np.searchsorted(self.cdf, self.rng.random(count), side="right")
+        else:  # searchsorted per row: how many of the step's own CDF values lie at or below u
+            u = self.rng.random(count)
+            drawn = np.zeros(count, dtype=np.int64)
+            for j in range(cdfs.shape[1]):
+                drawn += cdfs[owners, j] <= u
         return np.where(drafting, np.minimum(drawn, self.k), 0), drafting
 
     def trajectories(
@@ -130,8 +178,14 @@ class _Draws:
         whether it drafted, and the drafts it accepted (uncapped, as the histogram counts them).
         The draws are counted in the statistics."""
         need = np.maximum(outputs - 1, 0)  # the prefill emits the first token
-        lengths = np.minimum(need, (need / self.mean_tokens + 6 * np.sqrt(need) + 8).astype(int))
-        accepted, drafting = self._draw(int(lengths.sum()))
+        cdfs, mean_tokens = None, np.full(need.size, self.mean_tokens)
+        if self.spread is not None:
+            own = [self.spread.rates_of(i) for i in indices]
+            cdfs = np.array([_cdf(r, self.k) for r in own]).reshape(need.size, self.k + 1)
+            mean_tokens = 1.0 + self.coverage * np.array([math.fsum(r) for r in own])
+        lengths = np.minimum(need, (need / mean_tokens + 6 * np.sqrt(need) + 8).astype(int))
+        owners = np.repeat(np.arange(need.size), lengths) if cdfs is not None else None
+        accepted, drafting = self._draw(int(lengths.sum()), owners, cdfs)
         while True:
             total = np.concatenate([[0], np.cumsum(1 + accepted)])
             ends = np.cumsum(lengths)
@@ -142,7 +196,8 @@ class _Draws:
                 break
             # Extend a request that drew too few (never redraw: its steps stay i.i.d.).
             extra = need[short] - (total[ends] - before)[short]
-            more_a, more_d = self._draw(int(extra.sum()))
+            more = np.repeat(np.flatnonzero(short), extra) if cdfs is not None else None
+            more_a, more_d = self._draw(int(extra.sum()), more, cdfs)
             at = np.repeat(ends[short], extra)
             accepted, drafting = np.insert(accepted, at, more_a), np.insert(drafting, at, more_d)
             lengths[short] += extra
@@ -244,6 +299,7 @@ def run_replica(
     cached: Mapping[int, int] | None = None,
     front: float = 0.0,
     warmup: int = 0,
+    spread: RequestSpread | None = None,
 ) -> Counts:
     """Run one replica over ``requests`` (index, arrival, input tokens, output tokens) in
     arrival order, as ``simulate._run_replica`` drives the engine; finished requests go to
@@ -255,9 +311,10 @@ def run_replica(
     though they sit in its context; ``front``: seconds from a request's arrival to the engine
     seeing it (a server's front end: HTTP, tokenizing, handing it over), which no step pays;
     ``warmup``: the first requests taken (a closed loop's admissions into the idle engine) count
-    in ``pooled`` and ``tally``'s totals (throughput) but in none of its latencies."""
+    in ``pooled`` and ``tally``'s totals (throughput) but in none of its latencies; ``spread``:
+    each request draws at its own AL (``RequestSpread``) instead of every one at ``rates``."""
     if draws is None:
-        draws = _Draws(k, rates, coverage, rng)
+        draws = _Draws(k, rates, coverage, rng, spread)
     span = longest_output + 2
     width = 4 * span
     # Per decode step: its sequences, context tokens, and requests that draft (each verifies

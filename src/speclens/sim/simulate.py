@@ -3,7 +3,11 @@ executor's step-cost model. Each replica runs its requests in its own virtual cl
 are Poisson (gamma with burstiness), closed-loop at a concurrency, or all at once.
 
 Memory stays bounded by what is in flight: arrivals are drawn a chunk at a time as a replica
-reaches them, and a finished request leaves only its latency samples behind."""
+reaches them, and a finished request leaves only its latency samples behind.
+
+With a spread (the resolution's ``AcceptanceSpread``) each request accepts at its own AL, drawn
+from the request's id and its replica's forced-acceptance seed: both loops draw the same AL for
+the same request (``fast.RequestSpread``; the engine's ``SpeculativeConfig.acceptance_spread``)."""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from speclens.sim.scenario import Lengths, Pool, Scenario, Workload, cost_source
 from speclens.sim.sketch import Tally, Totals
 
 if TYPE_CHECKING:  # torch loads only for the step-exact loop
+    from speclens.acceptance import AcceptanceSpread
     from speclens.engine import Engine
     from speclens.engine.model import LlamaModel
     from speclens.engine.tokenizer import Tokenizer
@@ -82,21 +87,25 @@ def _record_exact(tally: Tally, r: SimRequest, warm: bool = False) -> None:
 
 
 def _engine(
-    pool: Pool, cost: Pricing, rates: list[float] | None, seed: int, longest: int, share: int
-) -> Engine:
-    """One replica's engine with the pool's stated limits. The KV pool is allocated only up to
-    what this replica can ever hold (``share`` requests, or ``max_num_seqs`` of them, of at most
-    ``longest`` tokens plus verify slots): a bound that cannot bind, so results are as stated."""
+    pool: Pool, cost: Pricing, rates: list[float] | None, seed: int, longest: int, share: int,
+    spread: AcceptanceSpread | None = None,
+) -> Engine:  # fmt: skip
+    """One replica's engine with the pool's stated limits (``spread``: each request forced at its
+    own AL). The KV pool is allocated only up to what this replica can ever hold (``share``
+    requests, or ``max_num_seqs`` of them, of at most ``longest`` tokens plus verify slots): a
+    bound that cannot bind, so results are as stated."""
     from speclens.engine import Engine, EngineConfig, SpeculativeConfig
     from speclens.engine.kv_cache import blocks_for
 
     spec = pool.engine.speculative
+    spreading: dict[str, Any] = {} if spread is None else {"acceptance_spread": spread}
     speculative = (
         SpeculativeConfig(
             method=spec.method,
             num_speculative_tokens=spec.num_spec_tokens,
             acceptance_rates=rates,
             seed=seed,
+            **spreading,
         )
         if spec is not None
         else SpeculativeConfig()
@@ -274,6 +283,9 @@ def simulate(
     draft_coverage: float = 1.0,
     fast: bool = False,
     keep_records: bool = False,
+    spread: AcceptanceSpread | None = None,
+    rates_derived: bool = True,
+    slo: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Run the scenario; returns throughput, latency percentiles, realized AL, draft coverage
     and tokens per decode step, per pool too. A speculating request-step drafts with
@@ -281,8 +293,11 @@ def simulate(
     path (``speclens.sim.fast``) where it applies, the step-exact loop otherwise; ``loop`` and
     ``fallback`` in the result say which ran and why. ``keep_records``: ``records`` holds one
     ``RequestRecord`` per request, in index order, as bench records a measured one (the caller
-    bounds the run: they grow with its tokens). Raises ``ValidationError`` (naming ``source``)
-    for what ``limits`` refuses, before any work."""
+    bounds the run: they grow with its tokens). ``spread``: each request accepts at its own AL
+    drawn from it, its rates ``request_rates`` of ``rates`` (``rates_derived``: the
+    minimum-variance schedule at its AL); None: every request at ``rates``. ``slo`` (seconds by
+    ttft, tpot, e2e): ``goodput`` as bench counts it. Raises ``ValidationError`` (naming
+    ``source``) for what ``limits`` refuses, before any work."""
     limits.check(scenario, source, [num_spec_tokens], max_request_steps, base=base)
     workload = scenario.workload
     count = workload.requests
@@ -303,7 +318,7 @@ def simulate(
     warmup = (per_replica or 0) if warm < count else 0
     histogram = AcceptanceHistogram()
     request_steps = drafting_steps = accepted = 0
-    tally = Tally()
+    tally = GoodTally(slo) if slo else Tally()
     per_pool: dict[int, Totals] = {}
     records: list[RequestRecord] = []
     category = workload.category or run_output.DEFAULT_CATEGORY
@@ -315,6 +330,15 @@ def simulate(
         requests = arrivals(workload, seed, slot, len(replicas))
         k = _k(pool)
         replica = f"sim://pools/{pool_index}/replicas/{slot}"
+        if spread is not None and k and spread.num_spec_tokens != k:
+            raise ValueError(f"a spread stated at K {spread.num_spec_tokens} cannot drive K {k}")
+        # The exact loop's engine forces acceptance with seed + slot: the same request draws
+        # the same AL on either loop.
+        own = (
+            fast_path.RequestSpread(spread.values, rates, rates_derived, seed + slot)
+            if spread is not None and k and rates is not None
+            else None
+        )
         if use_fast:
             traced = (
                 (
@@ -330,7 +354,7 @@ def simulate(
                 k, rates, draft_coverage, costs[pool_index], pool.engine.max_num_seqs,
                 limits.batched_tokens(pool), limits.longest(workload.output_tokens), per_replica,
                 np.random.default_rng([FAST_STREAM, seed, slot]), tally, pooled, traced,
-                warmup=warmup,
+                warmup=warmup, spread=own,
             )  # fmt: skip
             if k:
                 histogram.update(AcceptanceHistogram.from_dense(counts.histogram.tolist()))
@@ -340,7 +364,8 @@ def simulate(
             continue
         from speclens.sim.coverage import cover
 
-        engine = _engine(pool, costs[pool_index], rates, seed + slot, longest, share)
+        engine = _engine(pool, costs[pool_index], rates, seed + slot, longest, share,
+                         spread if own is not None else None)  # fmt: skip
         drafted = cover(
             engine, draft_coverage, np.random.default_rng([COVERAGE_STREAM, seed, slot])
         )
@@ -360,7 +385,11 @@ def simulate(
             drafting_steps += drafted.drafting_steps
             accepted += engine.stats.num_accepted_tokens
     makespan = _makespan(tally, source)
-    extra = {"records": sorted(records, key=lambda r: r.index)} if keep_records else {}
+    extra: dict[str, Any] = {}
+    if isinstance(tally, GoodTally):
+        extra["goodput"] = tally.goodput(makespan)
+    if keep_records:
+        extra["records"] = sorted(records, key=lambda r: r.index)
     return {
         "requests": count,
         "warmup": warmup_note(count, warm),
@@ -393,6 +422,43 @@ def simulate(
         },
         **extra,
     }
+
+
+#: The SLO metrics a simulated request is held to: each finished request keeps its TTFT, TPOT
+#: and E2E; its worst inter-token gap is not kept (the fast path prices steps, not requests).
+SLO_METRICS = ("ttft", "tpot", "e2e")
+
+
+class GoodTally(Tally):
+    """``Tally`` that also counts the measured requests meeting every limit of ``slo`` (seconds
+    by metric), as bench's goodput does (``runs.figures``): a request of one output token has
+    no TPOT, so it misses a TPOT limit."""
+
+    def __init__(self, slo: dict[str, float]) -> None:
+        super().__init__()
+        unknown = sorted(set(slo) - set(SLO_METRICS))
+        if unknown:
+            raise ValueError(f"no per-request {', '.join(unknown)} is simulated")
+        self.slo = dict(slo)
+        self.good = self.measured = 0
+
+    def add(self, arrival: float, first: float, finish: float, output_tokens: int) -> None:
+        super().add(arrival, first, finish, output_tokens)
+        self.measured += 1
+        tpot = (finish - first) / (output_tokens - 1) if output_tokens > 1 else math.nan
+        values = {"ttft": first - arrival, "tpot": tpot, "e2e": finish - arrival}
+        # NaN compares False: a figure the request lacks misses its limit
+        if all(values[name] <= limit for name, limit in self.slo.items()):
+            self.good += 1
+
+    def goodput(self, makespan: float) -> dict[str, Any]:
+        """bench's ``figures.goodput`` for the run, plus the requests that met the SLO."""
+        return {
+            "slo_ms": {name: limit * 1000 for name, limit in self.slo.items()},
+            "requests": self.good,
+            "requests_per_s": self.good / makespan if self.good else 0.0,
+            "fraction": self.good / self.measured if self.measured else 0.0,
+        }
 
 
 def warmup_requests(scenario: Scenario, concurrency: int | None = None) -> int:

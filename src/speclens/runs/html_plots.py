@@ -157,6 +157,30 @@ def histogram_plot(
     return to_svg(fig, "histogram")
 
 
+def request_al_plot(
+    edges: Sequence[float], step_share: Sequence[float], requests: int,
+    quantiles: Mapping[str, float],
+) -> str:  # fmt: skip
+    """The per-request AL distribution: each bin's share of verify steps (a request weighs its
+    verify steps), with the quantiles ``quantiles`` (name: AL) marked."""
+    if len(edges) != len(step_share) + 1 or not step_share:
+        raise ValueError(f"{len(edges)} bin edges for {len(step_share)} bins")
+    fig, ax = new_figure()
+    widths = [edges[i + 1] - edges[i] for i in range(len(step_share))]
+    ax.bar(list(edges[:-1]), list(step_share), width=widths, align="edge", color="#1f77b4",
+           edgecolor="white", label="share of verify steps")  # fmt: skip
+    styles = ("--", "-", ":")
+    for i, (name, value) in enumerate(quantiles.items()):
+        ax.axvline(value, color="#d62728", linestyle=styles[i % len(styles)],
+                   label=f"{label(name)} {value:.2f}")  # fmt: skip
+    ax.set_xlim(edges[0], edges[-1])
+    ax.set_xlabel("request AL (tokens per verify step)")
+    ax.set_ylabel("share of verify steps")
+    ax.set_title(f"AL per request ({requests} requests)")
+    legend_outside(fig, ax)
+    return to_svg(fig, "request-al")
+
+
 def position_plot(observed: Sequence[float], expected: Sequence[float] | None) -> str:
     """Per-position rates: the share of verify steps whose first p + 1 drafts were accepted."""
     fig, ax = new_figure()

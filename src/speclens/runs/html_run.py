@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,7 @@ def run_page(summary: dict[str, Any], samples: Samples) -> Page:
     _run_overview(page, f)
     _latency_table(page, f)
     _acceptance_table(page, f, samples)
+    _spread_table(page, f)
     _derived_table(page, f)
     _replica_table(page, f)
     _run_plots(page, f, samples)
@@ -344,6 +346,53 @@ def _acceptance_table(page: Page, f: Fields, samples: Samples) -> None:
     page.table("Acceptance", None, rows)  # fmt: skip
 
 
+#: The spread table's columns after its label: (header, path under a per_request block).
+_SPREAD_COLUMNS = (
+    ("requests", ("requests",)),
+    ("verify steps", ("verify_steps",)),
+    ("p10", ("quantiles", "p10")),
+    ("p50", ("quantiles", "p50")),
+    ("p90", ("quantiles", "p90")),
+    ("within", ("variance", "within")),
+    ("between observed", ("variance", "between_observed")),
+    ("sampling noise", ("variance", "noise")),
+    ("between", ("variance", "between")),
+    ("between share of the whole", ("variance", "between_share")),
+)
+
+
+def _spread_table(page: Page, f: Fields) -> None:
+    """The per-request AL distribution, the run's and each category's: quantiles weighted by
+    verify steps, and the per-step variance of tokens per verify step split within and between
+    requests (a part that cannot be known says so)."""
+    a = ("figures", "acceptance")
+    blocks = [("all", (*a, "per_request"))] + [
+        (cat, (*a, "al_by_category", cat, "per_request"))
+        for cat, _ in f.items(*a, "al_by_category")
+    ]
+    rows = []
+    for name, at in blocks:
+        if not isinstance(f.get(*at), dict):
+            continue
+        cells = []
+        for header, path in _SPREAD_COLUMNS:
+            cell = f.num(*at, *path, digits=None if header.endswith("steps") else 4)
+            if header == "within" and f.get(*at, *path) is None:
+                cell = f"unknown: {f.num(*at, 'without_histogram')} requests without a histogram"
+            cells.append(cell)
+        rows.append((esc(name), *cells))
+    if not rows:
+        return
+    page.table("AL between requests (each request weighted by its verify steps)",
+               ["category", *(h for h, _ in _SPREAD_COLUMNS)], rows)  # fmt: skip
+    page.note(
+        "Variance of tokens per verify step: within (each request's own, about its AL) plus "
+        "between observed (of the requests' ALs) is the whole; between is the observed part "
+        "less the sampling noise a request's few steps put in its AL (its steps taken as "
+        "independent)."
+    )
+
+
 def _al_interval(samples: Samples) -> str:
     """The realized AL's 95% interval from the requests (ratio-estimator SE), when known."""
     accepted, steps = samples.counts()
@@ -465,6 +514,27 @@ def _observed_histogram(f: Fields) -> dict[int, int]:
     return out
 
 
+def _request_histogram(
+    f: Fields,
+) -> tuple[list[float], list[float], int, dict[str, float]] | None:
+    """The run's histogram over requests as the plot takes it, when summary.json holds one
+    that is well formed (increasing edges, a share per bin, its quantiles numbers)."""
+    block = ("figures", "acceptance", "per_request")
+    edges = f.get(*block, "histogram", "edges")
+    shares = f.get(*block, "histogram", "step_share")
+    requests = f.get(*block, "requests")
+    quantiles = {name: f.get(*block, "quantiles", name) for name in ("p10", "p50", "p90")}
+    if not (isinstance(edges, list) and isinstance(shares, list) and isinstance(requests, int)):
+        return None
+    numbers = [*edges, *shares, *quantiles.values()]
+    if not shares or len(edges) != len(shares) + 1 or not all(map(is_number, numbers)):
+        return None
+    if any(b <= a for a, b in pairwise(edges)):
+        return None
+    return ([float(e) for e in edges], [float(s) for s in shares], requests,
+            {name: float(q) for name, q in quantiles.items()})  # fmt: skip
+
+
 def _run_plots(page: Page, f: Fields, samples: Samples) -> None:
     from speclens.runs import html_plots as hp
 
@@ -487,6 +557,9 @@ def _run_plots(page: Page, f: Fields, samples: Samples) -> None:
             if expected else None
         )  # fmt: skip
         svgs.append(plot("per-position rates", hp.position_plot, rates[:64], forced_rates))
+    spread = _request_histogram(f)
+    if spread is not None:
+        svgs.append(plot("AL per request", hp.request_al_plot, *spread))
     al_tpot = samples.al_tpot()
     if len(al_tpot):
         svgs.append(plot("AL against TPOT", hp.scatter_plot, hp.thin(al_tpot), len(al_tpot),

@@ -77,6 +77,9 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
             "per-request AL",
             f"mean {per_req['mean']:.4f}, p50 {per_req['p50']:.4f}, p90 {per_req['p90']:.4f}, p99 {per_req['p99']:.4f}",
         )
+    if isinstance(acc.get("per_request"), dict):
+        table.add_row("per-request AL (step-weighted)", escape(spread_text(acc["per_request"])))
+        table.add_row("variance per verify step", escape(variance_text(acc["per_request"])))
     refused = acc.get("draft_rate_refused")
     table.add_row(
         "draft acceptance rate",
@@ -98,6 +101,10 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     table.add_row("zero-step requests", str(acc["zero_step_requests"]))
     for category, row in acc["al_by_category"].items():
         table.add_row(f"AL ({escape(str(category))})", category_al_text(row))
+        if isinstance(row.get("per_request"), dict):
+            block = row["per_request"]
+            table.add_row(f"  per-request AL ({escape(str(category))})",
+                          escape(f"{spread_text(block)}; {variance_text(block)}"))  # fmt: skip
     if acc["inconsistent_requests"]:
         table.add_row("inconsistent requests", str(len(acc["inconsistent_requests"])))
     server = summary.get("server_check") or {}
@@ -128,6 +135,41 @@ def category_al_text(row: dict[str, Any]) -> str:
     if not row["verify_steps"]:
         return f"{NO_DATA} (0 verify steps)"
     return f"{row['al']:.4f} over {row['verify_steps']} steps"
+
+
+#: The quantiles a report shows of a spread (all of them are in summary.json).
+SHOWN_LEVELS = ("p10", "p50", "p90")
+
+
+def spread_text(block: dict[str, Any]) -> str:
+    """A per-request AL distribution (``figures.acceptance.per_request``) in one line: its
+    p10, p50 and p90, each request weighted by its verify steps."""
+    quantiles = ", ".join(f"{name} {block['quantiles'][name]:.4f}" for name in SHOWN_LEVELS)
+    return f"{quantiles} over {block['requests']} requests, each weighted by its verify steps"
+
+
+def variance_text(block: dict[str, Any]) -> str:
+    """The per-step variance of tokens per verify step, split within and between requests;
+    what cannot be split says why (a request without its histogram, no request of two steps)."""
+    v = block["variance"]
+    observed = f"{v['between_observed']:.4f}"
+    if v["within"] is None:
+        return (
+            f"within unknown: {block['without_histogram']} of {block['requests']} requests "
+            f"report no acceptance histogram; between at most {observed} (its sampling noise "
+            "unknown)"
+        )
+    if v["between"] is None:
+        return (
+            f"within {v['within']:.4f}; between at most {observed}: no request has two verify "
+            "steps to size its sampling noise"
+        )
+    total = f"the per-step variance {v['total']:.4f}"
+    share = f"; {total}" if v["between_share"] is None else f": {v['between_share']:.1%} of {total}"
+    return (
+        f"within {v['within']:.4f}, between {v['between']:.4f} (observed {observed} less "
+        f"sampling noise {v['noise']:.4f}){share}"
+    )
 
 
 #: How a goodput SLO's metric reads in a sentence.

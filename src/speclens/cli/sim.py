@@ -432,6 +432,10 @@ def sim(
         budget = max_request_steps or (MAX_FAST_REQUEST_STEPS if fast else MAX_REQUEST_STEPS)
         check(scenario, str(scenario_path), ks, budget, runs=len(grid), base=scenario_path.parent)
         _check_closed_loop(scenario_path, scenario, grid)
+        speculative = [p.engine.speculative for p in scenario.speculating]
+        if spread is not None and speculative and speculative[0] is not None:
+            for k in ks:  # refused before any file is opened
+                _cli_value(speculative[0].num_spec_tokens if k is None else k, stated, spread)
         reg = load_registry(registry)
         trusts = _trusts(scenario, scenario_path.parent, ks, grid)
     out = _open_output(output_dir, scenario, axes, grid, seed) if output_dir else None
@@ -464,8 +468,7 @@ def sim(
             max_request_steps=budget, source=str(scenario_path),
             draft_coverage=resolution.draft_coverage if resolution else 1.0, fast=not exact,
             keep_records=out is not None,
-            spread=resolution.spread if resolution else None,
-            rates_derived=resolution.rates_derived if resolution else True, slo=slos or None,
+            spread=resolution.spread if resolution else None, slo=slos or None,
         ))  # fmt: skip
     workers = jobs or cores()
     written: list[Path] = []
@@ -628,7 +631,6 @@ def _schedule_command(
                     source=str(scenario_path),
                     draft_coverage=res.draft_coverage if res else 1.0, fast=True,
                     keep_records=False, spread=res.spread if res else None,
-                    rates_derived=res.rates_derived if res else True,
                 ))  # fmt: skip
                 keys.append((c, k, n))
     with reported(), ray_reported():

@@ -116,25 +116,27 @@ def decide(
     for e in ks:
         value = e["tok_s_gpu"]
         e["ratio_to_best"] = value / best["tok_s_gpu"] if best and value is not None else None
-    out = {
+    line = headline(ks, best, target)
+    held: dict[str, Any] = {}
+    if slo:
+        gone = sum(len(e["left_out"]) for e in ks)
+        held["slo"] = {"slo_ms": {n: v * 1000 for n, v in slo.items()},
+                       "percentile": SLO_PERCENTILE, "left_out": gone, "points": len(rows)}  # fmt: skip
+        line += (
+            f"; {gone} of {len(rows)} points left out: their per-request {SLO_PERCENTILE} "
+            f"misses the SLO ({slo_text(slo)})" if gone else
+            f"; every point's per-request {SLO_PERCENTILE} meets the SLO ({slo_text(slo)})"
+        )  # fmt: skip
+    return {
         "tok_s_user": target,
         "gpus": gpus,
         "interval": NO_INTERVAL,
         "best": best["num_spec_tokens"] if best else None,
         "best_tok_s_gpu": best["tok_s_gpu"] if best else None,
         "ks": ks,
-        "headline": headline(ks, best, target),
+        "headline": line,
+        **held,
     }
-    if slo:
-        gone = sum(len(e["left_out"]) for e in ks)
-        out["slo"] = {"slo_ms": {n: v * 1000 for n, v in slo.items()},
-                      "percentile": SLO_PERCENTILE, "left_out": gone, "points": len(rows)}  # fmt: skip
-        out["headline"] += (
-            f"; {gone} of {len(rows)} points left out: their per-request {SLO_PERCENTILE} "
-            f"misses the SLO ({slo_text(slo)})" if gone else
-            f"; every point's per-request {SLO_PERCENTILE} meets the SLO ({slo_text(slo)})"
-        )  # fmt: skip
-    return out
 
 
 def headline(ks: list[dict[str, Any]], best: dict[str, Any] | None, target: float) -> str:

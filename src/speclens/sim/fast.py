@@ -33,6 +33,7 @@ from typing import Protocol
 
 import numpy as np
 
+from speclens.acceptance.quantity import length_from_rates, minimum_variance_rates
 from speclens.acceptance.spread import RequestDraw, request_rates, request_uniform
 from speclens.cost import BLOCK_SIZE, Pricing
 from speclens.sim.sketch import Tally, Totals
@@ -100,15 +101,18 @@ class Counts:
 
 class RequestSpread:
     """Acceptance that differs between requests: request ``index``'s AL is
-    ``RequestDraw(quantiles, 1 + sum(rates), K).al(request_uniform(seed, str(index)))`` and its
-    rates ``request_rates`` at that AL, as the engine's forced stream draws them for request id
-    ``str(index)`` with seed ``seed`` (the exact loop's ids and its replica's seed)."""
+    ``RequestDraw(quantiles, AL, K).al(request_uniform(seed, str(index)))`` and its rates
+    ``request_rates`` at that AL, as the engine's forced stream draws them for request id
+    ``str(index)`` with seed ``seed`` (the exact loop's ids and its replica's seed). As the
+    engine reads forced rates, they are derived (each request's own schedule is the
+    minimum-variance one at its AL) when they are the minimum-variance schedule of their AL."""
 
-    def __init__(
-        self, quantiles: Sequence[float], rates: Sequence[float], derived: bool, seed: int
-    ) -> None:
-        self.rates, self.derived, self.seed = list(rates), derived, seed
-        self.draw = RequestDraw(quantiles, 1.0 + math.fsum(self.rates), len(self.rates))
+    def __init__(self, quantiles: Sequence[float], rates: Sequence[float], seed: int) -> None:
+        self.rates, self.seed = list(rates), seed
+        length, k = length_from_rates(self.rates), len(self.rates)
+        schedule = minimum_variance_rates(length, k)
+        self.derived = all(abs(a - b) <= 1e-9 for a, b in zip(self.rates, schedule, strict=True))
+        self.draw = RequestDraw(quantiles, length, k)
 
     def al(self, index: int) -> float:
         """Request ``index``'s own AL."""

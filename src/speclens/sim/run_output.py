@@ -133,19 +133,24 @@ def summary(
     server: dict[str, Any],
     simulation: dict[str, Any],
     trust: dict[str, Any] | None = None,
+    slo: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """summary.json in bench's shape: the figures from ``summarize`` over the records, timed by
     the simulated makespan (first arrival to last finish, as ``speclens sim`` divides by); the
-    latencies, as sim's, leave out the warm-up ``simulation["warmup"]`` names (the first
-    requests by index). ``trust`` (``run_trust``'s) goes in ``provenance.trust``, where a
-    published replay's prediction keeps it too."""
+    latencies and the goodput under ``slo`` (seconds by metric), as sim's, leave out the
+    warm-up ``simulation["warmup"]`` names (the first requests by index). ``trust``
+    (``run_trust``'s) goes in ``provenance.trust``, where a published replay's prediction keeps
+    it too."""
     result = RunResult(list(records), started=0.0, duration=makespan)
     sent = len(records)
     figures = summarize(result)
     warm = (simulation.get("warmup") or {}).get("requests", 0)
-    if warm:
-        measured = [r for r in records if r.index >= warm]
-        figures["latency_ms"] = summarize(RunResult(measured, 0.0, makespan))["latency_ms"]
+    measured = [r for r in records if r.index >= warm] if warm else list(records)
+    if warm or slo:
+        kept = summarize(RunResult(measured, 0.0, makespan), slo)
+        figures["latency_ms"] = kept["latency_ms"]
+        if slo:
+            figures["goodput"] = kept["goodput"]
     figures["throughput"].update(_deployment_throughput(figures, settings.get("gpus")))
     return {
         "settings": settings,

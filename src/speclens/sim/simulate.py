@@ -284,7 +284,6 @@ def simulate(
     fast: bool = False,
     keep_records: bool = False,
     spread: AcceptanceSpread | None = None,
-    rates_derived: bool = True,
     slo: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Run the scenario; returns throughput, latency percentiles, realized AL, draft coverage
@@ -294,8 +293,8 @@ def simulate(
     ``fallback`` in the result say which ran and why. ``keep_records``: ``records`` holds one
     ``RequestRecord`` per request, in index order, as bench records a measured one (the caller
     bounds the run: they grow with its tokens). ``spread``: each request accepts at its own AL
-    drawn from it, its rates ``request_rates`` of ``rates`` (``rates_derived``: the
-    minimum-variance schedule at its AL); None: every request at ``rates``. ``slo`` (seconds by
+    drawn from it, at its own rates (``fast.RequestSpread``, as the engine forces them); None:
+    every request at ``rates``. ``slo`` (seconds by
     ttft, tpot, e2e): ``goodput`` as bench counts it. Raises ``ValidationError`` (naming
     ``source``) for what ``limits`` refuses, before any work."""
     limits.check(scenario, source, [num_spec_tokens], max_request_steps, base=base)
@@ -335,7 +334,7 @@ def simulate(
         # The exact loop's engine forces acceptance with seed + slot: the same request draws
         # the same AL on either loop.
         own = (
-            fast_path.RequestSpread(spread.values, rates, rates_derived, seed + slot)
+            fast_path.RequestSpread(spread.values, rates, seed + slot)
             if spread is not None and k and rates is not None
             else None
         )

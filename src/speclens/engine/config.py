@@ -2,7 +2,8 @@
 
 ``SpeculativeConfig`` resolves forced acceptance exactly once: whichever knob was set (a length,
 a rate, or explicit per-position rates) becomes ``per_position_rates``, and nothing downstream
-reads the spellings again. Every refusal is a ``ConfigError`` with its own message.
+reads the spellings again. A spread between requests (``acceptance_spread``) rides with it,
+checked against its K and AL here. Every refusal is a ``ConfigError`` with its own message.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from typing import Any, Literal
 
 from speclens.acceptance import (
     MAX_NUM_SPEC_TOKENS,
+    AcceptanceSpread,
     ValidationError,
     check_rates,
     length_from_rate,
     length_from_rates,
     minimum_variance_rates,
 )
+from speclens.acceptance.spread import fitted, quantile_problems
 from speclens.cost import BLOCK_SIZE
 from speclens.cost import Pricing as Pricing
 from speclens.cost import StepCost as StepCost  # the sim executor's prices, torch-free
@@ -86,7 +89,8 @@ class SpeculativeConfig:
     ``acceptance_length`` and ``acceptance_rate`` are the two spellings of one forced target
     (length = 1 + K * rate); ``acceptance_rates`` states the per-position rates directly.
     ``confidence_schedule`` lets the drafter stop before K when its confidence falls below
-    ``confidence_threshold``.
+    ``confidence_threshold``. ``acceptance_spread`` (forced acceptance only) states how the
+    per-request AL spreads around the forced one: each request then draws its own.
     """
 
     method: str | None = None
@@ -103,11 +107,15 @@ class SpeculativeConfig:
     ngram_min: int = 5
     #: Seed of the forced-acceptance stream (every rank must use the same one).
     seed: int = 0
+    #: Per-request AL quantiles around the forced AL (``--spec-decode-acceptance-spread``, or an
+    #: acceptance profile's); None: every request gets the forced schedule itself.
+    acceptance_spread: AcceptanceSpread | None = None
     per_position_rates: list[float] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self._check_types()
         self.per_position_rates = self._resolve()
+        self._check_spread()
 
     @property
     def enabled(self) -> bool:
@@ -123,6 +131,39 @@ class SpeculativeConfig:
     def forced_acceptance_length(self) -> float | None:
         rates = self.per_position_rates
         return None if rates is None else length_from_rates(rates)
+
+    @property
+    def rates_derived(self) -> bool:
+        """The forced rates are the minimum-variance schedule of their AL (derived from a
+        length or rate, or stated and equal to it), so each request's own schedule under a
+        spread is the minimum-variance one at its AL; other stated rates keep their shape."""
+        rates = self.per_position_rates
+        if rates is None or self.acceptance_rates is None:
+            return True
+        schedule = minimum_variance_rates(length_from_rates(rates), len(rates))
+        return all(abs(a - b) <= 1e-9 for a, b in zip(rates, schedule, strict=True))
+
+    def _check_spread(self) -> None:
+        """A spread needs forced acceptance, K equal to its own, and an implied mean within its
+        tolerance of the forced AL."""
+        spread = self.acceptance_spread
+        if spread is None:
+            return
+        length = self.forced_acceptance_length
+        if length is None:
+            raise ConfigError(
+                "acceptance_spread (--spec-decode-acceptance-spread): expected forced acceptance "
+                "(--spec-decode-acceptance-length, a rate, or an acceptance profile): a spread "
+                "spreads a forced AL between requests"
+            )
+        k = self.num_speculative_tokens
+        if spread.num_spec_tokens != k:
+            raise ConfigError(
+                f"acceptance_spread.num_spec_tokens: is {spread.num_spec_tokens}, but "
+                f"num_speculative_tokens is {k}: a spread is refused at another K, never rescaled"
+            )
+        for problem in quantile_problems(spread.values, k, length, spread.tolerance):
+            raise ConfigError(f"acceptance_spread.quantiles: {problem}")
 
     def _check_types(self) -> None:
         """Refuse wrong types up front: a string where a number belongs would otherwise fail
@@ -172,6 +213,12 @@ class SpeculativeConfig:
                 f"prompt_lookup_min {self.ngram_min} is above prompt_lookup_max {self.ngram_max}"
             )
         check_seed(self.seed)
+        spread = self.acceptance_spread
+        if spread is not None and not isinstance(spread, AcceptanceSpread):
+            raise ConfigError(
+                "acceptance_spread: expected an AcceptanceSpread (per-request AL quantiles), got "
+                f"{type(spread).__name__}"
+            )
 
     def _resolve(self) -> list[float] | None:
         k = self.num_speculative_tokens
@@ -262,11 +309,20 @@ class SpeculativeConfig:
         rates = self.per_position_rates
         if rates is None:
             return None
+        spreads = ""
+        spread = self.acceptance_spread
+        if spread is not None:
+            knots = fitted(spread.values, length_from_rates(rates), len(rates))
+            spreads = (
+                f" Each request draws its own AL from a spread over {spread.requests} requests "
+                f"(step-weighted p0..p100 fitted to this mean: "
+                f"{', '.join(f'{q:.3f}' for q in knots)}), then its own schedule at that AL."
+            )
         return (
             f"Forced speculative acceptance ON: mean acceptance length "
             f"{length_from_rates(rates):.4f} over {self.num_speculative_tokens} draft positions "
-            f"(per-position rates {rates}). Throughput numbers from this run are synthetic; "
-            "output text and accuracy are meaningless."
+            f"(per-position rates {rates}).{spreads} Throughput numbers from this run are "
+            "synthetic; output text and accuracy are meaningless."
         )
 
 

@@ -115,7 +115,14 @@ class Engine:
         self.drafter: Drafter | None = self._drafter(draft) if self.k else None
         rates = spec.per_position_rates
         size = config.tensor_parallel_size
-        self.synthetic = synthetic_for(rates, spec.seed, size) if rates is not None else None
+        spread = None if spec.acceptance_spread is None else spec.acceptance_spread.values
+        self.synthetic = (
+            synthetic_for(rates, spec.seed, size, spread, spec.rates_derived)
+            if rates is not None
+            else None
+        )
+        #: Forced with a spread: the decode batch's request ids key each row's own schedule.
+        self._keyed = self.synthetic is not None and self.synthetic.spread is not None
         self.stats = SpecDecodeStats(self.k, enabled=spec.enabled)
         self.clock = 0.0
         self.steps: list[StepRecord] = []  # the most recent steps (STEP_HISTORY)
@@ -248,6 +255,8 @@ class Engine:
             if not child.finished:
                 self.scheduler.finish(child, "abort")
             self._emitted.pop(child.request_id, None)
+            if self.synthetic is not None:
+                self.synthetic.release(child.request_id)
         return True
 
     def has_unfinished(self) -> bool:
@@ -412,6 +421,7 @@ class Engine:
             draft_probs=proposal.probs,
             synthetic=self.synthetic,
             generator=[r.generator or self.generator for r in requests],
+            request_keys=[r.request_id for r in requests] if self._keyed else None,
         )
         if self.parallel is not None:
             out = self._share_sampled(out, method == "synthetic")
@@ -495,6 +505,8 @@ class Engine:
             request.text += request.decoder.flush()
         request.finish_time = time.perf_counter()
         self.scheduler.finish(request, reason)
+        if self.synthetic is not None:  # its own rates, if a spread cached them
+            self.synthetic.release(request.request_id)
 
     def _outputs(self, progressed: Sequence[Request]) -> list[RequestOutput]:
         parents = dict.fromkeys(r.parent_id for r in progressed)

@@ -60,19 +60,34 @@ class UnseededAcceptance(SyntheticAcceptance):
     """Test-only (``SPECLENS_TEST_UNSEEDED_RANK_DRAW=1``): accept decisions from a generator each
     rank seeds from the OS, the per-rank ``torch.rand`` the seed warns about."""
 
-    def accept(self, batch: int, width: int, device: torch.device | str) -> torch.Tensor:
+    def accept(
+        self,
+        batch: int,
+        width: int,
+        device: torch.device | str,
+        keys: Sequence[str] | None = None,
+    ) -> torch.Tensor:
         generator = getattr(self, "_unseeded", None)
         if generator is None:
             generator = torch.Generator(device=device)
             generator.seed()
             self._unseeded = generator
         self.step += 1
-        conditional = self.conditional_on(device)[:width]
+        shared = self.conditional_on(device)[:width]
+        conditional = self.conditional_for(shared, batch, width, device, keys)
         return torch.rand((batch, width), generator=generator, device=device) < conditional
 
 
-def synthetic_for(rates: Sequence[float], seed: int, size: int) -> SyntheticAcceptance:
+def synthetic_for(
+    rates: Sequence[float],
+    seed: int,
+    size: int,
+    spread: Sequence[float] | None = None,
+    derived: bool = True,
+) -> SyntheticAcceptance:
+    """The forced draw of a rank (``size`` ranks in all): ``SyntheticAcceptance``, or under the
+    test-only switch its unseeded negative control."""
     if size > 1 and os.environ.get(UNSEEDED_ENV) == "1":
         log.warning("%s=1: every rank draws unseeded (a test-only switch)", UNSEEDED_ENV)
-        return UnseededAcceptance(rates, seed)
-    return SyntheticAcceptance(rates, seed)
+        return UnseededAcceptance(rates, seed, spread, derived)
+    return SyntheticAcceptance(rates, seed, spread, derived)

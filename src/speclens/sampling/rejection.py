@@ -9,8 +9,9 @@ token, then -1) and ``num_accepted`` [B] (accepted drafts per request, the seed'
   mismatch, the bonus token when every draft is accepted.
 - ``probabilistic`` (Leviathan et al., 2023): accept with probability min(1, p/q); on rejection
   emit a sample of norm(max(0, p - q)); the bonus token when every draft is accepted.
-- ``synthetic``: accept position i with the forced schedule's conditional rate, stopping at the
-  first rejection; accepted positions emit the draft's own ids, a rejection the target argmax.
+- ``synthetic``: accept position i with the forced schedule's conditional rate (with a spread,
+  the row's own request's), stopping at the first rejection; accepted positions emit the draft's
+  own ids, a rejection the target argmax.
 
 Everything stays on the tensors' device and no op waits for it: no host reads (``.item()``,
 ``.tolist()``, ``.cpu()``, ``bool(t)``) and no data-dependent shapes (``nonzero``, boolean-mask
@@ -134,6 +135,7 @@ def rejection_sample(
     draft_probs: torch.Tensor | None = None,
     synthetic: SyntheticAcceptance | None = None,
     generator: Generators = None,
+    request_keys: Sequence[str] | None = None,
 ) -> SamplerOutput:
     """Decide which drafts each request keeps and what it emits this step.
 
@@ -150,6 +152,8 @@ def rejection_sample(
         synthetic: the forced schedule and its lockstep stream (synthetic only).
         generator: the random stream for probabilistic: one generator, or one per request
             (None entries draw from the default stream).
+        request_keys: synthetic with a spread: each row's request id, whose own schedule its
+            row is drawn against.
     """
     if draft_token_ids.dim() != 2:
         raise ValueError(f"draft_token_ids must be [B, K], got {tuple(draft_token_ids.shape)}")
@@ -171,7 +175,7 @@ def rejection_sample(
     elif method == "synthetic":
         if synthetic is None:
             raise ValueError("the synthetic method needs a SyntheticAcceptance schedule")
-        accept = synthetic.accept(batch, k, draft_token_ids.device)
+        accept = synthetic.accept(batch, k, draft_token_ids.device, request_keys)
     else:
         raise ValueError(f"unknown rejection-sampling method {method!r}; use one of {METHODS}")
     num_accepted = _num_accepted(accept, num_draft_tokens)

@@ -5,6 +5,12 @@ the conditional rates c_i = r_i / r_(i-1), computed once and cached per device. 
 from a dedicated generator on the device, re-seeded every step with ``stream_seed(step)`` (``step``
 advances once per step): every tensor-parallel rank that runs the same steps draws the
 same Philox stream, with no host-side draw, no host-to-device copy and no synchronisation.
+
+With a spread between requests (``spread``: per-request AL quantiles), each request draws its own
+AL once, from the seed and its key (``acceptance.spread.request_uniform``: every rank knows the
+request id, so every rank draws the same), and its own schedule at that AL. The step's uniforms
+stay the one lockstep stream; each row is compared with its own request's conditional rates,
+copied to the device once per request and dropped when the request ends (``release``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from speclens.acceptance import (
     length_from_rates,
     minimum_variance_rates,
 )
+from speclens.acceptance.spread import RequestDraw, request_rates, request_uniform
 
 
 def _splitmix64(x: int) -> int:
@@ -43,9 +50,18 @@ class SyntheticAcceptance:
 
     ``rates`` are the unconditional per-position rates r_1..r_K (any valid non-increasing
     schedule); an unreachable schedule is refused with ``speclens.acceptance.ValidationError``.
+    ``spread``: per-request AL quantiles at ``acceptance.spread.LEVELS`` (None: every request
+    gets ``rates``); ``derived``: ``rates`` are the minimum-variance schedule of their AL, so a
+    request's own schedule is the minimum-variance one at its AL too (else ``rates``' shape).
     """
 
-    def __init__(self, rates: Sequence[float], seed: int = 0) -> None:
+    def __init__(
+        self,
+        rates: Sequence[float],
+        seed: int = 0,
+        spread: Sequence[float] | None = None,
+        derived: bool = True,
+    ) -> None:
         self.rates: list[float] = check_rates(rates)
         if not self.rates:
             raise ValidationError.single(
@@ -61,6 +77,15 @@ class SyntheticAcceptance:
         self._prepared: dict[
             tuple[torch.device | str, int], tuple[torch.Generator, torch.Tensor]
         ] = {}
+        #: Each request's own AL, drawn from the spread (None: one schedule for all).
+        self.spread: RequestDraw | None = None
+        if spread is not None:
+            self.spread = RequestDraw(spread, length_from_rates(self.rates), len(self.rates))
+        self.derived = bool(derived)
+        #: A live request's conditional rates on the device (dropped by ``release``).
+        self._rows: dict[str, torch.Tensor] = {}
+        #: The last batch's stacked rows: a decode batch often repeats step after step.
+        self._batch: tuple[tuple[tuple[str, ...], int, torch.device], torch.Tensor] | None = None
 
     @classmethod
     def from_length(cls, length: float, k: int, seed: int = 0) -> SyntheticAcceptance:
@@ -100,6 +125,47 @@ class SyntheticAcceptance:
             self._conditional_on[device] = cached
         return cached
 
+    def request_al(self, key: str) -> float:
+        """The AL the request ``key`` is forced to: its own draw from the spread, or the
+        schedule's AL without one."""
+        if self.spread is None:
+            return self.acceptance_length
+        return self.spread.al(request_uniform(self._seed, key))
+
+    def request_rates(self, key: str) -> list[float]:
+        """The request's own per-position rates r_1..r_K (``rates`` without a spread)."""
+        if self.spread is None:
+            return list(self.rates)
+        return request_rates(self.request_al(key), self.rates, self.derived)
+
+    def release(self, key: str) -> None:
+        """Forget a finished request's cached rates (a no-op for one never seen)."""
+        self._rows.pop(key, None)
+
+    @property
+    def num_cached(self) -> int:
+        """Requests whose rates are cached: the live ones, so memory stays bounded."""
+        return len(self._rows)
+
+    def _row(self, key: str, device: torch.device) -> torch.Tensor:
+        row = self._rows.get(key)
+        if row is None or row.device != device:
+            conditional = conditional_rates(self.request_rates(key))
+            row = torch.tensor(conditional, dtype=torch.float32, device=device)
+            self._rows[key] = row
+        return row
+
+    def rows(self, keys: Sequence[str], width: int, device: torch.device | str) -> torch.Tensor:
+        """The conditional rates of each request in ``keys``, [len(keys), width], on
+        ``device``; copied there once per request and once per new batch, never read back."""
+        canonical = _canonical(device)
+        tag = (tuple(keys), width, canonical)
+        if self._batch is not None and self._batch[0] == tag:
+            return self._batch[1]
+        stacked = torch.stack([self._row(key, canonical)[:width] for key in keys])
+        self._batch = (tag, stacked)
+        return stacked
+
     def _generator(self, device: torch.device) -> torch.Generator:
         gen = self._generators.get(device)
         if gen is None:
@@ -107,11 +173,19 @@ class SyntheticAcceptance:
             self._generators[device] = gen
         return gen
 
-    def accept(self, batch: int, width: int, device: torch.device | str) -> torch.Tensor:
+    def accept(
+        self,
+        batch: int,
+        width: int,
+        device: torch.device | str,
+        keys: Sequence[str] | None = None,
+    ) -> torch.Tensor:
         """This step's accept decisions, [batch, width] bool: position i accepted with c_i.
 
-        Advances the step counter once. Positions are independent draws here; stopping at the
-        first rejection (and never accepting a padded draft) is the caller's job.
+        ``keys``: the batch's request ids, row by row; with a spread each row is compared with
+        its own request's rates (the uniforms are the same either way). Advances the step counter
+        once. Positions are independent draws here; stopping at the first rejection (and never
+        accepting a padded draft) is the caller's job.
         """
         prepared = self._prepared.get((device, width))
         if prepared is None:
@@ -119,9 +193,24 @@ class SyntheticAcceptance:
         generator, conditional = prepared
         generator.manual_seed(self.stream_seed(self.step))
         self.step += 1
-        return (
-            torch.rand((batch, width), generator=generator, device=generator.device) < conditional
-        )
+        uniforms = torch.rand((batch, width), generator=generator, device=generator.device)
+        return uniforms < self.conditional_for(conditional, batch, width, device, keys)
+
+    def conditional_for(
+        self,
+        shared: torch.Tensor,
+        batch: int,
+        width: int,
+        device: torch.device | str,
+        keys: Sequence[str] | None,
+    ) -> torch.Tensor:
+        """What a step's uniforms are compared with: ``shared`` (the schedule's conditional
+        rates, [width]) without a spread, else each request's own rows, [batch, width]."""
+        if self.spread is None or keys is None or batch == 0:
+            return shared
+        if len(keys) != batch:
+            raise ValueError(f"{len(keys)} request keys for a batch of {batch}")
+        return self.rows(keys, width, device)
 
     def _prepare(
         self, device: torch.device | str, width: int

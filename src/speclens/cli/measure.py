@@ -10,6 +10,13 @@ Every profile rests on the verify steps its category's requests reported: the ou
 (and the set's caveats keep them); a category under ``--min-verify-steps`` gets no profile and is
 named, and a run where no category reaches it writes nothing (exit 4, inconclusive).
 
+A profile carries its category's spread between requests (per-request AL quantiles weighted by
+verify steps, ``figures.acceptance`` ``per_request``) when it rests on at least
+``spread.MIN_REQUESTS`` requests, with a tolerance that covers the gap between the quantiles'
+implied mean and the AL; fewer requests, or a gap past ``spread.MAX_TOLERANCE``: no spread, and
+the output names the category and why. ``speclens profiles from-run`` writes a set from a bench
+run's directory through the same functions.
+
 Exit codes follow ``speclens bench``: 2 bad options, 3 more failed requests than
 ``--max-failure-rate`` allows (no profile set is written from such a run), 4 no category with
 enough verify steps (nothing written), 130 interrupted.
@@ -18,7 +25,9 @@ enough verify steps (nothing written), 130 interrupted.
 from __future__ import annotations
 
 import asyncio
+import math
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,12 +35,21 @@ from typing import TYPE_CHECKING, Any
 import typer
 import yaml
 
+from speclens.acceptance.spread import (
+    DEFAULT_TOLERANCE,
+    LEVEL_NAMES,
+    MAX_TOLERANCE,
+    MIN_REQUESTS,
+    implied_mean,
+    quantile_problems,
+)
 from speclens.cli._common import err_console, fail, out_console, reported
 from speclens.cli.bench import MAX_FAILURE_RATE_OPTION, check, range_problem, url_problem
 
 if TYPE_CHECKING:
     from speclens.bench.datasets import Prompt
     from speclens.bench.run import BenchOutcome
+    from speclens.runs.request import RequestRecord
 
 INCONCLUSIVE = 4  # no category had the verify steps a profile needs
 DEFAULT_MIN_VERIFY_STEPS = 1  # a profile needs at least one verify step
@@ -150,41 +168,16 @@ def measure(
                    max_failure_rate, output)  # fmt: skip
     acceptance = outcome.summary["figures"]["acceptance"]
     _check_acceptance(acceptance, outcome.summary.get("engine"))
-    counts = _prompt_counts(outcome)
-    base = _provenance(served, url, model, dataset_path, source, endpoint, max_tokens, temperature)
-    profiles, thin = _profiles(
-        acceptance, counts, base, catalog_model or model, served, thinking, min_verify_steps
+    counts = prompt_counts(outcome.records)
+    base = provenance(
+        served, url, model, dataset_path.name, source, endpoint, max_tokens, temperature
     )
-    steps = {cat: row["verify_steps"] for cat, row in acceptance["al_by_category"].items()}
-    for cat in thin:
-        err_console.print(
-            f"measure: {cat}: {steps[cat]} verify steps, below --min-verify-steps "
-            f"{min_verify_steps}: no profile",
-            markup=False,
-        )
-    if not profiles:
-        fail(f"measure: inconclusive: no category has {min_verify_steps} or more verify steps: "
-             f"no profile set written to {output}", code=INCONCLUSIVE)  # fmt: skip
-    document = {
-        "kind": "AcceptanceProfileSet",
-        "name": name or output.stem,
-        "caveats": [
-            f"Measured with natural acceptance over {sum(counts.values())} prompts of "
-            f"{dataset_path.name}, {max_tokens} output tokens at temperature {temperature:g}.",
-            "Verify steps per category: "
-            + ", ".join(f"{p['category']} {steps[p['category']]}" for p in profiles)
-            + ".",
-        ],
-        "profiles": profiles,
-    }
-    _write(document, output)
-    for p in profiles:
-        covered = f", draft coverage {p['draft_coverage']}" if "draft_coverage" in p else ""
-        out_console.print(
-            f"{p['category']}: AL {p['acceptance_length']}{covered} over "
-            f"{steps[p['category']]} verify steps in {p['provenance']['prompts']} prompts"
-        )
-    out_console.print(f"wrote {output} ({len(profiles)} measured profiles)")
+    write_set(
+        SetPlan(acceptance["al_by_category"], counts, base, catalog_model or model, served,
+                thinking, min_verify_steps, None),
+        output, name, measured_on(sum(counts.values()), dataset_path.name, max_tokens,
+                                   temperature), "measure",
+    )  # fmt: skip
 
 
 def _select(dataset_path: Path, category: list[str], per_category: int | None) -> list[Prompt]:
@@ -292,31 +285,36 @@ def _check_acceptance(acceptance: dict[str, Any], engine: str | None) -> None:
         )
 
 
-def _prompt_counts(outcome: BenchOutcome) -> dict[str, int]:
+def prompt_counts(records: Iterable[RequestRecord]) -> dict[str, int]:
     """The prompts each category's AL pools (counts-only requests and warm-ups do not)."""
     counts: dict[str, int] = {}
-    for record in outcome.records:
+    for record in records:
         stepped = record.spec is not None and record.spec.get("num_spec_steps") is not None
         if stepped and not record.warmup:
             counts[record.category] = counts.get(record.category, 0) + 1
     return counts
 
 
-def _provenance(
-    served: Served, url: str, model: str, dataset_path: Path, source: str | None,
-    endpoint: str, max_tokens: int, temperature: float,
+def provenance(
+    served: Served, url: str, model: str, dataset: str, source: str | None,
+    endpoint: str | None, max_tokens: int | None, temperature: float,
 ) -> dict[str, Any]:  # fmt: skip
-    """What every profile's provenance shares: the source, hardware, engine and settings."""
+    """What every profile's provenance shares: the source, hardware, engine and settings (a
+    setting the run did not record is left out)."""
     version = served.info.get("version")
+    sampling: dict[str, Any] = {"temperature": temperature}
+    if max_tokens is not None:
+        sampling["max_tokens"] = max_tokens
+    settings = {"rejection_sample_method": "greedy" if temperature == 0 else "probabilistic",
+                "endpoint": endpoint, "model": model}  # fmt: skip
     base: dict[str, Any] = {
-        "source": source or f"{dataset_path.name} via {served.engine} {version} at {url}",
-        "benchmark": dataset_path.name,
+        "source": source or f"{dataset} via {served.engine} {version} at {url}",
+        "benchmark": dataset,
         "hardware": served.chip,
         "engine_image": f"{served.engine}=={version}" if version else str(served.engine),
-        "sampling": {"temperature": temperature, "max_tokens": max_tokens},
-        "settings": {"rejection_sample_method": "greedy" if temperature == 0 else "probabilistic",
-                     "endpoint": endpoint, "model": model},
-    }  # fmt: skip
+        "sampling": sampling,
+        "settings": {key: value for key, value in settings.items() if value},
+    }
     block = served.info.get("acceptance")
     served_block: dict[str, Any] = block if isinstance(block, dict) else {}
     for key in ("prompt_lookup_min", "prompt_lookup_max"):  # the n-gram lookup, when reported
@@ -325,25 +323,164 @@ def _provenance(
     return base
 
 
-def _profiles(
-    acceptance: dict[str, Any], counts: dict[str, int], base: dict[str, Any], model: str,
-    served: Served, thinking: str, min_verify_steps: int,
-) -> tuple[list[dict[str, Any]], list[str]]:  # fmt: skip
-    """One measured profile per category with at least ``min_verify_steps`` verify steps, and
-    the categories left out for having fewer (zero included): no AL without evidence."""
-    profiles, thin = [], []
-    for cat, row in acceptance["al_by_category"].items():
-        if row["verify_steps"] < min_verify_steps:
+@dataclass
+class SetPlan:
+    """What a measured profile set is written from: per category (``rows``, as
+    ``figures.acceptance.al_by_category``) its AL, verify steps, draft coverage and per-request
+    spread, and the prompts behind it; what every profile shares; ``spread_source``, the run a
+    spread names (None: unnamed)."""
+
+    rows: dict[str, dict[str, Any]]
+    counts: dict[str, int]
+    base: dict[str, Any]
+    model: str
+    served: Served
+    thinking: str
+    min_verify_steps: int
+    spread_source: str | None
+
+
+def spread_of(
+    block: object, al: float, k: int, source: str | None
+) -> tuple[dict[str, Any] | None, str | None]:
+    """A profile's ``spread`` from its requests' per-request AL distribution (a
+    ``figures.acceptance`` ``per_request`` block) beside its (rounded) AL at K, or why none:
+    fewer than ``spread.MIN_REQUESTS`` requests, or quantiles whose implied mean sits further
+    from the AL than ``spread.MAX_TOLERANCE``. The tolerance stated covers that gap, rounded up
+    to a hundredth, at least ``spread.DEFAULT_TOLERANCE``."""
+    if block is None:
+        return None, "no request with a verify step"
+    if not isinstance(block, dict) or not isinstance(block.get("quantiles"), dict):
+        return None, "the run's figures hold no per-request distribution"
+    requests = block["requests"]
+    if requests < MIN_REQUESTS:
+        return None, f"{requests} requests, fewer than the {MIN_REQUESTS} a spread needs"
+    quantiles = {name: round(float(block["quantiles"][name]), 4) for name in LEVEL_NAMES}
+    values = list(quantiles.values())
+    gap = abs(implied_mean(values) - al)
+    tolerance = max(DEFAULT_TOLERANCE, math.ceil(round(gap * 100, 9)) / 100)
+    if tolerance > MAX_TOLERANCE:
+        return None, (
+            f"its quantiles imply a mean AL of {implied_mean(values):.4f}, {gap:.4f} from the "
+            f"AL {al:g}: beyond the widest tolerance {MAX_TOLERANCE:g}"
+        )
+    problems = quantile_problems(values, k, al, tolerance)
+    if problems:
+        return None, f"its quantiles {problems[0]}"
+    spread: dict[str, Any] = {"num_spec_tokens": k, "quantiles": quantiles, "requests": requests,
+                              "tolerance": tolerance}  # fmt: skip
+    if source:
+        spread["source"] = source
+    return spread, None
+
+
+def _profiles(plan: SetPlan) -> tuple[list[dict[str, Any]], list[str], dict[str, str]]:
+    """One measured profile per category with at least ``min_verify_steps`` verify steps (with
+    its spread where it has one), the categories left out for having fewer (zero included: no
+    AL without evidence), and why each profile without a spread has none."""
+    profiles, thin, spreadless = [], [], {}
+    served = plan.served
+    for cat, row in plan.rows.items():
+        if row["verify_steps"] < plan.min_verify_steps:
             thin.append(cat)
             continue
+        al = round(row["al"], 4)
         profiles.append({
-            "model": model, "speculative_method": served.method, "num_spec_tokens": served.k,
-            "thinking": thinking, "category": cat, "acceptance_length": round(row["al"], 4),
-            "method": "measured", "provenance": {**base, "prompts": counts.get(cat, 0)},
+            "model": plan.model, "speculative_method": served.method,
+            "num_spec_tokens": served.k, "thinking": plan.thinking, "category": cat,
+            "acceptance_length": al, "method": "measured",
+            "provenance": {**plan.base, "prompts": plan.counts.get(cat, 0)},
         })  # fmt: skip
         if row.get("draft_coverage") is not None:  # engines that report steps without drafts
             profiles[-1]["draft_coverage"] = round(row["draft_coverage"], 4)
-    return profiles, thin
+        block = row.get("per_request", "not in the figures")  # a summary written before it
+        spread, why = spread_of(block, al, served.k, plan.spread_source)
+        if spread is not None:
+            profiles[-1]["spread"] = spread
+        else:
+            spreadless[cat] = str(why)
+    return profiles, thin, spreadless
+
+
+def measured_on(
+    prompts: int, dataset: str, max_tokens: int | None, temperature: float
+) -> str:  # fmt: skip
+    """The set's first caveat: what the acceptance was measured over."""
+    tokens = f"{max_tokens} output tokens" if max_tokens else "output tokens up to the server's cap"
+    return (
+        f"Measured with natural acceptance over {prompts} prompts of {dataset}, {tokens} at "
+        f"temperature {temperature:g}."
+    )
+
+
+def write_set(
+    plan: SetPlan, output: Path, name: str | None, head: str, command: str
+) -> None:  # fmt: skip
+    """The profile set of ``plan``, validated and written (``head``: its first caveat, what it
+    was measured over), each profile's evidence printed; a category without enough verify
+    steps, or without enough requests for a spread, is named (stderr, prefixed ``command``);
+    none with enough verify steps writes nothing (exit 4)."""
+    profiles, thin, spreadless = _profiles(plan)
+    steps = {cat: row["verify_steps"] for cat, row in plan.rows.items()}
+    for cat in thin:
+        err_console.print(
+            f"{command}: {cat}: {steps[cat]} verify steps, below --min-verify-steps "
+            f"{plan.min_verify_steps}: no profile",
+            markup=False,
+        )
+    if not profiles:
+        fail(f"{command}: inconclusive: no category has {plan.min_verify_steps} or more verify "
+             f"steps: no profile set written to {output}", code=INCONCLUSIVE)  # fmt: skip
+    caveats = [
+        head,
+        "Verify steps per category: "
+        + ", ".join(f"{p['category']} {steps[p['category']]}" for p in profiles)
+        + ".",
+    ]
+    spread = [p["category"] for p in profiles if "spread" in p]
+    caveats.append(
+        "Spread between requests (per-request AL quantiles, each request weighted by its "
+        f"verify steps; at least {MIN_REQUESTS} requests): "
+        + (f"stated for {', '.join(spread)}" if spread else "stated for no category")
+        + (f"; not for {', '.join(f'{c} ({why})' for c, why in spreadless.items())}"
+           if spreadless else "") + "."
+    )  # fmt: skip
+    document = {"kind": "AcceptanceProfileSet", "name": name or output.stem,
+                "caveats": caveats, "profiles": profiles}  # fmt: skip
+    _write(document, output)
+    for p in profiles:
+        covered = f", draft coverage {p['draft_coverage']}" if "draft_coverage" in p else ""
+        out_console.print(
+            f"{p['category']}: AL {p['acceptance_length']}{covered} over "
+            f"{steps[p['category']]} verify steps in {p['provenance']['prompts']} prompts"
+            + (f"; {spread_line(p['spread'])}" if "spread" in p else ""),
+            markup=False,
+            soft_wrap=True,
+        )
+    for cat, why in spreadless.items():
+        err_console.print(f"{command}: {cat}: no spread: {why}", markup=False)
+    out_console.print(
+        f"wrote {output} ({len(profiles)} measured profiles, {len(spread)} with a spread)",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def spread_line(spread: dict[str, Any]) -> str:
+    """A written spread in a few words: p10, p50 and p90, its requests and tolerance."""
+    q = spread["quantiles"]
+    return (
+        f"spread p10 {q['p10']:g}, p50 {q['p50']:g}, p90 {q['p90']:g} over "
+        f"{spread['requests']} requests (tolerance {spread['tolerance']:g})"
+    )
+
+
+class _Plain(yaml.SafeDumper):
+    """Every profile's provenance written out in full: the profiles share one dict of settings,
+    which the default dumper would write once and refer to by a YAML anchor."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _write(document: dict[str, Any], output: Path) -> None:
@@ -353,4 +490,5 @@ def _write(document: dict[str, Any], output: Path) -> None:
     with reported():
         validate(AcceptanceProfileSet, document, str(output))
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(yaml.safe_dump(document, sort_keys=False, width=100), encoding="utf-8")
+    text = yaml.dump(document, Dumper=_Plain, sort_keys=False, width=100)
+    output.write_text(text, encoding="utf-8")

@@ -1,4 +1,5 @@
-"""``speclens profiles``: validate, list, resolve, schema and import acceptance profiles."""
+"""``speclens profiles``: validate, list, resolve, schema and import acceptance profiles, and
+write a measured set from a bench run (``from-run``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import reprlib
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.table import Table
 
 from speclens.acceptance import (
@@ -36,6 +38,8 @@ from speclens.acceptance.quantity import (
     length_problems,
     num_spec_tokens_problem,
 )
+from speclens.acceptance.schema import CATEGORY_PATTERN
+from speclens.acceptance.spread import SPREAD_UNKNOWN
 from speclens.cli._common import (
     ACCEPTANCE_LENGTH_OPTION,
     ACCEPTANCE_RATE_OPTION,
@@ -50,8 +54,14 @@ from speclens.cli._common import (
     reported,
 )
 
+if TYPE_CHECKING:
+    from speclens.cli.measure import Served
+    from speclens.runs.request import RequestRecord
+    from speclens.runs.rundir import Run
+
 app = typer.Typer(
-    help="Acceptance-profile sets: validate, list, resolve, schema, import.", no_args_is_help=True
+    help="Acceptance-profile sets: validate, list, resolve, schema, import, from-run.",
+    no_args_is_help=True,
 )
 
 
@@ -162,6 +172,7 @@ def describe(res: Resolution) -> list[tuple[str, str]]:
         rows.append(("profile", f"{res.profile_set}: {res.profile} ({res.method})"))
     if res.fallback_used:
         rows.append(("fallback", f"category {res.fallback_category or '(none)'} -> {res.category}"))
+    rows.append(("spread", spread_text(res)))
     if res.source:
         rows.append(("source", res.source))
     if res.measured_on:
@@ -171,10 +182,25 @@ def describe(res: Resolution) -> list[tuple[str, str]]:
     return rows
 
 
+def spread_text(res: Resolution) -> str:
+    """The resolution's spread between requests in one line (its p10, p50 and p90, the requests
+    behind them), or ``SPREAD_UNKNOWN``: wherever tails are printed, they say what they rest on."""
+    spread = res.spread
+    if spread is None:
+        return SPREAD_UNKNOWN
+    q = spread.quantiles
+    measured = f", measured on {spread.source}" if spread.source else ""
+    return (
+        f"per-request AL p10 {q['p10']:g}, p50 {q['p50']:g}, p90 {q['p90']:g} over "
+        f"{spread.requests:,} requests (p0 {q['p0']:g} to p100 {q['p100']:g}, each weighted "
+        f"by its verify steps{measured})"
+    )
+
+
 def print_resolution(res: Resolution) -> None:
     table = Table.grid(padding=(0, 2))
     for label, value in describe(res):
-        table.add_row(f"[bold]{label}[/]", value)
+        table.add_row(f"[bold]{label}[/]", escape(value))
     out_console.print(table)
 
 
@@ -626,3 +652,193 @@ def import_inferencex_cmd(
     else:
         output.write_text(text, encoding="utf-8")
         out_console.print(f"wrote {output}: {len(profiles)} profiles")
+
+
+# ------------------------------------------------------------------------------ from-run
+
+#: The fields of a run's summary and records.jsonl rows that ``from-run`` reads (a row's raw
+#: wire payloads are dropped as it is read).
+_SUMMARY_FIELDS = ("settings", "server", "engine", "figures", "failures", "verdict")
+_ROW_FIELDS = ("index", "category", "success", "row_error", "completion_tokens",
+               "spec_decode_acceptance", "spec_decode_choices", "spec_decode_status",
+               "spec_decode_adapter")  # fmt: skip
+
+
+@app.command("from-run")
+def from_run_cmd(
+    run_dir: Path = typer.Argument(
+        ..., exists=True, file_okay=False, help="A bench run's directory (summary.json, "
+        "records.jsonl), run against a server with natural acceptance."
+    ),
+    output: Path = typer.Option(..., "--output", "-o", help="Write the profile set here."),
+    category: str | None = typer.Option(
+        None, "--category", help="Pool every request of the run into one profile of this "
+        "category (default: a profile per category of the run)."
+    ),
+    catalog_model: str | None = typer.Option(
+        None, "--catalog-model", help="The model's catalog name (default: the run's model)."
+    ),
+    thinking: Thinking = typer.Option(Thinking.off, "--thinking", help="The thinking mode."),
+    method: str | None = typer.Option(
+        None, "--method", help="The speculative method (default: what the run's server reported)."
+    ),
+    num_spec_tokens: int | None = typer.Option(
+        None, "--num-spec-tokens", help="K (default: the requests', else the server's)."
+    ),
+    hardware: str | None = typer.Option(
+        None, "--hardware", help="The chip (default: what the run's server reported)."
+    ),
+    name: str | None = typer.Option(
+        None, "--name", help="The set's name (default: the output file's name)."
+    ),
+    source: str | None = typer.Option(
+        None, "--source", help="Cited source (default: the run's prompts and server)."
+    ),
+    min_verify_steps: int = typer.Option(
+        1, "--min-verify-steps",
+        help="A category needs this many verify steps for a profile; fewer: none, and it is named.",
+    ),
+) -> None:  # fmt: skip
+    """Write a measured profile set from a bench run with natural acceptance, each profile with
+    its spread between requests where it rests on enough of them.
+
+    Exit codes as ``speclens measure``: 1 an invalid run file, 2 a run that cannot give a
+    measured profile (forced, aggregate-only, no per-request stats) or a bad option, 3 a run
+    with more failed requests than it allowed, 4 no category with enough verify steps; nothing
+    is written unless the exit code is 0."""
+    from speclens.cli import measure as m
+    from speclens.cli.bench import check, range_problem
+    from speclens.runs.figures import acceptance as acceptance_figures
+
+    check([
+        range_problem("--num-spec-tokens", num_spec_tokens, 1),
+        range_problem("--min-verify-steps", min_verify_steps, 1),
+        None if method is None or method.strip() else
+        "command line: --method: expected a method name, got ''",
+        None if category is None or re.fullmatch(CATEGORY_PATTERN, category) else
+        f"command line: --category: expected lower-case letters, digits, '_' and '-', got "
+        f"{category!r}",
+    ])  # fmt: skip
+    run, records = _natural_run(run_dir)
+    acceptance = acceptance_figures(records)
+    _has_steps(run_dir, acceptance)
+    served = _served_by(run, method, num_spec_tokens, hardware)
+    check([m._writable(output)])  # after the run's refusals: a refused run leaves nothing
+    settings = run.settings
+    counts = m.prompt_counts(records)
+    rows: dict[str, dict[str, Any]] = acceptance["al_by_category"]
+    if category is not None:  # every request in one profile: the run's pooled AL and spread
+        rows = {category: {"al": acceptance["token_weighted_al"],
+                           "verify_steps": acceptance["verify_steps"],
+                           "draft_coverage": acceptance["draft_coverage"],
+                           "per_request": acceptance["per_request"]}}  # fmt: skip
+        counts = {category: sum(counts.values())}
+    dataset_path = settings.get("dataset_path")
+    dataset = (
+        Path(dataset_path).name if isinstance(dataset_path, str) and dataset_path
+        else str(settings.get("dataset") or "the run's prompts")
+    )  # fmt: skip
+    url = settings.get("url") or "an unrecorded URL"
+    model = str(settings["model"])
+    base = m.provenance(served, str(url), model, dataset, source, settings.get("endpoint"),
+                         settings.get("max_tokens"), float(settings["temperature"]))  # fmt: skip
+    run_name = run_dir.resolve().name
+    base["run"] = run_name
+    plan = m.SetPlan(rows, counts, base, catalog_model or model, served, thinking.value,
+                     min_verify_steps, run_name)  # fmt: skip
+    head = m.measured_on(sum(counts.values()), dataset, settings.get("max_tokens"),
+                         float(settings["temperature"]))  # fmt: skip
+    m.write_set(plan, output, name, head, "profiles from-run")
+
+
+def _natural_run(run_dir: Path) -> tuple[Run, list[RequestRecord]]:
+    """The run, read through the run readers (every field typed, every size bounded), and its
+    completed requests; refused (one line naming the file and field, exit 2) when it cannot
+    give a measured profile: aggregate-only, forced, or over its failure limit (exit 3)."""
+    from speclens.runs.request import RequestRecord
+    from speclens.runs.rundir import InputError, fields, is_number, read_run
+
+    try:
+        run = read_run(run_dir, fields(_ROW_FIELDS), fields(_SUMMARY_FIELDS))
+    except InputError as exc:
+        fail(exc.lines, code=exc.code)
+    summary = run_dir / "summary.json"
+    if run.aggregate_only:
+        fail(f"{summary}: aggregate_only: published figures, no per-request records: a measured "
+             "profile needs a bench run's records.jsonl", code=2)  # fmt: skip
+    if run.forced_al is not None or run.forced:
+        at, forced = (
+            ("server.acceptance.forced", f"the server forced AL {run.forced_al:g}")
+            if run.forced_al is not None
+            else ("verdict", "the run was judged against a forced AL")
+        )
+        fail(f"{summary}: {at}: {forced}: a measured profile needs natural acceptance",
+             code=2)  # fmt: skip
+    failures = run.summary.get("failures")
+    if isinstance(failures, dict) and failures.get("exceeded") is True:
+        failed, sent = failures.get("failed"), failures.get("sent")
+        rate = failures.get("max_rate")
+        allowed = f" (max {rate * 100:g}%)" if is_number(rate) else ""
+        fail(f"{summary}: failures.exceeded: {failed} of {sent} requests failed{allowed}: no "
+             "profile set is written from such a run", code=3)  # fmt: skip
+    records = [
+        RequestRecord(
+            index=int(row["index"]), category=str(row["category"]), end=0.0,
+            completion_tokens=row.get("completion_tokens"),
+            spec=row.get("spec_decode_acceptance"),
+            spec_choices=_choices(row.get("spec_decode_choices")),
+            spec_status=str(row.get("spec_decode_status")),
+            spec_adapter=row.get("spec_decode_adapter"),
+        )
+        for row in run.completed
+    ]  # fmt: skip
+    return run, records
+
+
+def _choices(raw: object) -> dict[int, dict[str, Any]] | None:
+    """Per-choice records as written (checked by the row reader), keyed by choice index."""
+    if not isinstance(raw, dict):
+        return None
+    return {int(i): dict(spec) for i, spec in raw.items()}
+
+
+def _has_steps(run_dir: Path, acceptance: dict[str, Any]) -> None:
+    """Refuse a run whose completed requests carried no per-request stats, or counts only (no
+    verify steps, so no AL per request): one line naming records.jsonl and the field, exit 2."""
+    records = run_dir / "records.jsonl"
+    if not acceptance["requests_with_stats"]:
+        fail(f"{records}: spec_decode_acceptance: no completed request carried per-request "
+             "speculative-decoding stats: bench a server that reports them", code=2)  # fmt: skip
+    if not acceptance["verify_steps"] and acceptance["counts_only_requests"]:
+        engines = ", ".join(acceptance["counts_only_engines"])
+        fail(f"{records}: spec_decode_acceptance.num_spec_steps: every request carried counts "
+             f"only ({engines}): no verify steps, so no AL per request", code=2)  # fmt: skip
+
+
+def _served_by(
+    run: Run, method: str | None, num_spec_tokens: int | None, hardware: str | None
+) -> Served:
+    """The run's server as ``measure`` describes one (engine, method, K, chip), each agreed
+    with its option; a fact neither states is asked for (exit 2)."""
+    from speclens.bench.server import served_speculation
+    from speclens.cli import measure as m
+
+    info = run.summary.get("server") if isinstance(run.summary.get("server"), dict) else {}
+    assert isinstance(info, dict)
+    served = served_speculation(info)
+    named = run.summary.get("engine")
+    engine = named if isinstance(named, str) and named else m._engine(info, None)
+    ks = run.ks()
+    if len(ks) > 1:
+        fail(f"{run.path / 'records.jsonl'}: spec_decode_acceptance.num_spec_tokens: the "
+             f"requests report K {', '.join(map(str, sorted(ks)))}: a profile is at one K",
+             code=2)  # fmt: skip
+    k = m._agreed("--num-spec-tokens", num_spec_tokens, next(iter(ks), None))
+    spec_method = m._agreed("--method", method, served.get("method"))
+    if not spec_method or not k:
+        fail(f"{run.path / 'summary.json'}: server.acceptance: the run's server ({engine}) "
+             "states no speculative method or K: give --method and --num-spec-tokens", code=2)  # fmt: skip
+    chip = hardware or info.get("hardware")
+    if not isinstance(chip, str) or not chip:
+        fail(f"{run.path / 'summary.json'}: server.hardware: not stated: give --hardware", code=2)
+    return m.Served(info, engine, str(spec_method), int(k), chip)

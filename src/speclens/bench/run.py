@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from speclens.acceptance import MAX_NUM_SPEC_TOKENS, ValidationError, acceptance_length
+from speclens.acceptance import (
+    MAX_NUM_SPEC_TOKENS,
+    AcceptanceSpread,
+    ValidationError,
+    acceptance_length,
+)
 from speclens.bench.client import LoadConfig, LoadGenerator, RequestRecord, RunResult
 from speclens.bench.datasets import Prompt
 from speclens.bench.server import cross_check, read_counters, served_speculation, server_info
 from speclens.bench.workers import WorkerPool
-from speclens.runs.figures import summarize
+from speclens.runs.figures import consistency_problem, summarize
 from speclens.runs.verify import DEFAULT_Z, verify
 
 
@@ -30,6 +36,8 @@ class Expectation:
     num_spec_tokens: int | None = None
     source: dict[str, Any] = field(default_factory=dict)
     z: float = DEFAULT_Z
+    #: The per-request AL's spread the run was forced with (None: every request at the mean).
+    spread: AcceptanceSpread | None = None
 
 
 #: Exit codes shared by ``bench``, ``measure`` and ``demo`` (2 is a usage error, decided earlier).
@@ -177,22 +185,43 @@ async def run_bench(
                 expectation, engine, summary["server_check"], server_k
             )
         else:
-            summary["verdict"] = judge(acceptance, expectation, server_k)
+            evidence = evidence_requests(result.records)
+            summary["verdict"] = judge(acceptance, expectation, server_k, evidence)
         summary["verdict"]["expectation_source"] = expectation.source
         _veto(summary)
     return BenchOutcome(summary, result.records)
+
+
+def evidence_requests(records: Iterable[RequestRecord]) -> list[tuple[int, int]]:
+    """Each request the verdict's histogram rests on, as (verify steps, accepted drafts) read
+    from its own histogram: measured, completed, with a histogram and stats that fit its
+    completion_tokens (``figures.acceptance``'s evidence), at least one verify step."""
+    out = []
+    for r in records:
+        spec = r.spec
+        if r.warmup or not r.success or spec is None or spec.get("num_spec_steps") is None:
+            continue
+        histogram = spec.get("acceptance_histogram")
+        if histogram is None or consistency_problem(r) is not None:
+            continue
+        steps = sum(histogram.values())
+        if steps:
+            out.append((steps, sum(int(j) * n for j, n in histogram.items())))
+    return out
 
 
 def judge(
     acceptance: dict[str, Any],
     expectation: Expectation,
     server_k: tuple[int, str] | None = None,
+    requests: Sequence[tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
     """The run's verdict against its expected AL: inconclusive (never PASS) when K is unknown or
     every request carried counts only, so there is no histogram to judge. K is the stated one,
     else the requests', else the server's own (``served_k``). Requests whose stats claim more
     tokens than their completion_tokens (``inconsistent_requests``) are no evidence: the verdict
-    judges the other requests' histogram, and with none left it is inconclusive."""
+    judges the other requests' histogram, and with none left it is inconclusive. With a stated
+    spread, ``requests`` (``evidence_requests``) carries each evidence request's counts."""
     k = expectation.num_spec_tokens or acceptance["num_spec_tokens"]
     if k is None and server_k is not None:
         k = server_k[0]
@@ -231,8 +260,9 @@ def judge(
         }
     try:
         verdict = verify(
-            acceptance["evidence_histogram"], expectation.acceptance_length, k, expectation.z
-        )
+            acceptance["evidence_histogram"], expectation.acceptance_length, k, expectation.z,
+            spread=expectation.spread, requests=requests,
+        )  # fmt: skip
     except ValidationError as exc:  # the expected AL does not fit the K the run used
         return {
             "passed": False,

@@ -37,6 +37,7 @@ from speclens.cli._common import (
 )
 
 if TYPE_CHECKING:
+    from speclens.acceptance import AcceptanceSpread
     from speclens.bench.client import Backend, LoadConfig, RequestRecord
     from speclens.bench.datasets import Prompt
     from speclens.bench.run import BenchOutcome, Expectation
@@ -266,6 +267,7 @@ class BenchOptions:
     max_failure_rate: float
     sampling: SamplingChoice = None  # type: ignore[assignment]
     preflight: bool = True
+    expect_acceptance_spread: Path | None = None
 
     @property
     def sampling_name(self) -> str:
@@ -335,6 +337,12 @@ class BenchOptions:
              "--concurrency, --request-rate or --duration"),
             (self.expect_profile and self.expect_acceptance_length is not None,
              "give --expect-acceptance-length or --expect-profile, not both"),
+            (self.expect_acceptance_spread is not None and self.expect_profile,
+             "command line: --expect-acceptance-spread: goes with --expect-acceptance-length; "
+             "--expect-profile carries the profile's own spread"),
+            (self.expect_acceptance_spread is not None and self.expect_acceptance_length is None,
+             "command line: --expect-acceptance-spread: needs --expect-acceptance-length (the "
+             "AL it spreads)"),
             (self.endpoint is EndpointChoice.native and self.backend is BackendChoice.openai,
              "command line: --endpoint: native needs --backend sglang, llamacpp or auto, "
              "got --backend openai"),
@@ -346,6 +354,7 @@ class BenchOptions:
         urls = [checked_url(u, self.api_key) for u in self.url]
         check([*(why for why, _, _ in urls), *self.range_problems()])
         check([self.conflicts()])
+        self.stated_spread()
         for _, _, note in urls:
             if note:
                 err_console.print(note, markup=False, highlight=False)
@@ -387,14 +396,66 @@ class BenchOptions:
         from speclens.bench.run import Expectation
 
         if self.expect_acceptance_length is not None:
+            spread = self.served_spread()
+            source: dict[str, Any] = {"cli": "--expect-acceptance-length"}
+            if spread is not None:
+                source["spread"] = {"file": str(self.expect_acceptance_spread),
+                                    **spread.model_dump(exclude_none=True)}  # fmt: skip
             return Expectation(
-                self.expect_acceptance_length,
-                self.num_spec_tokens,
-                {"cli": "--expect-acceptance-length"},
+                self.expect_acceptance_length, self.num_spec_tokens, source, spread=spread
             )
         if not self.expect_profile:
             return None
         return self._profile_expectation()
+
+    def stated_spread(self) -> AcceptanceSpread | None:
+        """``--expect-acceptance-spread`` read and checked against the stated AL and
+        ``--num-spec-tokens``: exit 2, one line a problem naming the file and the field."""
+        path = self.expect_acceptance_spread
+        if path is None or self.expect_acceptance_length is None:
+            return None
+        from speclens.acceptance import AcceptanceSpread, ValidationError, load
+        from speclens.acceptance.spread import DEFAULT_TOLERANCE, implied_mean
+
+        try:
+            spread = load(AcceptanceSpread, path)
+        except ValidationError as exc:
+            fail([str(p) for p in exc.problems], code=2)
+        if self.num_spec_tokens is not None:
+            self._same_k(spread, self.num_spec_tokens, "--num-spec-tokens")
+        length = self.expect_acceptance_length
+        mean = implied_mean(spread.values)
+        limit = DEFAULT_TOLERANCE if spread.tolerance is None else spread.tolerance
+        if abs(mean - length) > limit + 1e-12:
+            fail(
+                f"{path}: quantiles: imply a mean AL of {mean:.4f}, {abs(mean - length):.4f} "
+                f"from --expect-acceptance-length {length:g}, beyond the tolerance {limit:g}",
+                code=2,
+            )
+        return spread
+
+    def served_spread(self) -> AcceptanceSpread | None:
+        """``stated_spread``, and its K against the K the server reports on ``/version`` when
+        ``--num-spec-tokens`` does not state one (a GET, before any request is sent)."""
+        spread = self.stated_spread()
+        if spread is None or self.num_spec_tokens is not None:
+            return spread
+        from speclens.bench.server import served_speculation, server_info
+
+        info = asyncio.run(server_info(self.url[0], self.api_key))
+        served = served_speculation(info)["num_speculative_tokens"]
+        if served is not None:
+            self._same_k(spread, served, "the server's /version")
+        return spread
+
+    def _same_k(self, spread: AcceptanceSpread, k: int, where: str) -> None:
+        if spread.num_spec_tokens != k:
+            fail(
+                f"{self.expect_acceptance_spread}: num_spec_tokens: is "
+                f"{spread.num_spec_tokens}, but {where} says K {k}: a spread is refused at "
+                "another K, never rescaled",
+                code=2,
+            )
 
     def _profile_expectation(self) -> Expectation:
         from speclens.acceptance import WorkloadAcceptance, resolve
@@ -417,7 +478,9 @@ class BenchOptions:
                 registry=load_registry(self.registry),
                 workload=WorkloadAcceptance.model_validate(workload),
             )  # fmt: skip
-        return Expectation(res.acceptance_length, res.num_spec_tokens, res.model_dump())
+        return Expectation(
+            res.acceptance_length, res.num_spec_tokens, res.model_dump(), spread=res.spread
+        )
 
     def load_config(self, backend: Backend) -> LoadConfig:
         """The flags that are the load generator's fields, under their field names."""
@@ -575,6 +638,12 @@ def bench(
     expect_acceptance_length: float | None = typer.Option(
         None, "--expect-acceptance-length", help="Judge the run against this AL."
     ),
+    expect_acceptance_spread: Path | None = typer.Option(
+        None,
+        "--expect-acceptance-spread",
+        help="With --expect-acceptance-length: a spread file (per-request AL quantiles p0..p100 "
+        "at K) the run was forced with; the verdict also tests the per-request ALs against it.",
+    ),
     expect_profile: bool = typer.Option(
         False,
         "--expect-profile",
@@ -621,9 +690,13 @@ def bench(
     except ValueError as exc:
         fail(str(exc), code=2)
     prompts = options.prompts()
+    # A stated expectation (and its spread's K against the server's) is refused before any
+    # request; a profile's waits for the preflight, which says why a server cannot answer.
+    expectation = None if options.expect_profile else options.expectation()
     if options.preflight:
         check_servers(options)
-    expectation = options.expectation()
+    if options.expect_profile:
+        expectation = options.expectation()
     chosen, evidence = resolve_backend(options.backend, options.endpoint, options.url, api_key)
     config = options.load_config(chosen)
     outcome, records_out = run(
@@ -776,6 +849,11 @@ def report(outcome: BenchOutcome, records_out: RecordStream | None) -> None:
     from speclens.runs.report import print_summary, write_files
 
     print_summary(out_console, outcome.summary)
+    spread = (outcome.summary.get("verdict") or {}).get("spread")
+    if spread:
+        from speclens.runs.verify import spread_line
+
+        out_console.print(spread_line(spread), markup=False, highlight=False, soft_wrap=True)
     if records_out is not None:
         out_console.print(f"wrote {records_out.path} ({records_out.count} records)")
         out_dir = records_out.path.parent

@@ -142,7 +142,10 @@ def decide(
 def headline(ks: list[dict[str, Any]], best: dict[str, Any] | None, target: float) -> str:
     """The decision in one line (the first of the terminal output), worded as compare's
     (``runs.decision``); ``best`` is implied by ``ks`` and kept for the callers."""
-    too_fast = bool(ks) and all(e["curve"] and e["curve"][0]["tok_s_user"] > target for e in ks)
+    # too fast: every curve starts above the target with none of its points left out by an SLO
+    # (a point left out, not the batch, is then why the curve stops short)
+    too_fast = bool(ks) and all(e["curve"] and e["curve"][0]["tok_s_user"] > target
+                                and not e.get("left_out") for e in ks)  # fmt: skip
     choices = [Choice(label(e["num_spec_tokens"]), e["tok_s_gpu"]) for e in ks]
     line = sentence(choices, target, k_span([e["num_spec_tokens"] for e in ks]), too_fast=too_fast,
                     unit=UNIT)  # fmt: skip

@@ -234,6 +234,13 @@ def serve(
         "--spec-decode-acceptance-rate",
         help="Force this acceptance rate, in [0, 1] (length = 1 + K * rate).",
     ),
+    acceptance_spread: Path | None = typer.Option(
+        None,
+        "--spec-decode-acceptance-spread",
+        help="With a forced length or rate: a YAML file of per-request AL quantiles "
+        "(num_spec_tokens, quantiles p0..p100, requests, tolerance, source); each request draws "
+        "its own AL from it. An --acceptance-profile's own spread is used without it.",
+    ),
     speculative_config: str | None = typer.Option(
         None,
         "--speculative-config",
@@ -348,6 +355,7 @@ class ServeArgs:
     num_speculative_tokens: int | None
     acceptance_length: float | None
     acceptance_rate: float | None
+    acceptance_spread: Path | None
     speculative_config: str | None
     confidence_schedule: bool
     acceptance_profile: str | None
@@ -389,6 +397,7 @@ class ServeArgs:
         workload = self._workload()
         spec = self._speculation(spec_json)
         resolution = self._resolution(spec, workload)
+        spread = self._spread(spec, resolution)
         # The engine (and torch) load only once the command line is known to be well formed;
         # the server's modules load here too, so a Ctrl-C meanwhile is held, not swallowed.
         with interrupt_deferred():
@@ -396,7 +405,7 @@ class ServeArgs:
 
             import speclens.server  # noqa: F401
             from speclens.engine.config import ModelLoadError
-        config = self._engine_config(spec, spec_json)
+        config = self._engine_config(spec, spec_json, spread)
         if resolution is not None:
             _log_resolution(resolution)
         _warn_if_exposed(self.host, self.api_key)
@@ -450,6 +459,13 @@ class ServeArgs:
 
         if self.acceptance_profile is None:
             return None
+        if self.acceptance_spread is not None:
+            fail(
+                f"--spec-decode-acceptance-spread {self.acceptance_spread}: --acceptance-profile "
+                "replays the profile's own spread (or none); give a spread file with "
+                "--spec-decode-acceptance-length instead",
+                code=2,
+            )
         if spec.length is not None or spec.rate is not None or spec.rates is not None:
             fail(
                 "--acceptance-profile replays the registry's value: do not also force a length or rate",
@@ -471,7 +487,46 @@ class ServeArgs:
         spec.rates = resolution.per_position_rates
         return resolution
 
-    def _engine_config(self, spec: _Speculation, spec_json: dict[str, Any]) -> Any:
+    def _spread(self, spec: _Speculation, resolution: Any) -> Any:
+        """The spread forced with the AL: ``--spec-decode-acceptance-spread``'s file, read and
+        checked against K and the forced AL (each refusal exits 2 naming the file and field), or
+        the resolved profile's own; None without either (``_resolution`` refuses the file beside
+        a profile: a profile states its spread with its AL, or states none)."""
+        path = self.acceptance_spread
+        if path is None:
+            return None if resolution is None else resolution.spread
+        flag = f"--spec-decode-acceptance-spread {path}"
+        if spec.length is None and spec.rate is None and spec.rates is None:
+            fail(
+                f"{flag}: expected a forced acceptance length (--spec-decode-acceptance-length or "
+                "-rate, or --speculative-config's synthetic_acceptance_*): a spread spreads a "
+                "forced AL between requests",
+                code=2,
+            )
+        from speclens.acceptance import AcceptanceSpread, load
+        from speclens.acceptance.spread import quantile_problems
+
+        try:
+            spread = load(AcceptanceSpread, path)
+        except ValidationError as exc:
+            fail((f"--spec-decode-acceptance-spread: {p}" for p in exc.problems), code=2)
+        if spec.k and spread.num_spec_tokens != spec.k:
+            fail(
+                f"--spec-decode-acceptance-spread: {path}: num_spec_tokens: is "
+                f"{spread.num_spec_tokens}, but --num-speculative-tokens is {spec.k}: a spread is "
+                "refused at another K, never rescaled",
+                code=2,
+            )
+        length = _forced_length(spec)
+        if length is not None:
+            problems = quantile_problems(spread.values, spec.k, length, spread.tolerance)
+            if problems:  # the file's own checks passed: only the mean against the AL is left
+                fail(f"--spec-decode-acceptance-spread: {path}: quantiles: {problems[0]}", code=2)
+        return spread
+
+    def _engine_config(
+        self, spec: _Speculation, spec_json: dict[str, Any], spread: Any = None
+    ) -> Any:
         """The checked ``EngineConfig`` (models' headers read too); a refusal exits 1."""
         from speclens.engine.config import (
             ConfigError,
@@ -502,6 +557,7 @@ class ServeArgs:
                 ngram_max=lookup_max,
                 ngram_min=lookup_min,
                 seed=self.seed,
+                acceptance_spread=spread,
             )
             config = EngineConfig(
                 model=self.model,
@@ -525,6 +581,26 @@ class ServeArgs:
         except ConfigError as exc:
             fail(f"refused: {exc}")
         return config
+
+
+def _forced_length(spec: _Speculation) -> float | None:
+    """The AL the flags force, or None where they do not resolve to one (the engine's own check
+    then refuses them, naming the flag). Pure Python: torch is not loaded yet."""
+    from speclens.acceptance import check_rates, length_from_rates
+
+    k = spec.k or 0
+    if k < 1:
+        return None
+    if spec.rates is not None:
+        try:
+            return length_from_rates(check_rates(spec.rates, k))
+        except ValidationError:
+            return None
+    if spec.rate is not None:
+        ok = math.isfinite(spec.rate) and 0.0 <= spec.rate <= 1.0
+        return 1.0 + k * spec.rate if ok else None
+    length = spec.length
+    return length if length is not None and math.isfinite(length) and 1 <= length <= k + 1 else None
 
 
 def _check_parallel(config: Any) -> None:
@@ -613,25 +689,14 @@ def _serve_engine(
     """Serve a built engine on the bound socket until a signal or the engine's death."""
     from speclens.server import EngineRunner, ServerSettings, create_app
     from speclens.server.serving import serve
+    from speclens.server.settings import acceptance_settings
 
     port = sock.getsockname()[1]
-    spec = config.speculative
-    acceptance: dict[str, Any] = {
-        "method": spec.method,
-        "num_speculative_tokens": spec.num_speculative_tokens,
-        "forced": spec.forced,
-        "acceptance_length": spec.forced_acceptance_length,
-        "per_position_rates": spec.per_position_rates,
-    }
-    if spec.method == "ngram":  # so measure's provenance says which lookup was measured
-        acceptance |= {"prompt_lookup_min": spec.ngram_min, "prompt_lookup_max": spec.ngram_max}
-    if resolution is not None:
-        acceptance["resolution"] = resolution.model_dump()
     settings = ServerSettings(
         served_model_name=served_model_name,
         api_key=api_key,
         stats_level=stats_level,  # type: ignore[arg-type]
-        acceptance=acceptance,
+        acceptance=acceptance_settings(config.speculative, resolution),
         max_n=max(1, min(16, config.max_num_seqs)),
         idle_timeout_s=idle_timeout_s,
         force_include_usage=force_include_usage,

@@ -115,8 +115,11 @@ def _add_info_routes(
 
     @app.get("/debug/mtp_stats")
     async def mtp_stats() -> Response:
+        """ATOM's counters, plus ``request_spread``: the realized spread between finished
+        requests (``server.spread``)."""
         check_ready(runner)
-        return _json(runner.snapshot().stats.mtp_stats())
+        snap = runner.snapshot()
+        return _json(snap.stats.mtp_stats() | {"request_spread": snap.request_spread})
 
     @app.get("/metrics")
     async def prometheus() -> Response:

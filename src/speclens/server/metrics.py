@@ -2,7 +2,8 @@
 
 Counters of acceptance are read from the engine's statistics at scrape time (one source of
 truth, so ``/metrics`` always agrees with ``/debug/mtp_stats``); serving figures (tokens, TTFT,
-inter-token latency, end-to-end latency) are observed as outputs stream.
+inter-token latency, end-to-end latency) are observed as outputs stream, and so is each finished
+request's own realized AL (``speclens:request_acceptance_length``: the spread between requests).
 
 Every ``vllm:`` family is labelled as vLLM 0.32 labels it (``vllm/v1/metrics/loggers.py``,
 ``PrometheusStatLogger``: ``labelnames = ["model_name", "engine"]``, the engine index as a string;
@@ -11,6 +12,7 @@ one engine here, so ``engine="0"``). ``atom:`` and ``speclens:`` families carry 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -28,6 +30,14 @@ LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+
+
+def acceptance_length_buckets(num_spec_tokens: int) -> tuple[float, ...]:
+    """``le`` bounds over [1, K + 1] for a request's AL: 0.25 wide up to K 8, then as wide as
+    keeps about 32 of them (an AL a request realizes is a mean, so any value in range occurs)."""
+    width = 0.25 * math.ceil(num_spec_tokens / 8)
+    count = math.ceil(num_spec_tokens / width)
+    return tuple(min(1.0 + j * width, num_spec_tokens + 1.0) for j in range(count + 1))
 
 
 class _SpecDecodeCollector(Collector):
@@ -158,6 +168,15 @@ class ServerMetrics:
             "vllm:e2e_request_latency_seconds", "End-to-end request latency.", labels,
             buckets=LATENCY_BUCKETS, registry=self.registry,
         )  # fmt: skip
+        k = runner.engine.k
+        #: One observation per finished request with a verify step: its own realized AL.
+        self.request_al: Histogram | None = None
+        if k:
+            self.request_al = Histogram(
+                "speclens:request_acceptance_length",
+                "Each finished request's realized acceptance length (its tokens per verify step).",
+                ["model_name"], buckets=acceptance_length_buckets(k), registry=self.registry,
+            )  # fmt: skip
         self._last: dict[str, float] = {}
         runner.listeners.append(self.observe)
 
@@ -181,3 +200,8 @@ class ServerMetrics:
             self.e2e.labels(*values).observe(now - out.arrival_time)
             for choice in out.outputs:
                 self.request_success.labels(*values, choice.finish_reason or "abort").inc()
+                acceptance = choice.acceptance
+                if self.request_al is not None and acceptance.num_spec_steps:
+                    self.request_al.labels(self.model_name).observe(
+                        acceptance.mean_acceptance_length
+                    )

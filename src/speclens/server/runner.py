@@ -27,6 +27,7 @@ from typing import Any
 
 from speclens.engine import Engine, EngineConfig, RequestOutput, SamplingParams
 from speclens.sampling import SpecDecodeStats
+from speclens.server.spread import RealizedSpread
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class Snapshot:
     num_running: int
     num_waiting: int
     kv_usage: float
+    #: The realized spread between finished requests (``RealizedSpread.summary``).
+    request_spread: dict[str, Any]
 
 
 def build_engine(config: EngineConfig, collective_timeout_s: float | None = None) -> Engine:
@@ -114,6 +117,8 @@ class EngineRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending = 0
         self.listeners: list[Listener] = []
+        #: Every finished request's realized AL, step-weighted (read under the lock).
+        self.spread = RealizedSpread(engine.k)
         self.ready = False
         #: Set (on the event loop) when the engine thread failed.
         self.error: EngineDead | None = None
@@ -177,6 +182,7 @@ class EngineRunner:
                 num_running=engine.num_running,
                 num_waiting=engine.num_waiting + self._pending,
                 kv_usage=engine.blocks.usage,
+                request_spread=self.spread.summary(),
             )
 
     # ------------------------------------------------------------------ the engine thread
@@ -218,6 +224,18 @@ class EngineRunner:
         self._queues[pending.request_id] = q
         loop.call_soon_threadsafe(_set_result, pending.future, q, self, pending.request_id)
 
+    def _record_finished(self, outputs: list[RequestOutput]) -> None:
+        """Each finished sequence's realized AL into the spread, with the step that counted its
+        verify steps (so a snapshot sees both or neither)."""
+        for out in outputs:
+            if out.finished:
+                for choice in out.outputs:
+                    acceptance = choice.acceptance
+                    if acceptance.num_spec_steps:
+                        self.spread.record(
+                            acceptance.mean_acceptance_length, acceptance.num_spec_steps
+                        )
+
     def _run(self) -> None:
         try:
             self._loop_steps()
@@ -252,6 +270,7 @@ class EngineRunner:
             with self._lock:
                 outputs = self.engine.step()
                 seconds = self.engine.steps[-1].seconds if self.engine.steps else 0.0
+                self._record_finished(outputs)
             now = time.perf_counter()
             for out in outputs:
                 for listener in self.listeners:

@@ -53,8 +53,8 @@ SPREAD_ALPHA = 0.01
 SPREAD_POWER = 0.8
 #: The total variation between the realized and the stated per-request distribution (over the
 #: test's bins) a spread PASS must detect at ``SPREAD_POWER``: a run too short to see it is
-#: inconclusive. 0.3 moves a third of the requests, what forcing without the spread does to most
-#: spreads; at 4 to 6 bins it takes about 50 to 70 requests.
+#: inconclusive. 0.3 is three requests in ten in other bins than stated, about what forcing a
+#: spread as wide as Spec-Bench's without it does; at 4 to 7 bins a PASS takes 47 to 56 requests.
 MIN_SPREAD_EFFECT = 0.3
 #: Cochran's rule: neighbouring bins are merged until each expects at least this many requests.
 MIN_EXPECTED = 5.0
@@ -269,8 +269,8 @@ def spread_check(
     AL a (variance a f (1 - f) / t, f = frac(a - 1): the schedule's noise over t / a steps)
     widened by that cell (a² / t). Shared out like this the counts vary less than a
     multinomial's, so the Pearson statistic is at most as spread as the chi-square: the test
-    keeps its level (a correct forced run fails about 1% of the time or less, from 32 tokens a
-    request and up to 1,000 requests).
+    keeps its level (simulated correct forced runs failed 1% of the time or less, from 32 tokens
+    a request and up to 1,000 requests).
 
     Power as ``speclens lossless`` states it: a one-sample test at total variation δ has
     noncentrality at least 4 n δ², so δ = sqrt(λ / (4 n)), λ the noncentrality at which the test

@@ -147,22 +147,37 @@ class SyntheticAcceptance:
         """Requests whose rates are cached: the live ones, so memory stays bounded."""
         return len(self._rows)
 
-    def _row(self, key: str, device: torch.device) -> torch.Tensor:
-        row = self._rows.get(key)
-        if row is None or row.device != device:
-            conditional = conditional_rates(self.request_rates(key))
-            row = torch.tensor(conditional, dtype=torch.float32, device=device)
-            self._rows[key] = row
-        return row
+    def _copy_rows(self, keys: Sequence[str], device: torch.device) -> None:
+        """Cache the rows of ``keys`` (new requests) on ``device`` in one copy. To an
+        accelerator the copy leaves from pinned memory without blocking, so a new request never
+        makes the host wait for the steps queued before it; each row is then cloned on the device
+        (its own storage, freed when its request ends)."""
+        host = torch.tensor(
+            [conditional_rates(self.request_rates(key)) for key in keys], dtype=torch.float32
+        )
+        if device.type == "cuda":
+            block = host.pin_memory().to(device, non_blocking=True)
+        else:
+            block = host.to(device)
+        for key, row in zip(keys, block, strict=True):
+            self._rows[key] = row.clone()
 
     def rows(self, keys: Sequence[str], width: int, device: torch.device | str) -> torch.Tensor:
         """The conditional rates of each request in ``keys``, [len(keys), width], on
-        ``device``; copied there once per request and once per new batch, never read back."""
+        ``device``; copied there once per request and stacked once per new batch, never read
+        back."""
         canonical = _canonical(device)
         tag = (tuple(keys), width, canonical)
         if self._batch is not None and self._batch[0] == tag:
             return self._batch[1]
-        stacked = torch.stack([self._row(key, canonical)[:width] for key in keys])
+        new = [
+            key
+            for key in dict.fromkeys(keys)
+            if key not in self._rows or self._rows[key].device != canonical
+        ]
+        if new:
+            self._copy_rows(new, canonical)
+        stacked = torch.stack([self._rows[key][:width] for key in keys])
         self._batch = (tag, stacked)
         return stacked
 

@@ -11,7 +11,6 @@ of rounding."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from functools import cache
 from pathlib import Path
@@ -145,13 +144,6 @@ def test_goodput_counts_the_requests_whose_own_tpot_meets_the_slo() -> None:
     assert mean_only["goodput"]["fraction"] == 1.0
 
 
-def _engine_spreads() -> bool:
-    from speclens.engine.config import SpeculativeConfig
-
-    return "acceptance_spread" in {f.name for f in dataclasses.fields(SpeculativeConfig)}
-
-
-@pytest.mark.xfail(not _engine_spreads(), reason="the engine forces no spread yet", strict=True)
 def test_the_two_loops_agree_in_distribution_with_a_spread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

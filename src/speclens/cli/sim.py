@@ -227,9 +227,9 @@ def sim(
         None,
         "--acceptance-spread",
         metavar="FILE",
-        help="With --acceptance-length (or -rate, --per-position-rates): the per-request AL's "
-        "spread around it (num_spec_tokens, quantiles p0..p100, requests): each request "
-        "draws its own AL.",
+        help="With --acceptance-length (or --acceptance-rate, --per-position-rates): the "
+        "per-request AL's spread around it (num_spec_tokens, quantiles p0..p100, requests): "
+        "each request draws its own AL.",
     ),
     slo: str | None = typer.Option(
         None,

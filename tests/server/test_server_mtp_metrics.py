@@ -40,6 +40,7 @@ MTP_KEYS = {
     "distribution",
     "distribution_percent",
     "draft_coverage",
+    "request_spread",
 }
 NUM_REQUESTS = 16
 MAX_TOKENS = 128

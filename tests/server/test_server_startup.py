@@ -229,6 +229,8 @@ def test_version_reports_the_forced_target(started: dict[str, ServerProcess]) ->
         "forced": True,
         "acceptance_length": 3.78,
         "per_position_rates": [1.0, 1.0, 0.78, 0.0, 0.0, 0.0, 0.0],
+        "spread": None,
+        "spread_note": "spread unknown: tails are minimum-variance, optimistic",
     }
 
 

@@ -74,7 +74,7 @@ def natural_requests(
     """``categories[c]`` requests of each category, each with its own acceptance rate (spread
     over (0.15, 0.9)) and number of verify steps, so requests differ in AL and weight."""
     rng = random.Random(seed)
-    out = []
+    out: list[RequestRecord] = []
     for category, n in categories.items():
         for _ in range(n):
             rate = rng.uniform(0.15, 0.9)

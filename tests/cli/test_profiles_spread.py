@@ -32,11 +32,11 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_run(tmp_path_factory.mktemp("runs") / "ngram-run", records)
 
 
-def _from_run(run_cli: Any, run_dir: Path, out: Path, *args: str) -> tuple[int, str, str]:
+def _from_run(run_cli: Any, run_dir: Path, out: Path, *args: str) -> Any:
     return run_cli("profiles", "from-run", run_dir, "-o", out, *args)
 
 
-def _resolve(run_cli: Any, registry: Path, category: str, *args: str) -> tuple[int, str, str]:
+def _resolve(run_cli: Any, registry: Path, category: str, *args: str) -> Any:
     return run_cli(
         "profiles", "resolve", "--model", "dummy", "--method", "ngram", "-k", "3",
         "--thinking", "off", "--category", category, "--registry", registry, *args,

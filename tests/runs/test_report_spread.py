@@ -124,7 +124,7 @@ def test_the_page_plots_the_histogram_over_requests(
     assert ax.get_xlabel() == "request AL (tokens per verify step)"
     assert ax.get_ylabel() == "share of verify steps"
     hist = summary["figures"]["acceptance"]["per_request"]["histogram"]
-    heights = [patch.get_height() for patch in ax.patches]
+    heights = [bar.get_height() for bar in ax.containers[0]]
     assert heights == pytest.approx(hist["step_share"])
     assert ax.get_xlim() == pytest.approx((1.0, 4.0))
 

@@ -310,7 +310,10 @@ def _request_histogram(als: np.ndarray, weights: np.ndarray, k: int | None) -> d
 def acceptance(records: Sequence[RequestRecord]) -> dict[str, Any]:
     """Acceptance over the requests that carried stats. Counts-only records (llama.cpp) add to
     the draft acceptance rate but not to the histogram, the verify steps or any AL; draft
-    acceptance rates are pooled only when every record counts drafts in the same unit."""
+    acceptance rates are pooled only when every record counts drafts in the same unit.
+    ``per_request`` (and each ``al_by_category`` row's) is the spread between requests
+    (``request_spread``) over the requests with a verify step; the run's says how many were
+    left out (counts only, no verify step)."""
     with_stats = [r for r in records if r.spec is not None]
     stepped = [r for r in with_stats if r.spec and r.spec["num_spec_steps"] is not None]
     counts_only = [r for r in with_stats if r.spec and r.spec["num_spec_steps"] is None]

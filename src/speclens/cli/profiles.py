@@ -702,7 +702,7 @@ def from_run_cmd(
     """Write a measured profile set from a bench run with natural acceptance, each profile with
     its spread between requests where it rests on enough of them.
 
-    Exit codes as ``speclens measure``: 1 an invalid run file, 2 a run that cannot give a
+    Exit codes as speclens measure's: 1 an invalid run file, 2 a run that cannot give a
     measured profile (forced, aggregate-only, no per-request stats) or a bad option, 3 a run
     with more failed requests than it allowed, 4 no category with enough verify steps; nothing
     is written unless the exit code is 0."""

@@ -34,12 +34,19 @@ def test_a_forced_run_is_refused(run_cli: Any, tmp_path: Path) -> None:
              "measured profile needs natural acceptance")  # fmt: skip
 
 
-def test_a_run_judged_against_a_forced_al_is_refused(run_cli: Any, tmp_path: Path) -> None:
-    """A server that did not say it forced (vLLM's flags), but bench judged the run against
-    an expected AL: a verdict is a forced run's."""
-    run = write_run(tmp_path / "run", natural_requests({"c": 24}),
-                    verdict={"passed": True, "expected_acceptance_length": 3.0})  # fmt: skip
-    _refused(_from_run(run_cli, run), 2, f"{run / 'summary.json'}: verdict: ")
+def test_a_run_judged_against_an_expected_al_is_refused_unless_its_server_says_natural(
+    run_cli: Any, tmp_path: Path
+) -> None:
+    """A server that does not say whether it forced (vLLM's /version), and a run bench judged
+    against an expected AL: a verdict is a forced run's. A server that says it served natural
+    acceptance is believed (bench --expect-profile judges a natural run too)."""
+    verdict = {"passed": True, "expected_acceptance_length": 3.0}
+    run = write_run(tmp_path / "run", natural_requests({"c": 24}), verdict=verdict,
+                    server={"version": "0.9"})  # fmt: skip
+    _refused(_from_run(run_cli, run), 2, f"{run / 'summary.json'}: verdict: bench judged")
+    run = write_run(tmp_path / "natural", natural_requests({"c": 24}), verdict=verdict)
+    code, stdout, stderr, _ = _from_run(run_cli, run)
+    assert code == 0, stdout + stderr
 
 
 def test_an_aggregate_only_run_is_refused(run_cli: Any, tmp_path: Path) -> None:

@@ -766,14 +766,17 @@ def _natural_run(run_dir: Path) -> tuple[Run, list[RequestRecord]]:
     if run.aggregate_only:
         fail(f"{summary}: aggregate_only: published figures, no per-request records: a measured "
              "profile needs a bench run's records.jsonl", code=2)  # fmt: skip
-    if run.forced_al is not None or run.forced:
-        at, forced = (
-            ("server.acceptance.forced", f"the server forced AL {run.forced_al:g}")
-            if run.forced_al is not None
-            else ("verdict", "the run was judged against a forced AL")
-        )
-        fail(f"{summary}: {at}: {forced}: a measured profile needs natural acceptance",
-             code=2)  # fmt: skip
+    server = run.summary.get("server")
+    block = server.get("acceptance") if isinstance(server, dict) else None
+    said = block.get("forced") if isinstance(block, dict) else None
+    if said is True:
+        al = "" if run.forced_al is None else f" {run.forced_al:g}"
+        fail(f"{summary}: server.acceptance.forced: the server forced AL{al}: a measured "
+             "profile needs natural acceptance", code=2)  # fmt: skip
+    if said is not False and isinstance(run.summary.get("verdict"), dict):
+        fail(f"{summary}: verdict: bench judged the run against an expected AL and its server "
+             "does not say it served natural acceptance: a measured profile needs natural "
+             "acceptance", code=2)  # fmt: skip
     failures = run.summary.get("failures")
     if isinstance(failures, dict) and failures.get("exceeded") is True:
         failed, sent = failures.get("failed"), failures.get("sent")

@@ -124,3 +124,21 @@ def test_the_resolution_carries_the_winning_layer_s_spread() -> None:
     plain = validate(AcceptanceValue, {"num_spec_tokens": 4, "acceptance_length": 2.97})
     assert resolve(model="m", method="mtp", num_spec_tokens=4, registry=Registry([]),
                    scenario=AcceptancePin(value=plain)).spread is None  # fmt: skip
+
+
+@pytest.mark.parametrize("coverage", [0.3, 0.7])
+def test_under_partial_coverage_requests_still_pool_to_the_target(coverage: float) -> None:
+    """A request at AL a gains 1 + c(a − 1) tokens a decode step and drafts on c of them: its
+    verify steps are c·O / (1 + c(a − 1)), and the drawn requests' pooled AL is the target."""
+    target, n, tokens = 2.6, 40_000, 120
+    draw = RequestDraw(QUANTILES, target, 4, coverage)
+    rng = random.Random(11)
+    als = np.array([draw.al(rng.random()) for _ in range(n)])
+    steps = coverage * tokens / (1 + coverage * (als - 1))
+    pooled = float((steps * als).sum() / steps.sum())
+    residual = steps * als - pooled * steps
+    se = math.sqrt(float((residual**2).sum()) / (n - 1) * n) / steps.sum()
+    assert abs(pooled - target) < 4 * se
+    assert weighted_quantiles(als.tolist(), steps.tolist())[1:-1] == pytest.approx(
+        draw.knots[1:-1], abs=0.03
+    )

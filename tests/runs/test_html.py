@@ -394,6 +394,25 @@ def run_layout(summary: dict[str, Any], al_interval: str) -> dict[str, _Table]:
         counters = j.t(*c, "note")
     rows.append(["server counters", counters])
     out["Acceptance"] = _Table("Acceptance", None, rows)
+    leaves = [("requests",), ("verify_steps",), ("quantiles", "p10"), ("quantiles", "p50"),
+              ("quantiles", "p90"), ("variance", "within"), ("variance", "between_observed"),
+              ("variance", "noise"), ("variance", "between"), ("variance", "between_share")]  # fmt: skip
+    spread_rows = []
+    for name, at in [("all", (*a, "per_request"))] + [
+        (cat, (*a, "al_by_category", cat, "per_request"))
+        for cat in j.get(*a, "al_by_category") or {}
+    ]:
+        if isinstance(j.get(*at), dict):
+            cells = [j.n(*at, *leaf) for leaf in leaves]
+            if j.get(*at, "variance", "within") is None:
+                cells[5] = f"unknown: {j.n(*at, 'without_histogram')} requests without a histogram"
+            spread_rows.append([name, *cells])
+    if spread_rows:
+        caption = "AL between requests (each request weighted by its verify steps)"
+        out[caption] = _Table(caption, [
+            "category", "requests", "verify steps", "p10", "p50", "p90", "within",
+            "between observed", "sampling noise", "between", "between share of the whole",
+        ], spread_rows)  # fmt: skip
     derived = "Derived per engine (yes / some requests / no)"
     columns = [("draft_acceptance_rate", "draft rate"), ("al_per_request", "AL per request"),
                ("al_from_server_counters", "AL from counters"), ("histogram", "histogram"),

@@ -5,11 +5,14 @@ An AL is a mean over verify steps; requests differ around it. A spread states th
 per-request ALs *weighted by their verify steps* (the measure under which its mean is the run's
 pooled AL) as quantiles at the fixed ``LEVELS``, read as piecewise uniform between neighbours.
 
-A request's steps are about its tokens over its AL, so a request with AL a carries steps in
-proportion to 1/a: drawing requests from the step-weighted distribution itself would pull the
-pooled AL down to its harmonic mean. ``RequestDraw`` therefore draws a request's AL from the
-*request* measure, density proportional to a times the step-weighted one, so the pooled AL of
-the requests drawn (tokens over steps) is the spread's step-weighted mean. Before that, the
+A request's decode steps are its tokens over the tokens a decode step gains, 1 + c(a − 1) at
+AL a and draft coverage c (the share of decode steps that draft; 1 for a forced or model
+drafter), and its verify steps c times those: a request with AL a carries verify steps in
+proportion to 1/(1 + c(a − 1)). Drawing requests from the step-weighted distribution itself
+would pull the pooled AL below its mean (to the harmonic mean at c = 1). ``RequestDraw``
+therefore draws a request's AL from the *request* measure, density proportional to
+1 + c(a − 1) times the step-weighted one, so the pooled AL of the requests drawn (tokens over
+verify steps) is the spread's step-weighted mean. Before that, the
 quantiles are moved by one linear map (toward 1 or toward K + 1, so no quantile leaves
 [1, K + 1]) until their mean is exactly the target AL: the pooled AL still hits the target.
 
@@ -134,7 +137,7 @@ def fitted(quantiles: Sequence[float], target: float, k: int) -> list[float]:
 @dataclass(frozen=True)
 class Segment:
     """Between two neighbouring quantiles: its bounds, its share of verify steps and its share
-    of requests (``step_mass`` x its mid AL, normalised)."""
+    of requests (``step_mass`` x the tokens a decode step gains at its mid AL, normalised)."""
 
     low: float
     high: float
@@ -143,13 +146,18 @@ class Segment:
 
 
 class RequestDraw:
-    """Draws requests' ALs so that their pooled AL is ``target`` (see the module docstring)."""
+    """Draws requests' ALs so that their pooled AL is ``target`` at draft coverage ``coverage``
+    (see the module docstring)."""
 
-    def __init__(self, quantiles: Sequence[float], target: float, k: int) -> None:
-        self.target, self.k = float(target), int(k)
+    def __init__(
+        self, quantiles: Sequence[float], target: float, k: int, coverage: float = 1.0
+    ) -> None:
+        if not 0.0 < coverage <= 1.0:
+            raise ValueError(f"draft coverage {coverage!r} is outside (0, 1]")
+        self.target, self.k, self.coverage = float(target), int(k), float(coverage)
         self.knots = fitted(quantiles, target, k)
         weights = [
-            (LEVELS[j + 1] - LEVELS[j]) * (self.knots[j] + self.knots[j + 1]) / 2
+            (LEVELS[j + 1] - LEVELS[j]) * self._gain((self.knots[j] + self.knots[j + 1]) / 2)
             for j in range(len(LEVELS) - 1)
         ]
         total = math.fsum(weights)
@@ -163,17 +171,25 @@ class RequestDraw:
             acc += segment.request_mass
             self._cumulative.append(acc)
 
+    def _gain(self, al: float) -> float:
+        """Tokens a decode step gains at AL ``al``: what a request's weight grows with."""
+        return 1.0 + self.coverage * (al - 1.0)
+
     def al(self, u: float) -> float:
         """The AL of the request whose uniform draw is ``u`` in [0, 1): a segment by its request
-        mass, then within it by density proportional to a (the inverse of (a² − low²) /
-        (high² − low²))."""
+        mass, then within it by density proportional to b + c·a (b = 1 − c): the root of
+        b(a − low) + c(a² − low²)/2 = v·(its value at high)."""
         j = min(bisect_right(self._cumulative, u), len(self.segments) - 1)
         segment = self.segments[j]
         start = self._cumulative[j] - segment.request_mass
         v = 0.0 if segment.request_mass <= 0 else (u - start) / segment.request_mass
         v = min(max(v, 0.0), 1.0)
-        low, high = segment.low, segment.high
-        value = math.sqrt(low * low + v * (high * high - low * low))
+        low, high, c = segment.low, segment.high, self.coverage
+        b = 1.0 - c
+        area = v * (b * (high - low) + c * (high * high - low * low) / 2)
+        # c a²/2 + b a − (b low + c low²/2 + area) = 0, its root at or above low
+        constant = b * low + c * low * low / 2 + area
+        value = (-b + math.sqrt(b * b + 2 * c * constant)) / c
         return min(max(value, low), high)
 
     def request_probabilities(self) -> list[float]:

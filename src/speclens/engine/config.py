@@ -110,6 +110,10 @@ class SpeculativeConfig:
     #: Per-request AL quantiles around the forced AL (``--spec-decode-acceptance-spread``, or an
     #: acceptance profile's); None: every request gets the forced schedule itself.
     acceptance_spread: AcceptanceSpread | None = None
+    #: The share of decode steps that draft, which a spread's request measure weighs a request's
+    #: AL by (``acceptance.spread``): 1 for the server's forced drafters, which always draft;
+    #: the simulator's stated coverage on its exact loop.
+    spread_coverage: float = 1.0
     per_position_rates: list[float] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -149,6 +153,13 @@ class SpeculativeConfig:
         spread = self.acceptance_spread
         if spread is None:
             return
+        coverage = self.spread_coverage
+        if (
+            isinstance(coverage, bool)
+            or not isinstance(coverage, int | float)
+            or not (0 < coverage <= 1)
+        ):
+            raise ConfigError(f"spread_coverage: expected a number in (0, 1], got {coverage!r}")
         length = self.forced_acceptance_length
         if length is None:
             raise ConfigError(

@@ -117,7 +117,7 @@ class Engine:
         size = config.tensor_parallel_size
         spread = None if spec.acceptance_spread is None else spec.acceptance_spread.values
         self.synthetic = (
-            synthetic_for(rates, spec.seed, size, spread, spec.rates_derived)
+            synthetic_for(rates, spec.seed, size, spread, spec.rates_derived, spec.spread_coverage)
             if rates is not None
             else None
         )

@@ -84,10 +84,11 @@ def synthetic_for(
     size: int,
     spread: Sequence[float] | None = None,
     derived: bool = True,
+    coverage: float = 1.0,
 ) -> SyntheticAcceptance:
     """The forced draw of a rank (``size`` ranks in all): ``SyntheticAcceptance``, or under the
     test-only switch its unseeded negative control."""
     if size > 1 and os.environ.get(UNSEEDED_ENV) == "1":
         log.warning("%s=1: every rank draws unseeded (a test-only switch)", UNSEEDED_ENV)
-        return UnseededAcceptance(rates, seed, spread, derived)
-    return SyntheticAcceptance(rates, seed, spread, derived)
+        return UnseededAcceptance(rates, seed, spread, derived, coverage)
+    return SyntheticAcceptance(rates, seed, spread, derived, coverage)

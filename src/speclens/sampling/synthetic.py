@@ -61,6 +61,7 @@ class SyntheticAcceptance:
         seed: int = 0,
         spread: Sequence[float] | None = None,
         derived: bool = True,
+        coverage: float = 1.0,
     ) -> None:
         self.rates: list[float] = check_rates(rates)
         if not self.rates:
@@ -80,7 +81,9 @@ class SyntheticAcceptance:
         #: Each request's own AL, drawn from the spread (None: one schedule for all).
         self.spread: RequestDraw | None = None
         if spread is not None:
-            self.spread = RequestDraw(spread, length_from_rates(self.rates), len(self.rates))
+            self.spread = RequestDraw(
+                spread, length_from_rates(self.rates), len(self.rates), coverage
+            )
         self.derived = bool(derived)
         #: A live request's conditional rates on the device (dropped by ``release``).
         self._rows: dict[str, torch.Tensor] = {}

@@ -107,12 +107,14 @@ class RequestSpread:
     engine reads forced rates, they are derived (each request's own schedule is the
     minimum-variance one at its AL) when they are the minimum-variance schedule of their AL."""
 
-    def __init__(self, quantiles: Sequence[float], rates: Sequence[float], seed: int) -> None:
+    def __init__(
+        self, quantiles: Sequence[float], rates: Sequence[float], seed: int, coverage: float = 1.0
+    ) -> None:
         self.rates, self.seed = list(rates), seed
         length, k = length_from_rates(self.rates), len(self.rates)
         schedule = minimum_variance_rates(length, k)
         self.derived = all(abs(a - b) <= 1e-9 for a, b in zip(self.rates, schedule, strict=True))
-        self.draw = RequestDraw(quantiles, length, k)
+        self.draw = RequestDraw(quantiles, length, k, coverage)
 
     def al(self, index: int) -> float:
         """Request ``index``'s own AL."""

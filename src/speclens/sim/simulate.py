@@ -88,7 +88,7 @@ def _record_exact(tally: Tally, r: SimRequest, warm: bool = False) -> None:
 
 def _engine(
     pool: Pool, cost: Pricing, rates: list[float] | None, seed: int, longest: int, share: int,
-    spread: AcceptanceSpread | None = None,
+    spread: AcceptanceSpread | None = None, coverage: float = 1.0,
 ) -> Engine:  # fmt: skip
     """One replica's engine with the pool's stated limits (``spread``: each request forced at its
     own AL). The KV pool is allocated only up to what this replica can ever hold (``share``
@@ -98,7 +98,9 @@ def _engine(
     from speclens.engine.kv_cache import blocks_for
 
     spec = pool.engine.speculative
-    spreading: dict[str, Any] = {} if spread is None else {"acceptance_spread": spread}
+    spreading: dict[str, Any] = (
+        {} if spread is None else {"acceptance_spread": spread, "spread_coverage": coverage}
+    )
     speculative = (
         SpeculativeConfig(
             method=spec.method,
@@ -334,7 +336,7 @@ def simulate(
         # The exact loop's engine forces acceptance with seed + slot: the same request draws
         # the same AL on either loop.
         own = (
-            fast_path.RequestSpread(spread.values, rates, seed + slot)
+            fast_path.RequestSpread(spread.values, rates, seed + slot, draft_coverage)
             if spread is not None and k and rates is not None
             else None
         )
@@ -364,7 +366,7 @@ def simulate(
         from speclens.sim.coverage import cover
 
         engine = _engine(pool, costs[pool_index], rates, seed + slot, longest, share,
-                         spread if own is not None else None)  # fmt: skip
+                         spread if own is not None else None, draft_coverage)  # fmt: skip
         drafted = cover(
             engine, draft_coverage, np.random.default_rng([COVERAGE_STREAM, seed, slot])
         )

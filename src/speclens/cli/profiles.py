@@ -491,6 +491,14 @@ def _check_facts(
         raise ValidationError(problems)
 
 
+#: Every imported golden set says what its files leave out: the spread between requests.
+NO_SPREAD_CAVEAT = (
+    "The golden files publish each curve's mean AL only, no spread between requests: a "
+    "resolution from this set has none, so tails forced or simulated with it are "
+    "minimum-variance, optimistic."
+)
+
+
 @app.command("import-inferencex")
 def import_inferencex_cmd(
     files: list[Path] = typer.Argument(
@@ -633,8 +641,7 @@ def import_inferencex_cmd(
                 profiles.append(profile)
         set_name = name or (output.stem if output else files[0].stem)
         document: dict[str, Any] = {"kind": "AcceptanceProfileSet", "name": set_name}
-        if caveat:
-            document["caveats"] = caveat
+        document["caveats"] = [*caveat, NO_SPREAD_CAVEAT]
         document["profiles"] = profiles
         target = str(output) if output else "(output)"
         try:

@@ -26,6 +26,7 @@ SHIPPED_NAMES = {
     "inferencex-golden-al-2026-08",
     "kimi-k3-dspark-golden-al",
     "smollm2-ngram-spec-bench",
+    "smollm2-ngram-spread",
 }
 
 USER_SET = """\

@@ -140,3 +140,20 @@ def test_a_profile_s_own_spread_is_forced_without_the_flag(
     assert config.speculative.forced_acceptance_length == pytest.approx(3.8)
     resolution = args[-1]
     assert resolution.spread.values == QUANTILES
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([*FORCED, "--spec-decode-draft-coverage", "0"], "expected a number in (0, 1], got 0.0"),
+        ([*FORCED, "--spec-decode-draft-coverage", "nan"], "expected a number in (0, 1], got nan"),
+        ([*SIM, "--spec-decode-draft-coverage", "0.5"], "expected forced acceptance"),
+    ],
+)  # fmt: skip
+def test_a_bad_draft_coverage_is_refused_in_one_line_before_anything_is_served(
+    refused_run: Any, args: list[str], message: str
+) -> None:
+    code, lines, handed = refused_run(*args)
+    assert code != 0 and handed == []
+    assert len(lines) == 1 and "--spec-decode-draft-coverage" in lines[0], lines
+    assert message in lines[0], lines[0]

@@ -353,3 +353,24 @@ def test_the_example_scenario_is_valid_as_shipped() -> None:
     assert (scenario.model, scenario.hardware, scenario.precision) == ("deepseek-r1", "gb200",
                                                                       "fp4")  # fmt: skip
     assert _example()["deployment"]["pools"][0]["workers"] == 2  # the published spelling
+
+
+def test_the_steady_state_says_its_tails_rest_on_the_mean_al(run_cli: Any, tmp_path: Path) -> None:
+    """The steady state prices the mean AL alone: without a spread it says tails are
+    minimum-variance; with one stated it names it and says it was left out."""
+    from speclens.acceptance.spread import SPREAD_UNKNOWN
+
+    assert _sim(run_cli, EXAMPLE)["spread"] == {"simulated": False, "line": SPREAD_UNKNOWN}
+    data = _example()
+    levels = ("p0", "p5", "p10", "p25", "p50", "p75", "p90", "p95", "p100")
+    quantiles = [1.5, 1.8, 1.9, 2.2, 2.45, 2.7, 3.0, 3.2, 3.6]  # implied mean 2.4525
+    data["workload"]["acceptance"]["spread"] = {
+        "num_spec_tokens": 3, "quantiles": dict(zip(levels, quantiles, strict=True)),
+        "requests": 40,
+    }  # fmt: skip
+    path = _write(tmp_path, data)
+    got = _sim(run_cli, path)["spread"]
+    assert got["simulated"] is False and got["line"].startswith("spread: stated (p10 1.90")
+    assert "not simulated" in got["line"]
+    code, out, _ = run_cli("sim", path)
+    assert code == 0 and "not simulated: the steady state prices the mean AL" in out

@@ -4,7 +4,13 @@ Resolve a golden AL from the shipped registry (Kimi-K3 with DSpark at K = 7, thi
 coding: 3.78), start ``speclens serve`` with that schedule forced on the embedded dummy target
 and drafter, load it with ``speclens bench``, verify the run hit the target (histogram and AL),
 print the report and where the files are, and stop the server. Exit codes follow ``speclens
-bench``: 1 when verification fails, 2 bad options, 3 too many failed requests, 130 interrupted.
+bench``: 1 when verification fails, 2 bad options, 3 too many failed requests, 4 inconclusive,
+130 interrupted.
+
+``--spread`` replays the profile's measured spread between requests too: each request draws its
+own AL from it, and the verdict checks the per-request ALs against it. Golden curves publish
+none, so with the default profile ``--spread`` takes the shipped one that states a spread
+(``SPREAD_PROFILE``: SmolLM2 with n-gram drafting on Spec-Bench, K 4).
 """
 
 from __future__ import annotations
@@ -21,11 +27,19 @@ import urllib.request
 from pathlib import Path
 
 import typer
+import yaml
 
 from speclens.acceptance import Registry, WorkloadAcceptance, conditional_rates, resolve
 from speclens.cli._common import fail, num_spec_tokens_callback, out_console, reported
 from speclens.cli.bench import check, load_settings, open_records, prompts_digest, range_problem
 from speclens.cli.profiles import print_resolution
+
+#: The default profile's key fields, and the shipped profile ``--spread`` takes in their place.
+DEFAULT_PROFILE = ("kimi-k3", "dspark", 7, "on", "coding")
+SPREAD_PROFILE = ("smollm2-135m-instruct", "ngram", 4, "off", "spec-bench")
+#: Requests by default, and with ``--spread``: its check resolves a total variation of 0.3 at
+#: 60 to 71 requests (``runs.verify``), so 64 would often be inconclusive.
+DEFAULT_REQUESTS, SPREAD_REQUESTS = 64, 128
 
 
 def _free_port() -> int:
@@ -61,12 +75,21 @@ def demo(
     ),
     thinking: str = typer.Option("on", "--thinking", help="Thinking mode, on or off."),
     category: str = typer.Option("coding", "--category", help="Workload category."),
-    num_requests: int = typer.Option(64, "--num-requests", help="Requests the benchmark sends."),
+    num_requests: int = typer.Option(
+        DEFAULT_REQUESTS, "--num-requests", help="Requests the benchmark sends."
+    ),
     concurrency: int = typer.Option(16, "--concurrency"),
     max_tokens: int = typer.Option(128, "--max-tokens"),
     executor: str = typer.Option("torch", "--executor", help="torch (real forward passes) or sim."),
     output_dir: Path = typer.Option(
         Path("runs/demo"), "--output-dir", help="Where the report files go."
+    ),
+    spread: bool = typer.Option(
+        False,
+        "--spread",
+        help="Replay the profile's measured spread between requests too (the default profile "
+        "then: SmolLM2 n-gram on Spec-Bench, K 4, which states one; the default --num-requests "
+        f"then {SPREAD_REQUESTS}, as the spread check needs about 70).",
     ),
 ) -> None:
     """Replay a golden AL end to end: resolve, serve it forced, benchmark, verify."""
@@ -81,6 +104,10 @@ def demo(
         range_problem("--concurrency", concurrency, 1),
         range_problem("--max-tokens", max_tokens, 1),
     ])  # fmt: skip
+    if spread and (model, method, num_spec_tokens, thinking, category) == DEFAULT_PROFILE:
+        model, method, num_spec_tokens, thinking, category = SPREAD_PROFILE
+    if spread and num_requests == DEFAULT_REQUESTS:
+        num_requests = SPREAD_REQUESTS
     with reported():
         registry = Registry.load()
         res = resolve(
@@ -94,6 +121,9 @@ def demo(
     out_console.print(
         f"conditional rates the sampler draws against: {conditional_rates(res.per_position_rates)}"
     )
+    if spread and res.spread is None:
+        fail(f"demo: --spread: the profile {res.profile} states no spread between requests; "
+             "choose one that does (profiles from-run writes one from a natural run)", code=2)  # fmt: skip
 
     out_console.rule("2. Serve it forced (embedded dummy target and drafter)")
     port = _free_port()
@@ -110,6 +140,12 @@ def demo(
         "--max-num-seqs", str(max(concurrency, 1)), "--port", str(port),
     ]  # fmt: skip
     records_out = open_records(output_dir)  # creates output_dir; exit 2 when it cannot
+    if spread and res.spread is not None:
+        spread_file = output_dir / "spread.yaml"
+        spread_file.write_text(
+            yaml.safe_dump(res.spread.model_dump(exclude_none=True), sort_keys=False)
+        )
+        command += ["--spec-decode-acceptance-spread", str(spread_file)]
     log_path = output_dir / "server.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -132,7 +168,10 @@ def demo(
         from speclens.runs.rundir import SETTINGS_SCHEMA
 
         prompts = random_prompts(num_requests + 4, 32, max_tokens, seed=0)
-        expectation = Expectation(res.acceptance_length, num_spec_tokens, res.model_dump())
+        expectation = Expectation(
+            res.acceptance_length, num_spec_tokens, res.model_dump(),
+            spread=res.spread if spread else None,
+        )  # fmt: skip
         settings = {
             **load_settings(config),  # what the report's Settings table shows
             "dataset": "random", "dataset_path": None, "categories": None, "slo": None,

@@ -241,6 +241,12 @@ def serve(
         "(num_spec_tokens, quantiles p0..p100, requests, tolerance, source); each request draws "
         "its own AL from it. An --acceptance-profile's own spread is used without it.",
     ),
+    draft_coverage: float = typer.Option(
+        1.0,
+        "--spec-decode-draft-coverage",
+        help="With forced acceptance: the share of decode steps that draft, in (0, 1] (the rest "
+        "are plain steps, as when an n-gram lookup finds no match).",
+    ),
     speculative_config: str | None = typer.Option(
         None,
         "--speculative-config",
@@ -356,6 +362,7 @@ class ServeArgs:
     acceptance_length: float | None
     acceptance_rate: float | None
     acceptance_spread: Path | None
+    draft_coverage: float
     speculative_config: str | None
     confidence_schedule: bool
     acceptance_profile: str | None
@@ -558,6 +565,8 @@ class ServeArgs:
                 ngram_min=lookup_min,
                 seed=self.seed,
                 acceptance_spread=spread,
+                draft_coverage=self.draft_coverage,
+                spread_coverage=self.draft_coverage,
             )
             config = EngineConfig(
                 model=self.model,

@@ -114,12 +114,17 @@ class SpeculativeConfig:
     #: AL by (``acceptance.spread``): 1 for the server's forced drafters, which always draft;
     #: the simulator's stated coverage on its exact loop.
     spread_coverage: float = 1.0
+    #: Forced acceptance only: each request-step drafts with this probability, a step that does
+    #: not being a plain decode step (``serve --spec-decode-draft-coverage``), so tokens per decode
+    #: step are 1 + coverage x (AL - 1) as under natural n-gram drafting. 1: every step drafts.
+    draft_coverage: float = 1.0
     per_position_rates: list[float] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self._check_types()
         self.per_position_rates = self._resolve()
         self._check_spread()
+        self._check_coverage()
 
     @property
     def enabled(self) -> bool:
@@ -146,6 +151,25 @@ class SpeculativeConfig:
             return True
         schedule = minimum_variance_rates(length_from_rates(rates), len(rates))
         return all(abs(a - b) <= 1e-9 for a, b in zip(rates, schedule, strict=True))
+
+    def _check_coverage(self) -> None:
+        """Coverage below 1 is a forcing: it needs forced acceptance, and lies in (0, 1]."""
+        coverage = self.draft_coverage
+        if (
+            isinstance(coverage, bool)
+            or not isinstance(coverage, int | float)
+            or not (0 < coverage <= 1)
+        ):
+            raise ConfigError(
+                f"draft_coverage (--spec-decode-draft-coverage): expected a number in (0, 1], "
+                f"got {coverage!r}"
+            )
+        if coverage < 1 and not self.forced:
+            raise ConfigError(
+                "draft_coverage (--spec-decode-draft-coverage): expected forced acceptance "
+                "(--spec-decode-acceptance-length or -rate): natural drafting covers what it "
+                "covers"
+            )
 
     def _check_spread(self) -> None:
         """A spread needs forced acceptance, K equal to its own, and an implied mean within its
@@ -398,6 +422,12 @@ class EngineConfig:
             raise ConfigError(
                 f"speculative method {spec.method!r} needs its own drafter; the torch executor "
                 f"runs {' and '.join(TORCH_METHODS)} (the sim executor prices any method)"
+            )
+        if self.executor == "sim" and spec.draft_coverage < 1:
+            raise ConfigError(
+                "draft_coverage (--spec-decode-draft-coverage) needs the torch executor: the sim "
+                "executor prices every step at K drafts (speclens sim states coverage in its "
+                "scenario)"
             )
         if self.executor == "sim" and spec.enabled and not spec.forced:
             raise ConfigError(

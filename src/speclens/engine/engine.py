@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from speclens.acceptance.spread import request_uniform
 from speclens.engine import logits as logits_ops
 from speclens.engine.config import ConfigError, EngineConfig, layer_subset
 from speclens.engine.drafters import (
@@ -51,6 +52,8 @@ Drafter = NgramDrafter | DraftModelDrafter | SimDrafter
 #: steps for as long as it runs, and an unbounded history grew its memory without end (about
 #: 1.7 million records a day at 20 steps a second).
 STEP_HISTORY = 100_000
+#: Keys forced coverage's uniforms apart from a spread's, drawn from the same seed.
+COVERAGE_KEY = 0xC0FE
 
 
 @dataclass(slots=True)
@@ -384,7 +387,7 @@ class Engine:
         method = "synthetic" if self.synthetic else "greedy" if greedy else "probabilistic"
         if self.drafter is not None:
             drafting = time.perf_counter()
-            proposal = self._propose(requests, method == "probabilistic")
+            proposal = self._cover(requests, self._propose(requests, method == "probabilistic"))
             self._draft_seconds = proposal.seconds or time.perf_counter() - drafting
         else:
             empty = torch.zeros((batch, 0), dtype=torch.int64, device=self.device)
@@ -439,6 +442,22 @@ class Engine:
                 self.drafter.accepted(r, before, n_acc)
             self._append(r, ids[: n_acc + 1])
         return forward.seconds + proposal.seconds
+
+    def _cover(self, requests: list[Request], proposal: Proposal) -> Proposal:
+        """Forced coverage below 1: a request-step keeps its drafts with probability coverage,
+        its uniform fixed by the seed, the request id and its tokens so far (so every rank, each
+        with the proposal, drops the same rows with no collective); the rest propose none."""
+        coverage = self.config.speculative.draft_coverage
+        if coverage >= 1 or self.synthetic is None:
+            return proposal
+        seed = self.config.speculative.seed ^ COVERAGE_KEY
+        keep = [request_uniform(seed, f"{r.request_id}:{r.num_tokens}") < coverage
+                for r in requests]  # fmt: skip
+        if all(keep):
+            return proposal
+        mask = torch.tensor(keep, dtype=torch.int64).to(proposal.num_tokens.device)
+        return Proposal(proposal.token_ids, proposal.num_tokens * mask, proposal.probs,
+                        proposal.seconds)  # fmt: skip
 
     def _propose(self, requests: list[Request], want_probs: bool) -> Proposal:
         """The drafter's proposal; across tensor-parallel ranks rank 0's, broadcast (the

@@ -40,6 +40,8 @@ def acceptance_settings(spec: SpeculativeConfig, resolution: Any = None) -> dict
     }
     if spec.method == "ngram":  # so measure's provenance says which lookup was measured
         acceptance |= {"prompt_lookup_min": spec.ngram_min, "prompt_lookup_max": spec.ngram_max}
+    if spec.draft_coverage < 1:
+        acceptance["draft_coverage"] = spec.draft_coverage
     spread, length = spec.acceptance_spread, spec.forced_acceptance_length
     if spread is None or length is None:
         acceptance["spread"] = None

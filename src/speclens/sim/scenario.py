@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, BeforeValidator, Field, model_validator
 
 from speclens.acceptance import AcceptancePin, AcceptanceValue, Problem, ValidationError, read_yaml
 from speclens.acceptance.files import inside, validate
@@ -81,11 +81,49 @@ class Deployment(_Model):
     pools: Annotated[list[Pool], Field(min_length=1)]
 
 
+#: The most lengths a workload may list (``values``): a dataset's prompts, bounded before use.
+MAX_LENGTH_VALUES = 100_000
+
+
+def _values_size(value: object) -> object:
+    """Counted before the entries are read, so a list of ten million is refused by its length."""
+    if isinstance(value, list) and len(value) > MAX_LENGTH_VALUES:
+        raise ValueError(f"has {len(value):,} entries, over the limit of {MAX_LENGTH_VALUES:,}")
+    if isinstance(value, list) and not value:
+        raise ValueError("is empty: list at least one length")
+    return value
+
+
 class Lengths(_Model):
-    """Token counts: fixed (``min == max``) or uniform in [min, max]."""
+    """Token counts: fixed (``min == max``), uniform in [min, max], or ``values``: a dataset's
+    own lengths, each request drawing one of them (min and max are then theirs)."""
 
     min: PositiveInt
     max: PositiveInt
+    values: Annotated[list[PositiveInt], BeforeValidator(_values_size)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounds_of_values(cls, data: Any) -> Any:
+        """``values`` alone: min and max are the values' own (either stated beside them is
+        refused by the cross-check)."""
+        if not isinstance(data, dict) or not isinstance(data.get("values"), list):
+            return data
+        values = data["values"]
+        numbers = (
+            [v for v in values if type(v) is int and v >= 1]
+            if len(values) <= MAX_LENGTH_VALUES
+            else []
+        )
+        bounds = {"min": min(numbers, default=1), "max": max(numbers, default=1)}
+        return {**bounds, **data}  # a stated bound is kept, and refused by the cross-check
+
+    @classmethod
+    def _cross_checks(cls, data: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        if data.get("values") is not None and ("min" in data or "max" in data):
+            given = "min" if "min" in data else "max"
+            return [((given,), "is not allowed with values: their own bounds are used")]
+        return []
 
 
 class Workload(_Model):

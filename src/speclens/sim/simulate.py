@@ -50,6 +50,8 @@ CHUNK = 65_536
 def _lengths(spec: int | Lengths, count: int, rng: np.random.Generator) -> np.ndarray:
     if isinstance(spec, int):
         return np.full(count, spec)
+    if spec.values is not None:
+        return np.asarray(spec.values, dtype=np.int64)[rng.integers(0, len(spec.values), count)]
     return rng.integers(spec.min, spec.max + 1, size=count)
 
 

@@ -136,7 +136,7 @@ def test_invalid_scenario_pin_is_reported_with_its_path(run_cli, tmp_path):
 
 def test_validate_ok_and_every_problem(run_cli, tmp_path):
     code, out, _ = run_cli("profiles", "validate", Path("src/speclens/registry"))
-    assert code == 0 and out.count(": ok (") == 4
+    assert code == 0 and out.count(": ok (") == 5
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "kind: AcceptanceProfileSet\nname: bad\nprofiles:\n"

@@ -674,7 +674,7 @@ _ROW_FIELDS = ("index", "category", "success", "row_error", "completion_tokens",
 @app.command("from-run")
 def from_run_cmd(
     run_dir: Path = typer.Argument(
-        ..., exists=True, file_okay=False, help="A bench run's directory (summary.json, "
+        ..., help="A bench run's directory (summary.json, "
         "records.jsonl), run against a server with natural acceptance."
     ),
     output: Path = typer.Option(..., "--output", "-o", help="Write the profile set here."),

@@ -123,8 +123,13 @@ def read_trace(path: Path) -> Trace:
 
 
 def _summary(summary: dict[str, Any]) -> dict[str, Any]:
-    """Of a summary, what a replay reads: the settings and the server (its K and batch)."""
-    return {key: summary[key] for key in ("settings", "server", "figures") if key in summary}
+    """Of a summary, what a replay reads: the settings and the server (its K and batch), and the
+    figures less acceptance's (each request's own is in its row; the per-request distribution
+    would only count against the bound)."""
+    out = {key: summary[key] for key in ("settings", "server") if key in summary}
+    if isinstance(summary.get("figures"), dict):
+        out["figures"] = {k: v for k, v in summary["figures"].items() if k != "acceptance"}
+    return out
 
 
 def _run_trace(path: Path) -> Trace:

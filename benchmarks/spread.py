@@ -123,6 +123,20 @@ def weighted_ks(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarra
     return d, p, n_a, n_b
 
 
+def derived_coverage(run: Path) -> float:
+    """Draft coverage from the records of an engine that reports no decode steps (vLLM): a
+    request's decode steps are its completion tokens less the first and the accepted drafts."""
+    steps = decode = 0
+    for line in (run / "records.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        spec = row.get("spec_decode_acceptance") or {}
+        if row.get("warmup") or spec.get("num_spec_steps") is None:
+            continue
+        steps += spec["num_spec_steps"]
+        decode += row["completion_tokens"] - 1 - spec["num_accepted_draft_tokens"]
+    return round(steps / decode, 4)
+
+
 def prompt_lengths(run: Path) -> list[int]:
     """The natural run's prompt lengths, which the scenario draws from (``values``): Spec-Bench's
     prompts are skewed, and a prefill stalls the batch's decodes in proportion to its tokens."""
@@ -186,12 +200,17 @@ def main() -> int:
             for c, run in natural.items():
                 bench(url, run, c, args.requests, args.max_tokens)
     # greedy, the same prompts: each request's acceptance is the same at either concurrency
-    speclens("profiles", "from-run", natural[1], "--category", "spec-bench",
+    speclens("profiles", "from-run", natural[1], "--category", "spec-bench", "--method", "ngram",
+             "--num-spec-tokens", "4", "--hardware", f"cpu-{platform.machine()}",
              "-o", work / "profile.yaml")  # fmt: skip
     (profile,) = yaml.safe_load((work / "profile.yaml").read_text())["profiles"]
     if not profile.get("spread"):
         raise RuntimeError("the natural run's profile states no spread")
     (work / "spread.yaml").write_text(yaml.safe_dump(profile["spread"], sort_keys=False))
+    if profile.get("draft_coverage") is None:  # the engine reports no decode steps
+        profile["draft_coverage"] = derived_coverage(natural[1])
+        print(f"draft coverage {profile['draft_coverage']}: derived from completion tokens "
+              "(the engine reports no decode steps)")  # fmt: skip
     print(f"profile: AL {profile['acceptance_length']}, coverage {profile.get('draft_coverage')}, "
           f"spread {profile['spread']['quantiles']} over {profile['spread']['requests']} requests")  # fmt: skip
     done = speclens("calibrate", *natural.values(), "-o", work / "cost.yaml")

@@ -48,12 +48,18 @@ def _bench(run_cli: Any, url: str, model: str, out: Path | None, concurrency: in
 def natural(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     """The natural run at concurrency 1 (39 requests: three of each category) and a second load
     point for the calibration at 2 (26), SmolLM2 with n-gram drafting K 4."""
-    from click.testing import CliRunner
+    import logging
+
+    from typer.testing import CliRunner
 
     from speclens.cli import app
 
     def run_cli(*args: str | Path) -> tuple[int, str, str]:
-        result = CliRunner().invoke(app, [str(a) for a in args])
+        """The ``run_cli`` fixture's call, for a module-scoped fixture."""
+        try:
+            result = CliRunner().invoke(app, [str(a) for a in args])
+        finally:
+            logging.getLogger().handlers.clear()
         return result.exit_code, result.stdout, result.stderr
 
     work = tmp_path_factory.mktemp("spread-smollm2")

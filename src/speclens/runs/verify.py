@@ -125,12 +125,7 @@ def verify(
         )
     return {
         **out,
-        "realized_acceptance_length": realized,
-        "standard_error": se,
-        "interval": [expected_length - tolerance, expected_length + tolerance],
-        "al_ok": al_ok,
-        "histogram_ok": histogram_ok,
-        "unexpected_buckets": unexpected,
+        **_judged(realized, se, expected_length, tolerance, al_ok, histogram_ok, unexpected),
         "observed_split": observed_high,
         "expected_split": p_high if len(expected) == 2 else None,
         "passed": al_ok and histogram_ok,
@@ -138,6 +133,21 @@ def verify(
         "reason": "; ".join(reasons)
         or f"realized AL {realized:.4f} and histogram match the forced schedule over {steps} "
         "verify steps",
+    }
+
+
+def _judged(
+    realized: float, se: float, expected_length: float, tolerance: float, al_ok: bool,
+    histogram_ok: bool, unexpected: dict[str, int],
+) -> dict[str, Any]:  # fmt: skip
+    """The figures every verdict reports, with or without a spread."""
+    return {
+        "realized_acceptance_length": realized,
+        "standard_error": se,
+        "interval": [expected_length - tolerance, expected_length + tolerance],
+        "al_ok": al_ok,
+        "histogram_ok": histogram_ok,
+        "unexpected_buckets": unexpected,
     }
 
 
@@ -235,12 +245,7 @@ def spread_verify(
         )
     return {
         **out,
-        "realized_acceptance_length": realized,
-        "standard_error": se,
-        "interval": [expected_length - tolerance, expected_length + tolerance],
-        "al_ok": al_ok,
-        "histogram_ok": histogram_ok,
-        "unexpected_buckets": unexpected,
+        **_judged(realized, se, expected_length, tolerance, al_ok, histogram_ok, unexpected),
         "observed_split": None,
         "expected_split": None,
         "passed": mean_ok and bool(block["passed"]),

@@ -187,6 +187,13 @@ def minimum_variance_rates(length: float, k: int) -> list[float]:
     return rates[:k]
 
 
+def is_minimum_variance(rates: Sequence[float]) -> bool:
+    """``rates`` are the minimum-variance schedule of their own AL (to 1e-9 a position): a
+    request's own schedule under a spread is then the minimum-variance one at its AL too."""
+    schedule = minimum_variance_rates(length_from_rates(rates), len(rates))
+    return all(abs(a - b) <= 1e-9 for a, b in zip(rates, schedule, strict=True))
+
+
 def conditional_rates(rates: Sequence[float]) -> list[float]:
     """c_i = r_i / r_(i-1) with r_0 = 1, and 0 where r_(i-1) = 0: P(accept i | accepted 1..i-1)."""
     rates = check_rates(rates)

@@ -17,6 +17,7 @@ from speclens.acceptance import (
     AcceptanceSpread,
     ValidationError,
     check_rates,
+    is_minimum_variance,
     length_from_rate,
     length_from_rates,
     minimum_variance_rates,
@@ -147,10 +148,7 @@ class SpeculativeConfig:
         length or rate, or stated and equal to it), so each request's own schedule under a
         spread is the minimum-variance one at its AL; other stated rates keep their shape."""
         rates = self.per_position_rates
-        if rates is None or self.acceptance_rates is None:
-            return True
-        schedule = minimum_variance_rates(length_from_rates(rates), len(rates))
-        return all(abs(a - b) <= 1e-9 for a, b in zip(rates, schedule, strict=True))
+        return rates is None or self.acceptance_rates is None or is_minimum_variance(rates)
 
     def _check_coverage(self) -> None:
         """Coverage below 1 is a forcing: it needs forced acceptance, and lies in (0, 1]."""

@@ -60,22 +60,13 @@ class UnseededAcceptance(SyntheticAcceptance):
     """Test-only (``SPECLENS_TEST_UNSEEDED_RANK_DRAW=1``): accept decisions from a generator each
     rank seeds from the OS, the per-rank ``torch.rand`` the seed warns about."""
 
-    def accept(
-        self,
-        batch: int,
-        width: int,
-        device: torch.device | str,
-        keys: Sequence[str] | None = None,
-    ) -> torch.Tensor:
-        generator = getattr(self, "_unseeded", None)
-        if generator is None:
-            generator = torch.Generator(device=device)
-            generator.seed()
-            self._unseeded = generator
-        self.step += 1
-        shared = self.conditional_on(device)[:width]
-        conditional = self.conditional_for(shared, batch, width, device, keys)
-        return torch.rand((batch, width), generator=generator, device=device) < conditional
+    def _uniforms(self, generator: torch.Generator, batch: int, width: int) -> torch.Tensor:
+        unseeded = getattr(self, "_unseeded", None)
+        if unseeded is None:
+            unseeded = torch.Generator(device=generator.device)
+            unseeded.seed()
+            self._unseeded = unseeded
+        return torch.rand((batch, width), generator=unseeded, device=generator.device)
 
 
 def synthetic_for(

@@ -423,3 +423,17 @@ def read_run(path: Path, keep_row: Keep, keep_summary: Keep, budget: Budget | No
 def fields(names: Sequence[str]) -> Keep:
     """A ``Keep`` of the named top-level fields."""
     return lambda row: {key: row[key] for key in names if key in row}
+
+
+def fields_but_acceptance(names: Sequence[str]) -> Keep:
+    """``fields``, with ``figures`` less its ``acceptance``: for a reader of each request's own
+    acceptance (a replay, a calibration), to whom the summary's per-request distribution would
+    only count against the bound."""
+
+    def keep(summary: dict[str, Any]) -> dict[str, Any]:
+        out = fields(names)(summary)
+        if isinstance(out.get("figures"), dict):
+            out["figures"] = {k: v for k, v in out["figures"].items() if k != "acceptance"}
+        return out
+
+    return keep

@@ -37,6 +37,8 @@ MAX_TRACE_TOKENS = 2**20
 #: hold (``speclens.runs.record.MAX_SECONDS``); past it a step's price would vanish in the clock's
 #: rounding and the replay's records could not be read back.
 MAX_TRACE_SPAN_MS = MAX_SECONDS * 1000.0
+#: Of its summary: the settings, the server (its K and batch) and the figures.
+SUMMARY_FIELDS = ("settings", "server", "figures")
 #: The fields of a records.jsonl row a replay reads (``read_trace``).
 TRACE_FIELDS = ("index", "success", "row_error", "warmup", "category", "start_s", "scheduled_s",
                 "latency_s", "prompt_tokens", "completion_tokens", "cached_tokens",
@@ -122,19 +124,11 @@ def read_trace(path: Path) -> Trace:
 # --- a run directory ------------------------------------------------------------------------
 
 
-def _summary(summary: dict[str, Any]) -> dict[str, Any]:
-    """Of a summary, what a replay reads: the settings and the server (its K and batch), and the
-    figures less acceptance's (each request's own is in its row; the per-request distribution
-    would only count against the bound)."""
-    out = {key: summary[key] for key in ("settings", "server") if key in summary}
-    if isinstance(summary.get("figures"), dict):
-        out["figures"] = {k: v for k, v in summary["figures"].items() if k != "acceptance"}
-    return out
-
-
 def _run_trace(path: Path) -> Trace:
     try:
-        run = rundir.read_run(path, rundir.fields(TRACE_FIELDS), _summary)
+        run = rundir.read_run(
+            path, rundir.fields(TRACE_FIELDS), rundir.fields_but_acceptance(SUMMARY_FIELDS)
+        )
     except InputError as exc:
         raise TraceError(exc.lines) from None
     rows = run.completed

@@ -209,10 +209,14 @@ class SyntheticAcceptance:
         if prepared is None:
             prepared = self._prepare(device, width)
         generator, conditional = prepared
-        generator.manual_seed(self.stream_seed(self.step))
+        uniforms = self._uniforms(generator, batch, width)
         self.step += 1
-        uniforms = torch.rand((batch, width), generator=generator, device=generator.device)
         return uniforms < self.conditional_for(conditional, batch, width, device, keys)
+
+    def _uniforms(self, generator: torch.Generator, batch: int, width: int) -> torch.Tensor:
+        """This step's uniforms, [batch, width]: the lockstep stream re-seeded for the step."""
+        generator.manual_seed(self.stream_seed(self.step))
+        return torch.rand((batch, width), generator=generator, device=generator.device)
 
     def conditional_for(
         self,

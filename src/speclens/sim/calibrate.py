@@ -165,18 +165,11 @@ FIELDS = ("index", "success", "row_error", "warmup", "start_s", "ttft_s", "laten
 SUMMARY_FIELDS = ("settings", "server", "figures")
 
 
-def summary_kept(summary: dict[str, Any]) -> dict[str, Any]:
-    """``SUMMARY_FIELDS``, the figures less acceptance's: each request's own is in its row, and
-    the per-request distribution would only count against the bound."""
-    out = rundir.fields(SUMMARY_FIELDS)(summary)
-    if isinstance(out.get("figures"), dict):
-        out["figures"] = {k: v for k, v in out["figures"].items() if k != "acceptance"}
-    return out
-
-
 def observe(path: Path) -> Observed:
     try:
-        run = rundir.read_run(path, rundir.fields(FIELDS), summary_kept)
+        run = rundir.read_run(
+            path, rundir.fields(FIELDS), rundir.fields_but_acceptance(SUMMARY_FIELDS)
+        )
     except rundir.InputError as exc:
         raise CalibrationError(exc.lines) from None
     settings = run.settings

@@ -33,7 +33,10 @@ from typing import Protocol
 
 import numpy as np
 
-from speclens.acceptance.quantity import length_from_rates, minimum_variance_rates
+from speclens.acceptance.quantity import (
+    is_minimum_variance,
+    length_from_rates,
+)
 from speclens.acceptance.spread import RequestDraw, request_rates, request_uniform
 from speclens.cost import BLOCK_SIZE, Pricing
 from speclens.sim.sketch import Tally, Totals
@@ -112,8 +115,7 @@ class RequestSpread:
     ) -> None:
         self.rates, self.seed = list(rates), seed
         length, k = length_from_rates(self.rates), len(self.rates)
-        schedule = minimum_variance_rates(length, k)
-        self.derived = all(abs(a - b) <= 1e-9 for a, b in zip(self.rates, schedule, strict=True))
+        self.derived = is_minimum_variance(self.rates)
         self.draw = RequestDraw(quantiles, length, k, coverage)
 
     def al(self, index: int) -> float:

@@ -8,7 +8,9 @@ run's TPOT p90 within 10%.
 The prediction is held at concurrency 1, where the tails are acceptance's alone (at 2 another
 request's prefill stalls a decode, which ``benchmarks/spread.py`` reports beside it); its 10% is
 the issue's goal, which the benchmark meets with room on twice the requests. The natural run's
-p90 rests on 39 requests, so a machine far noisier than the calibration run saw moves it."""
+p90 rests on 39 requests, so a machine far noisier than the calibration run saw moves it: the
+test is marked ``quiet`` and runs alone (in CI, beside another model test, the natural run came
+out 10.5% slower than its calibration predicted)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import yaml
 
 from serverkit import running_servers
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.quiet]
 
 SPEC_BENCH = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "spec-bench" / "question.jsonl"  # fmt: skip
 NGRAM = '{"prompt_lookup_min": 2, "prompt_lookup_max": 4}'

@@ -95,8 +95,8 @@ def test_a_sweep_written_before_the_interrupt_is_removed(tmp_path, monkeypatch):
     real = published.write_sweep
     calls = []
 
-    def then_interrupted(target, points):
-        real(target, points)
+    def then_interrupted(target, points, *rest):
+        real(target, points, *rest)
         calls.append(target)
         if len(calls) == 2:
             raise KeyboardInterrupt

@@ -334,7 +334,7 @@ def test_write_point_refuses_a_directory_that_is_not_empty(tmp_path):
 def test_a_sweep_that_fails_part_way_leaves_nothing(tmp_path, monkeypatch):
     import speclens.runs.html_sweep as html
 
-    def broken(_sweep_dir):
+    def broken(_sweep_dir, **_):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(html, "write_sweep_report", broken)

@@ -16,6 +16,7 @@ try:
 
     from speclens import __version__
     from speclens.cli import bench, calibrate, demo, export, lossless, measure, profiles, serve, sim
+    from speclens.cli import report as report_cli
     from speclens.cli import compare as compare_cli
     from speclens.cli import importing as import_cli
     from speclens.cli import sweep as sweep_cli
@@ -43,6 +44,7 @@ app.command("export")(export.export)
 app.command("lossless")(lossless.lossless)
 app.command("sweep")(sweep_cli.sweep)
 app.command("compare")(compare_cli.compare)
+app.command("report")(report_cli.report)
 app.command("calibrate", cls=RayCommand)(calibrate.calibrate)
 app.add_typer(import_cli.app, name="import")
 

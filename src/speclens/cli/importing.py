@@ -1,7 +1,8 @@
 """``speclens import``: published results as aggregate-only runs.
 
-``speclens import inferencex FILE... --output-dir DIR [--where KEY=VALUE ...]`` writes one sweep
-directory per configuration (``DIR/<name>/``, a run per concurrency); ``speclens import vllm
+``speclens import inferencex FILE... --output-dir DIR [--where KEY=VALUE ...] [--plots]`` writes
+one sweep directory per configuration (``DIR/<name>/``, a run per concurrency; the sweep
+reports' plots only with ``--plots``, or later with ``speclens report DIR``); ``speclens import vllm
 FILE --output-dir DIR`` writes one run directory from a ``vllm bench serve --save-result`` file.
 Every file is read and checked before anything is written, and every directory is built aside
 and renamed into place, so a refused import writes nothing. An interrupted one writes nothing
@@ -68,10 +69,16 @@ def inferencex(
         "spec_method=none, date=2026-05-27). Repeatable: different keys must all match; "
         "values given for one key are alternatives.",
     ),
+    plots: bool = typer.Option(
+        False, "--plots/--no-plots",
+        help="Draw each sweep report's plots now (most of an import's time; `speclens report "
+        "DIR` draws them later).",
+    ),
 ) -> None:  # fmt: skip
     """Each configuration (model, chip, engine, precision, lengths, parallelism, speculation,
     date) of InferenceX's published points becomes a sweep directory with one aggregate-only
-    run per concurrency."""
+    run per concurrency. Its report.html has the tables; the plots wait for ``--plots`` or
+    ``speclens report``."""
     from speclens.runs import published, published_read
     from speclens.runs.rundir import InputError
 
@@ -86,7 +93,7 @@ def inferencex(
                 fail(f"command line: --where {shown}: no point matches ({len(unique):,} "
                      f"published points read from {len(files)} file(s))", 1)  # fmt: skip
             sweeps = published_read.configurations(chosen)
-            published.write_sweeps(output_dir, sweeps, stopped=lambda: bool(signals))
+            published.write_sweeps(output_dir, sweeps, stopped=lambda: bool(signals), plots=plots)
         except InputError as exc:
             fail(exc.lines, exc.code)
         except OSError as exc:

@@ -42,15 +42,23 @@ _SETTINGS = ("concurrency", "request_rate", "num_speculative_tokens", "acceptanc
 _SAFE_DIR = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*\Z")
 
 
-def write_sweep_report(sweep_dir: Path, decision: Mapping[str, Any] | None = None) -> Path:
+#: Where a sweep's plots would be when they were left out (an import draws none: matplotlib is
+#: most of an import's time, and ``speclens report`` draws them when a page is wanted).
+PLOTS_NOT_DRAWN = "not drawn when this sweep was written: run `speclens report` on its directory"
+
+
+def write_sweep_report(
+    sweep_dir: Path, decision: Mapping[str, Any] | None = None, plots: bool = True
+) -> Path:
     """``sweep_dir/report.html`` from ``sweep_dir/sweep.json``; returns its path. ``decision``
-    (``speclens sim --at-interactivity``, as decision.json holds it) goes at the page's top."""
+    (``speclens sim --at-interactivity``, as decision.json holds it) goes at the page's top;
+    ``plots`` false leaves the plots out, saying how to draw them."""
     sweep_dir = Path(sweep_dir)
     path = sweep_dir / "sweep.json"
     sweep = read_json(path)
     expect_schema(sweep, path, "speclens.sweep/1")
     expect_field(sweep, path, "points", list)
-    return write_page(sweep_dir, sweep_page(sweep, sweep_dir, decision))
+    return write_page(sweep_dir, sweep_page(sweep, sweep_dir, decision, plots))
 
 
 def decision_section(page: Page, f: Fields) -> None:
@@ -115,7 +123,10 @@ def _settings_text(f: Fields, *parts: str | int) -> str:
 
 
 def sweep_page(
-    sweep: dict[str, Any], sweep_dir: Path, decision: Mapping[str, Any] | None = None
+    sweep: dict[str, Any],
+    sweep_dir: Path,
+    decision: Mapping[str, Any] | None = None,
+    plots: bool = True,
 ) -> Page:
     """Top-down: what was swept, the decision (``--at-interactivity``) or what went wrong,
     each setting's peak, the plots, then every point's figures and the points themselves."""
@@ -141,7 +152,10 @@ def sweep_page(
     gpus = _gpus(summaries)
     _peak_table(page, f, gpus)
     page.heading("Plots")
-    page.plots(_sweep_plots(f, gpus))
+    if plots:
+        page.plots(_sweep_plots(f, gpus))
+    else:
+        page.note(esc(PLOTS_NOT_DRAWN))
     page.heading("Every point")
     _stats_table(page, f, gpus)
     axes = "; ".join(f"{esc(k)}: {f.text('axes', k)}" for k, _ in f.items("axes"))

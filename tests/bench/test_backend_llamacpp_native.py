@@ -22,6 +22,7 @@ from standin_sglang import start, stop
 
 from speclens.bench.client import LoadConfig, RequestRecord
 from speclens.bench.datasets import random_prompts
+from speclens.bench.finish import payloads
 from speclens.bench.run import run_bench
 
 N, MAX_TOKENS, PROMPT_TOKENS, CACHED = 6, 20, 7, 3
@@ -111,7 +112,8 @@ def test_native_completion_gives_text_ttft_and_token_counts(stream: bool) -> Non
         assert r.cached_tokens == CACHED  # timings.cache_n: from its prefix cache
         assert r.finish_reason == "length"  # stop_type "limit", as llama.cpp's OpenAI route says
         assert r.ttft is not None and r.latency is not None and 0 < r.ttft <= r.latency
-        assert [x["timings"]["predicted_n"] for x in r.responses if "timings" in x] == [MAX_TOKENS]
+        raw = payloads(r)
+        assert [x["timings"]["predicted_n"] for x in raw if "timings" in x] == [MAX_TOKENS]
         if stream:
             assert sum(n for _, n in r.itl_runs) == MAX_TOKENS - 1
             assert r.ttft < r.latency

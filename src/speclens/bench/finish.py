@@ -10,6 +10,8 @@ each content chunk counts one token.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +42,9 @@ class Tally:
     last_time: float | None = None
     problem: str = "no choice holds text, delta or message"  # the last event's, for messages
     seen: Seen = field(default_factory=Seen)
+    #: What a raw payload (JSON bytes) is kept as on the record: ``orjson.Fragment``, written
+    #: into records.jsonl as it is, never parsed again; ``bytes`` where records are pickled.
+    keep: Callable[[bytes], Any] = orjson.Fragment
     bound: int = 0
 
     def __post_init__(self) -> None:
@@ -50,14 +55,28 @@ class Tally:
         """The stream ended as its wire ends: ``[DONE]``, or llama.cpp's native final chunk."""
         return self.done or self.seen.stopped
 
-    def event(self, data: str, now: float) -> None:
-        """One SSE event's data."""
-        if data.strip() == "[DONE]":
-            self.done = True
-            return
+    def event(self, data: str | bytes, now: float) -> None:
+        """One SSE event's data (the bytes as read, or text). The client's per-token path: a
+        chunk whose usage count is believed and grew is counted inline."""
         scanned = self.parse(data)
-        if scanned is not None:
-            self.count(now, *scanned)
+        if scanned is None:
+            return
+        chunk, content, text, usage = scanned
+        reported = None if usage is None else usage.get("completion_tokens")
+        if type(reported) is int and "error" not in chunk:
+            tokens = reported - self.tokens
+            if tokens > 0 and self.usage_peak <= reported <= self.bound:
+                self.content_chunks += content
+                self.tokens = self.usage_peak = reported
+                record = self.record
+                record.chunk_times.append(now)
+                last, self.last_time = self.last_time, now
+                if record.ttft is None:
+                    record.ttft = now - record.start
+                elif last is not None:
+                    record.itl_runs.append(((now - last) / tokens, tokens))
+                return
+        self.count(now, chunk, content, text, usage)
 
     def body(self, data: bytes, now: float) -> None:
         """A whole non-streamed body."""
@@ -71,27 +90,46 @@ class Tally:
     def parse(
         self, data: str | bytes
     ) -> tuple[dict[str, Any], bool, bool, dict[str, Any] | None] | None:
-        """The event kept raw on the record and scanned: (chunk, content, text, usage), or None
-        if it is unparsable."""
-        self.events += 1
-        record = self.record
+        """The event kept raw on the record (``keep``: as the bytes it came as where those are
+        plain JSON) and scanned: (chunk, content, text, usage); None for ``[DONE]`` (``done``) or
+        an unparsable event."""
         try:
             chunk = orjson.loads(data)
         except orjson.JSONDecodeError:
-            raw = data if isinstance(data, str) else data[:1000].decode("utf-8", "replace")
-            unparsed = {"unparsed": raw[:1000]}
-            record.responses.append(unparsed)
-            self.seen.add(unparsed)
-            record.unparsable_events += 1
-            self.problem = "not JSON"
-            return None
-        record.responses.append(chunk)
+            chunk = self._unusual(data)
+            if chunk is _SKIP:
+                return None
+            raw = orjson.dumps(chunk)
+        else:
+            raw = data if type(data) is bytes and _verbatim(data) else orjson.dumps(chunk)
+        self.events += 1
+        record = self.record
+        record.responses.append(self.keep(raw))
         problem, content, text, usage = self.seen.add(chunk)
         if problem is not None:
             record.unparsable_events += 1
             self.problem = problem
             return None
         return chunk, content, text, usage  # Seen.add found it an object
+
+    def _unusual(self, data: str | bytes) -> Any:
+        """An event orjson refused: ``[DONE]`` (``_SKIP``), text whose invalid UTF-8 became
+        U+FFFD (the value), or not JSON (kept as ``{"unparsed": ...}``, counted; ``_SKIP``)."""
+        text = data if isinstance(data, str) else data.decode("utf-8", "replace")
+        if text.strip() == "[DONE]":
+            self.done = True
+            return _SKIP
+        if not isinstance(data, str):
+            with contextlib.suppress(orjson.JSONDecodeError):
+                return orjson.loads(text)
+        self.events += 1
+        # Text passed in (not read) may hold a lone surrogate, which no JSON line can.
+        unparsed = {"unparsed": text[:1000].encode("utf-8", "replace").decode()}
+        self.record.responses.append(self.keep(orjson.dumps(unparsed)))
+        self.seen.add(unparsed)
+        self.record.unparsable_events += 1
+        self.problem = "not JSON"
+        return _SKIP
 
     def count(
         self,
@@ -134,6 +172,23 @@ class Tally:
         elif self.last_time is not None:
             record.itl_runs.append(((now - self.last_time) / tokens, tokens))
         self.last_time = now
+
+
+def payloads(record: RequestRecord) -> list[Any]:
+    """The record's raw payloads as JSON values (the client keeps them as bytes: ``Tally.keep``;
+    a record read back from records.jsonl holds them parsed already)."""
+    return list(orjson.loads(orjson.dumps(record.responses)))
+
+
+#: Stands for "no value" where JSON null is one.
+_SKIP: Any = object()
+
+
+def _verbatim(data: bytes) -> bool:
+    """Whether bytes that parsed as JSON can be written into a JSON line as they are: no line
+    break (records.jsonl is one line a record) and no escape (credentials are redacted in the
+    forms ``orjson`` writes, and a server's own escapes could hide one)."""
+    return b"\\" not in data and b"\n" not in data and b"\r" not in data
 
 
 def finish_record(record: RequestRecord, tally: Tally | None = None) -> None:

@@ -130,6 +130,8 @@ class LoadGenerator:
         self.prompts = prompts
         self.stop = asyncio.Event()
         self.on_done: Callable[[RequestRecord], None] | None = None
+        #: What each raw payload is kept as (``Tally.keep``): bytes where records are pickled.
+        self.keep: Callable[[bytes], Any] = orjson.Fragment
         path = route(config.endpoint, config.backend)
         self.wire = wire_for(config.endpoint, config.backend)
         self.replicas = config.replicas
@@ -153,7 +155,11 @@ class LoadGenerator:
         record.start = time.perf_counter() - t0
         body = orjson.dumps(_payload(config, prompt))
         tally = Tally(
-            record, prompt.max_tokens or config.max_tokens, config.stream, seen=Seen(self.wire)
+            record,
+            prompt.max_tokens or config.max_tokens,
+            config.stream,
+            seen=Seen(self.wire),
+            keep=self.keep,
         )
         try:
             await self._exchange(session, self.endpoint_urls[replica], body, tally, t0)
@@ -208,16 +214,30 @@ class LoadGenerator:
     async def _read_stream(
         self, resp: aiohttp.ClientResponse, tally: Tally, t0: float, deadline: float
     ) -> None:
-        """Every SSE event of the stream, each timed as its bytes arrive (decoded in bounded
-        slices: ``transport.body_slices``)."""
-        parser = SSEParser()
+        """Every SSE event of the stream, each timed as its bytes arrive. A body sent as it is
+        is read straight (the bounds checked once a read: the per-token path); an encoded one
+        is decoded in bounded slices (``transport.body_slices``)."""
+        feed, event = SSEParser().feed_data, tally.event
         limit = transport.MAX_STREAM_BYTES
+        if transport.is_plain(resp):
+            size = 0
+            async for chunk in resp.content.iter_any():
+                now = time.perf_counter()
+                size += len(chunk)
+                if now > deadline or size > limit:
+                    raise transport.BodyError(
+                        transport.broken_bound(now, deadline, limit, self.config.timeout)
+                    )
+                now -= t0
+                for data in feed(chunk):
+                    event(data, now)
+            return
         slices = transport.body_slices(resp, limit, deadline, self.config.timeout)
         async with contextlib.aclosing(slices):
             async for chunk in slices:
                 now = time.perf_counter() - t0
-                for event in parser.feed(chunk):
-                    tally.event(event.data, now)
+                for data in feed(chunk):
+                    event(data, now)
 
     def _cut_short(self) -> str:
         """Why a stream that did not end as its wire ends fails."""

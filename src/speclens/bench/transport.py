@@ -100,12 +100,23 @@ async def body_slices(
     size = 0
     async for raw in resp.content.iter_any():
         for piece in inflate(raw):
-            if deadline is not None and time.perf_counter() > deadline:
-                raise BodyError(f"timed out after {timeout:g} s reading the body")
+            now = time.perf_counter()
             size += len(piece)
-            if limit is not None and size > limit:
-                raise BodyError(f"the response exceeded {limit} decoded bytes")
+            if (deadline is not None and now > deadline) or (limit is not None and size > limit):
+                raise BodyError(broken_bound(now, deadline, limit, timeout))
             yield piece
+
+
+def is_plain(resp: aiohttp.ClientResponse) -> bool:
+    """Whether the body comes as it was sent (no ``Content-Encoding`` to decode)."""
+    return resp.headers.get("Content-Encoding", "").strip().lower() in ("", "identity")
+
+
+def broken_bound(now: float, deadline: float | None, limit: int | None, timeout: float) -> str:
+    """Which bound a body read broke (the deadline first): the ``BodyError`` message."""
+    if deadline is not None and now > deadline:
+        return f"timed out after {timeout:g} s reading the body"
+    return f"the response exceeded {limit} decoded bytes"
 
 
 async def read_at_most(

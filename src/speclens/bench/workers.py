@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import orjson
+
 from speclens.bench.client import LoadConfig, LoadGenerator, RequestRecord, RunResult
 from speclens.bench.datasets import Prompt
 
@@ -76,6 +78,7 @@ def _worker(config: LoadConfig, prompts: list[Prompt], out: Any, start: Any) -> 
 
 async def _work(config: LoadConfig, prompts: list[Prompt], out: Any, start: Any) -> None:
     generator = LoadGenerator(config, prompts)
+    generator.keep = bytes  # an orjson.Fragment does not pickle; the parent wraps them
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, generator.stop.set)
     out.put(
@@ -188,6 +191,8 @@ class WorkerPool:
             if self._stopped:
                 self._terminate(pid)
         elif kind == "records":
+            for record in payload:
+                record.responses = [orjson.Fragment(raw) for raw in record.responses]
             records.extend(payload)
             if self.on_done is not None:
                 for record in payload:

@@ -138,20 +138,25 @@ def test_a_decode_step_without_drafts_pays_no_drafter(coverage: float) -> None:
     assert tally.end - tally.start == pytest.approx(expected, rel=1e-9)
 
 
-def test_fast_path_falls_back_where_the_kv_cache_may_preempt(tmp_path: Path) -> None:
-    """A KV cache smaller than every running request at its longest can preempt, which the
-    fast path does not represent: the step-exact loop runs and the result says why."""
+def test_a_run_that_keeps_records_steps_exactly_where_the_kv_cache_fills(tmp_path: Path) -> None:
+    """A KV cache smaller than every running request at its longest preempts: the fast path
+    runs it as the engine would (tests/sim/test_fast_preemption.py), but a run that keeps each
+    request's steps for its records cannot hold a preempted one's, so there the step-exact loop
+    runs and the result says why."""
     data = copy.deepcopy(EXAMPLE)
     data["workload"].update(requests=8, output_tokens=16, input_tokens=16)
     data["deployment"]["pools"][0]["engine"].update(kv_cache_tokens=200, max_model_len=64)
-    result = simulate(
-        Scenario.model_validate(data), tmp_path, minimum_variance_rates(3.0, 7), fast=True
-    )
+    scenario, rates = Scenario.model_validate(data), minimum_variance_rates(3.0, 7)
+    fast = simulate(scenario, tmp_path, rates, fast=True)
+    assert (fast["loop"], fast["fallback"]) == ("fast", None) and fast["preemptions"] > 0
+    result = simulate(scenario, tmp_path, rates, fast=True, keep_records=True)
     assert result["loop"] == "exact"
     assert result["fallback"] == (
-        "deployment.pools[0]: kv_cache_tokens 200 below 384 (the KV cache may preempt requests)"
+        "deployment.pools[0]: the KV cache fills at decode step 0 (16 blocks needed of 13), and "
+        "a run that keeps records takes the step-exact loop where a request is preempted"
     )
-    assert result["pools"]["0"]["requests"] == 8
+    assert result["pools"]["0"]["requests"] == 8 and len(result["records"]) == 8
+    assert result["preemptions"] > 0
 
 
 def test_sketch_percentiles_match_numpy_on_the_expanded_samples() -> None:
@@ -203,9 +208,13 @@ def test_the_command_takes_the_fast_path_unless_told_exact(run_cli, tmp_path: Pa
     data = copy.deepcopy(SMALL)
     data["deployment"]["pools"][0]["engine"].update(kv_cache_tokens=300, max_model_len=200)
     path.write_text(yaml.safe_dump(data))
-    code, out, err = run_cli("sim", path)
+    code, out, err = run_cli("sim", path)  # a cache that fills: the fast path preempts
     assert code == 0, err
-    assert "step-exact loop: the fast path cannot represent deployment.pools[0]: " in out
+    assert "fast path (--exact for the step-exact loop)" in out
+    assert "the KV cache filled: " in out and " preemptions (requests recomputed" in out
+    code, out, err = run_cli("sim", path, "--output-dir", tmp_path / "run")
+    assert code == 0, err
+    assert "step-exact loop: the fast path cannot represent deployment.pools[0]: the KV " in out
     code, _, err = run_cli("sim", path, "--jobs", "0")
     assert code == 2 and "--jobs: expected an integer >= 1, got 0" in err
 

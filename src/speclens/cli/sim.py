@@ -426,11 +426,14 @@ def sim(
     with reported():
         scenario = load_scenario(scenario_path, precision)
         # The fast path runs where it can represent every point (a speculating pool always
-        # runs a resolved, forced schedule here); the budget follows the path.
-        fallbacks = [] if exact else [fast_fallback(scenario, [], k) for k in ks]
+        # runs a resolved, forced schedule here); the budget follows the path. It models a KV
+        # cache that fills, but a run that writes records steps exactly where its draws fill it.
+        records = output_dir is not None
+        fallbacks = [] if exact else [fast_fallback(scenario, [], k, kv=records) for k in ks]
         fast = not exact and not any(fallbacks)
         budget = max_request_steps or (MAX_FAST_REQUEST_STEPS if fast else MAX_REQUEST_STEPS)
-        check(scenario, str(scenario_path), ks, budget, runs=len(grid), base=scenario_path.parent)
+        check(scenario, str(scenario_path), ks, budget, runs=len(grid), base=scenario_path.parent,
+              keeps_requests=not fast or records)  # fmt: skip
         _check_closed_loop(scenario_path, scenario, grid)
         speculative = [p.engine.speculative for p in scenario.speculating]
         if spread is not None and speculative and speculative[0] is not None:
@@ -612,13 +615,13 @@ def _schedule_command(
         with reported():
             for n in concurrencies:
                 own = sc.at_concurrency(scenario, n)
-                fast = fast and not any(fast_fallback(own, [], k) for k in ks)
+                fast = fast and not any(fast_fallback(own, [], k, kv=False) for k in ks)
     budget = MAX_FAST_REQUEST_STEPS if fast else MAX_REQUEST_STEPS
     for c in contexts:
         scenario = sc.with_context(base_scenario, c)
         with reported():
             check(scenario, str(scenario_path), ks, budget, runs=len(grid),
-                  base=scenario_path.parent)  # fmt: skip
+                  base=scenario_path.parent, keeps_requests=not fast)  # fmt: skip
         for k in [0, *ks]:
             for n in concurrencies:
                 res = resolved.get(k)
@@ -645,7 +648,7 @@ def _schedule_command(
     sched["points"] = [
         {"context": c, "num_spec_tokens": k, "concurrency": n,
          "tok_s_gpu": r["throughput"]["output_tokens_per_s"] / gpus,
-         "tpot_p50_ms": (r["latency_ms"].get("tpot") or {}).get("p50")}
+         "tpot_p50_ms": (r["latency_ms"].get("tpot") or {}).get("p50"), "loop": r["loop"]}
         for (c, k, n), r in zip(keys, rows, strict=True)
     ]  # fmt: skip
     sched["acceptance"] = [{**resolved[k].model_dump(), "line": _acceptance_text(
@@ -946,6 +949,10 @@ def _print(
         else f"{rows[0]['loop']} path"
         + (" (--exact for the step-exact loop)" if rows[0]["loop"] == "fast" else "")
     )
+    preempted = [r.get("preemptions") or 0 for r in rows]
+    if any(preempted):
+        out_console.print(f"the KV cache filled: {', '.join(f'{n:,}' for n in preempted)} "
+                          "preemptions (requests recomputed from their prompt and output)")  # fmt: skip
     for index, pricing in rows[0].get("pricing", {}).items():
         out_console.print(f"pool {index} steps: {_pricing(pricing)}")
     for line in dict.fromkeys(r["trust"]["line"] for r in rows if trust and r.get("trust")):

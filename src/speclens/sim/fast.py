@@ -7,11 +7,14 @@ r_j - r_(j+1). So a request's whole trajectory (tokens per step, drafts, context
 is admitted, and what it adds to every future decode step (a sequence, its context, whether it
 drafts: a drafting one verifies K + 1 slots) is added to windows indexed by decode step; a
 stretch of steps is priced from those sums at once (``decode``), so any step cost works, affine
-or a roofline. With no preemption and every running request in every decode step
-(``unsupported`` says when that holds), the batch changes only when a request finishes or is admitted: between
+or a roofline. With every running request in every decode step (``unsupported`` says when that
+holds), the batch changes only when a request finishes, is admitted or is preempted: between
 those events the engine's clock is a cumulative sum over the window. Prefill steps, admission
-(``max_num_seqs``, the token budget), closed and open loops and idle gaps follow the engine's
-scheduler and ``simulate._run_replica`` step for step.
+(``max_num_seqs``, the token budget, room in the KV cache), preemption (a step's requests need
+more KV blocks than the cache has: the last admitted goes back to the queue's front, to be
+recomputed), closed and open loops and idle gaps follow the engine's scheduler and
+``simulate._run_replica`` step for step: without speculation (nothing drawn) the two loops
+give the same figures.
 
 With a spread (``RequestSpread``) each request accepts at its own AL, the one the engine's
 forced stream draws for the same request id (a pure function of the seed and the id), so both
@@ -29,7 +32,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -58,15 +61,39 @@ def unsupported(
     if k and rates is None:
         return "speculation without a forced acceptance schedule"
     seqs = max(1, min(max_num_seqs, share))
+    if max_num_batched_tokens // (k + 1) < seqs:
+        return "a decode step's token budget below max_num_seqs (requests would wait a step)"
+    return None
+
+
+def may_preempt(
+    k: int, max_num_seqs: int, kv_cache_tokens: int, longest: int, share: int
+) -> str | None:
+    """Why the KV cache may fill, whatever the draws (``max_num_seqs`` requests of the replica's
+    ``share``, each at its ``longest`` with its K + 1 verify slots, hold more than it), or
+    None: then no request is ever preempted or held back for room, and the fast path needs no
+    check of the cache as it runs."""
+    seqs = max(1, min(max_num_seqs, share))
     held = -(-(longest + k + 1) // BLOCK_SIZE) * BLOCK_SIZE * seqs
     if kv_cache_tokens < held:
         return (
             f"kv_cache_tokens {kv_cache_tokens:,} below {held:,} "
             "(the KV cache may preempt requests)"
         )
-    if max_num_batched_tokens // (k + 1) < seqs:
-        return "a decode step's token budget below max_num_seqs (requests would wait a step)"
     return None
+
+
+class Preempted(Exception):
+    """The KV cache fills on this run's draws while every decode step's end is kept for the
+    records (``traced``): a preempted request's steps would not be one stretch, which a
+    ``Trace`` cannot hold, so the caller runs the step-exact loop. Raised as soon as found."""
+
+    def __init__(self, step: int, need: int, blocks: int) -> None:
+        self.pool: int | None = None  # the pool it ran in, set by the caller
+        super().__init__(
+            f"the KV cache fills at decode step {step:,} ({need:,} blocks needed of {blocks:,}), "
+            "and a run that keeps records takes the step-exact loop where a request is preempted"
+        )
 
 
 #: A request (index, arrival, input tokens, output tokens) with its trajectory: per decode step
@@ -100,6 +127,7 @@ class Counts:
     histogram: np.ndarray
     request_steps: int
     drafting_steps: int
+    preemptions: int = 0
 
 
 class RequestSpread:
@@ -259,8 +287,18 @@ class _Live:
     arrival: float
     output_tokens: int
     first: float
-    first_tokens: int  # emitted at its first decode step
+    first_tokens: int  # emitted at its first decode step (since it was last admitted)
     first_decode_time: float = 0.0
+    last: float = 0.0  # when it emitted its latest token before that step
+    start: int = 0  # that step
+    item: Item | None = None  # its decode steps from there
+    blocks: np.ndarray | None = None  # with a KV check: the blocks it needs at each of them
+    ticket: int = 0  # which admission it is in
+
+
+def _blocks(tokens: int | np.ndarray) -> Any:
+    """KV blocks that hold ``tokens`` positions."""
+    return -(-tokens // BLOCK_SIZE)
 
 
 class _Gaps:
@@ -308,6 +346,7 @@ def run_replica(
     front: float = 0.0,
     warmup: int = 0,
     spread: RequestSpread | None = None,
+    kv_blocks: int | None = None,
 ) -> Counts:
     """Run one replica over ``requests`` (index, arrival, input tokens, output tokens) in
     arrival order, as ``simulate._run_replica`` drives the engine; finished requests go to
@@ -320,7 +359,14 @@ def run_replica(
     seeing it (a server's front end: HTTP, tokenizing, handing it over), which no step pays;
     ``warmup``: the first requests taken (a closed loop's admissions into the idle engine) count
     in ``pooled`` and ``tally``'s totals (throughput) but in none of its latencies; ``spread``:
-    each request draws at its own AL (``RequestSpread``) instead of every one at ``rates``."""
+    each request draws at its own AL (``RequestSpread``) instead of every one at ``rates``;
+    ``kv_blocks``: the engine's KV blocks (``BLOCK_SIZE`` tokens each): a request is admitted
+    only with room for its prompt and first verify slots, and at a decode step whose requests
+    need more (each its tokens so far plus K slots, as the engine's scheduler reserves them)
+    the last admitted are preempted (``_preempt``; with ``traced``, ``Preempted`` is raised
+    instead). A request's need only grows until it finishes, so it is checked per decode step
+    from a window like the others. None: not checked (``may_preempt`` proved it fits on any
+    draws)."""
     if draws is None:
         draws = _Draws(k, rates, coverage, rng, spread)
     span = longest_output + 2
@@ -331,6 +377,7 @@ def run_replica(
     contexts = np.zeros(width, dtype=np.int64)
     drafting = np.zeros(width, dtype=np.int64)
     tokens = np.zeros((width, k + 2), dtype=np.int64)  # its later-step requests by tokens
+    need = np.zeros(width if kv_blocks is not None else 0, dtype=np.int64)  # KV blocks
     base = 0  # the decode step at index 0 of the window
     decoded = 0  # decode steps run so far
     clock = 0.0
@@ -339,17 +386,21 @@ def run_replica(
     upcoming = next(stream, None)
     waiting: deque[Item] = deque()
     held: list[Item] = []  # closed loop: arrived just after the step boundary another left at
-    running: list[tuple[int, int]] = []  # heap of (last decode step, request index)
-    live: dict[int, _Live] = {}
+    running: list[tuple[int, int, int]] = []  # heap of (last decode step, index, ticket)
+    live: dict[int, _Live] = {}  # the running requests, in the order they were admitted
+    paused: dict[int, _Live] = {}  # preempted, waiting to be recomputed
     fresh: list[_Live] = []  # admitted since the last decode step
     gaps = _Gaps(tally, k)
     clocks: list[float] = []  # with ``traced``: when each decode step ended
     traces: dict[int, tuple[Item, int, float]] = {}  # with ``traced``: item, first step, first
     warm: set[int] = set()  # the warm-up's request indices
-    while upcoming is not None or waiting or running or held:
+    holding = 0  # with ``kv_blocks``: the blocks the running requests hold
+    preemptions = 0
+    tickets = itertools.count()
+    while upcoming is not None or waiting or live or held:
         while upcoming is not None and (
             (concurrency is None and upcoming[1] + front <= clock)
-            or (concurrency is not None and len(waiting) + len(held) + len(running) < concurrency)
+            or (concurrency is not None and len(waiting) + len(held) + len(live) < concurrency)
         ):
             if len(warm) < warmup:
                 warm.add(upcoming[0])
@@ -358,36 +409,46 @@ def run_replica(
             else:
                 waiting.append(upcoming)
             upcoming = next(stream, None)
-        if held and not running and not waiting:  # an idle engine takes them as they come
+        if held and not live and not waiting:  # an idle engine takes them as they come
             clock = max(clock, held[0][1] + front)
             _seen(held, waiting, clock, front)
-        if not waiting and not running:
+        if not waiting and not live:
             assert upcoming is not None
             clock = max(clock, upcoming[1] + front)
             continue
-        if waiting and len(running) < max_num_seqs:  # a prefill step
+        batch: list[Item] = []
+        if waiting and len(live) < max_num_seqs:  # a prefill step, if one fits
             budget = max_num_batched_tokens
-            batch: list[Item] = []
-            while waiting and len(running) + len(batch) < max_num_seqs:
+            while waiting and len(live) + len(batch) < max_num_seqs:
                 if waiting[0][2] > budget:
                     break
+                if kv_blocks is not None:  # room for the prompt and its first verify slots
+                    if _blocks(waiting[0][2] + k + 1) > kv_blocks - holding:
+                        break
+                    holding += _blocks(waiting[0][2])
                 budget -= waiting[0][2]
                 batch.append(waiting.popleft())
-            assert batch, "a prompt never exceeds the token budget (max_model_len at most)"
+            assert batch or live, "a prompt never exceeds the token budget or the cache"
+        if batch:
             prompt = sum(r[2] for r in batch)
             computed = prompt - sum(cached.get(r[0], 0) for r in batch) if cached else prompt
             clock += cost.prefill(computed, len(batch), prompt)  # as the sim executor's prefill
             if decoded - base >= 2 * span:  # slide the window: no live request reaches back
                 shift = decoded - base
-                for array in (seqs, contexts, drafting, tokens):
+                for array in (seqs, contexts, drafting, tokens, need):
                     array[: width - shift] = array[shift:]
                     array[width - shift :] = 0
                 base = decoded
             for item in batch:
-                index, arrival, _, outputs, emitted, context, drafted, _ = item
+                index, arrival, inputs, outputs, emitted, context, drafted, _ = item
                 n = emitted.size
-                if not n:  # one output token: done at its prefill
-                    _tallied(tally, index in warm, arrival, clock, clock, outputs)
+                r = paused.pop(index, None)
+                if r is not None and index not in warm:  # its recompute emits a token
+                    tally.itl.add_one(clock - r.last, 1)
+                if not n:  # its last output token: done at its prefill
+                    holding -= _blocks(inputs) if kv_blocks is not None else 0
+                    first = clock if r is None else r.first
+                    _tallied(tally, index in warm, arrival, first, clock, outputs)
                     pooled.record(arrival, clock, outputs)
                     if traced is not None:
                         traced(_trace(item, clock, np.empty(0)))
@@ -398,25 +459,46 @@ def run_replica(
                 seqs[at : at + n] += 1
                 contexts[at : at + n] += context
                 drafting[at : at + n] += drafted
+                blocks = None
+                if kv_blocks is not None:  # its tokens so far plus K slots, as reserved
+                    blocks = _blocks(context - k * drafted + k)
+                    need[at : at + n] += blocks
                 if index not in warm:  # the later steps' ITL samples
                     tokens[np.arange(at + 1, at + n), emitted[1:]] += 1
-                r = _Live(arrival, outputs, clock, int(emitted[0]))
+                if r is None:
+                    r = _Live(arrival, outputs, clock, int(emitted[0]))
+                r.last, r.first_tokens, r.start = clock, int(emitted[0]), decoded
+                r.item, r.blocks, r.ticket = item, blocks, next(tickets)
                 live[index] = r
                 fresh.append(r)
-                heapq.heappush(running, (decoded + n - 1, index))
+                heapq.heappush(running, (decoded + n - 1, index, r.ticket))
             _seen(held, waiting, clock, front)  # arrived as this step began: join after it
             continue
-        # A stretch of decode steps with the same requests: to the next finish, or to the
-        # next arrival when it could be admitted at once (open loop, a sequence free).
         at = decoded - base
+        if kv_blocks is not None and need[at] > kv_blocks:  # the engine preempts to fit
+            if traced is not None:
+                raise Preempted(decoded, int(need[at]), kv_blocks)
+            before = len(live)
+            holding -= _preempt(live, paused, waiting, fresh, decoded, kv_blocks, k, draws,
+                                (seqs, contexts, drafting, need, tokens), base, last_decode,
+                                warm, tally)  # fmt: skip
+            preemptions += before - len(live)
+        while running[0][1] not in live or live[running[0][1]].ticket != running[0][2]:
+            heapq.heappop(running)  # a preempted request's old finish
+        # A stretch of decode steps with the same requests: to the next finish, or to the
+        # next arrival when it could be admitted at once (open loop, a sequence free), or to
+        # the step before the cache would fill.
         m = running[0][0] - decoded + 1
+        if kv_blocks is not None:
+            over = np.flatnonzero(need[at : at + m] > kv_blocks)
+            m = int(over[0]) if over.size else m
         window = slice(at, at + m)
         slots = seqs[window] + k * drafting[window]
         priced = cost.decode(slots, seqs[window], contexts[window], drafting[window], k)
         prices = np.array(priced, dtype=float) if np.ndim(priced) else np.full(m, priced)
         prices[0] += clock
         times = prices.cumsum()  # the clock after each step, added step by step
-        if concurrency is None and upcoming is not None and len(running) < max_num_seqs:
+        if concurrency is None and upcoming is not None and len(live) < max_num_seqs:
             m = min(m, int(np.searchsorted(times, upcoming[1] + front, side="left")) + 1)
         if held:  # they join after the step under way when the engine sees them
             m = min(m, int(np.searchsorted(times, held[0][1] + front, side="left")) + 1)
@@ -426,21 +508,105 @@ def run_replica(
         fresh = []
         clock = last_decode = float(times[m - 1])
         decoded += m
+        if kv_blocks is not None:  # what the requests of the last step reserved
+            holding = int(need[at + m - 1])
         _seen(held, waiting, clock, front)
         if traced is not None:
             clocks.extend(times[:m].tolist())
         while running and running[0][0] < decoded:
-            index = heapq.heappop(running)[1]
-            r = live.pop(index)
+            _, index, ticket = heapq.heappop(running)
+            r = live[index] if index in live and live[index].ticket == ticket else None
+            if r is None:
+                continue  # preempted since
+            del live[index]
+            if r.blocks is not None:
+                holding -= int(r.blocks[-1])
             if index not in warm:
-                tally.itl.add_one((r.first_decode_time - r.first) / r.first_tokens, r.first_tokens)
+                tally.itl.add_one((r.first_decode_time - r.last) / r.first_tokens, r.first_tokens)
             _tallied(tally, index in warm, r.arrival, r.first, clock, r.output_tokens)
             pooled.record(r.arrival, clock, r.output_tokens)
             if traced is not None:
                 item, step, first = traces.pop(index)
                 traced(_trace(item, first, np.array(clocks[step : step + item[4].size])))
     gaps.flush()
-    return Counts(draws.histogram, draws.request_steps, draws.drafting_steps)
+    return Counts(draws.histogram, draws.request_steps, draws.drafting_steps, preemptions)
+
+
+def _preempt(
+    live: dict[int, _Live], paused: dict[int, _Live], waiting: deque[Item], fresh: list[_Live],
+    step: int, kv_blocks: int, k: int, draws: Trajectories,
+    windows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], base: int,
+    last_decode: float, warm: set[int], tally: Tally,
+) -> int:  # fmt: skip
+    """The engine's scheduler at decode step ``step`` when its requests need more than
+    ``kv_blocks``: in admission order each reserves its need, and while one cannot, the most
+    recently admitted is preempted (its blocks freed, back to the front of the queue to be
+    recomputed from its prompt and output so far, which emits its next token). Each victim
+    leaves the windows from ``step`` and waits with the rest of its drawn steps, capped anew
+    (steps it no longer takes leave the draws' counts). Returns the blocks freed."""
+    seqs, contexts, drafting, need, tokens = windows
+    order = list(live)
+    needs, holds = [], []
+    for index in order:
+        r = live[index]
+        assert r.blocks is not None and r.item is not None
+        rel = step - r.start
+        needs.append(int(r.blocks[rel]))
+        holds.append(int(r.blocks[rel - 1]) if rel else int(_blocks(r.item[2])))
+    n, j, used, rest = len(order), 0, 0, sum(holds[1:])
+    while j < n:
+        while used + needs[j] + rest > kv_blocks:
+            n -= 1
+            if n == j:
+                break
+            rest -= holds[n]
+        if n == j:
+            break
+        used, j = used + needs[j], j + 1
+        if j < n:
+            rest -= holds[j]
+    freed = 0
+    for index in reversed(order[n:]):  # the last admitted first, each to the queue's front
+        r = live.pop(index)
+        assert r.blocks is not None and r.item is not None
+        _, arrival, _, outputs, emitted, context, drafted, accepted = r.item
+        rel, size = step - r.start, emitted.size
+        freed += int(r.blocks[rel - 1]) if rel else int(_blocks(r.item[2]))
+        a, e = step - base, r.start - base + size
+        seqs[a:e] -= 1
+        contexts[a:e] -= context[rel:]
+        drafting[a:e] -= drafted[rel:]
+        need[a:e] -= r.blocks[rel:]
+        if index not in warm:
+            later = max(rel, 1)
+            tokens[np.arange(r.start - base + later, e), emitted[later:]] -= 1
+        if rel:  # its first decode step since admission ran: its ITL sample now
+            if index not in warm:
+                tally.itl.add_one((r.first_decode_time - r.last) / r.first_tokens, r.first_tokens)
+            r.last = last_decode
+        else:
+            fresh.remove(r)
+        tokens_now = int(context[rel] - k * drafted[rel])  # its prompt and output so far
+        remaining = int(emitted[rel:].sum()) - 1  # after the recompute's token
+        gained = 1 + accepted[rel:]
+        total = np.cumsum(gained)
+        steps = int(np.searchsorted(total, remaining, side="left")) + 1 if remaining else 0
+        dropped = slice(rel + steps, size)
+        if k and dropped.start < dropped.stop:  # drawn, counted, and now never taken
+            counted = drafted[dropped].astype(bool)
+            draws.histogram -= np.bincount(accepted[dropped][counted], minlength=k + 1)
+            draws.request_steps -= dropped.stop - dropped.start
+            draws.drafting_steps -= int(counted.sum())
+        own = gained[:steps].copy()
+        if steps:
+            own[-1] -= int(total[steps - 1]) - remaining
+        before = (total - gained)[:steps]
+        item = (index, arrival, tokens_now, outputs, own,
+                tokens_now + 1 + before + drafted[rel : rel + steps] * k,
+                drafted[rel : rel + steps], accepted[rel : rel + steps])  # fmt: skip
+        waiting.appendleft(item)
+        paused[index] = r
+    return freed
 
 
 def _tallied(

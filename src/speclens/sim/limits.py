@@ -31,8 +31,11 @@ MAX_REQUEST_STEPS = 10_000_000
 #: million request-steps a second and keeps constant memory (latency sketches, a window of
 #: decode steps, at most about a million drawn request-steps), so this default is minutes too.
 MAX_FAST_REQUEST_STEPS = 1_000_000_000
-#: Most prompt tokens a run may hold: requests x the longest input. A queued request holds its
+#: Most prompt tokens a run that keeps every request may hold (the step-exact loop, or a run
+#: that writes its records): requests x the longest input. Its engine holds a queued request's
 #: prompt (8 bytes a token), and an open-loop workload over capacity can queue every request.
+#: The fast path keeps a prompt as its length and a finished request as sketch samples, so
+#: its request-step budget bounds it instead.
 MAX_PROMPT_TOKENS = 200_000_000
 #: Largest K simulated: the one bound speclens has (``speclens.acceptance.MAX_NUM_SPEC_TOKENS``).
 MAX_NUM_SPEC_TOKENS = _MAX_K
@@ -71,10 +74,13 @@ def problems(
     num_spec_tokens: Iterable[int | None] = (None,),
     max_request_steps: int = MAX_REQUEST_STEPS,
     runs: int = 1,
+    keeps_requests: bool = True,
 ) -> list[Problem]:
     """Everything that stops the scenario from being simulated as stated. ``num_spec_tokens``
     lists the K values a sweep will run (None: each pool's own K); ``runs`` simulations of the
-    scenario (a sweep's points) share the request-step budget."""
+    scenario (a sweep's points) share the request-step budget; ``keeps_requests``: the run may
+    hold every request whole (the step-exact loop, or records kept), so its prompt tokens are
+    bounded (``MAX_PROMPT_TOKENS``)."""
     workload = scenario.workload
     out: list[Problem] = []
     inputs, outputs = longest(workload.input_tokens), longest(workload.output_tokens)
@@ -134,7 +140,7 @@ def problems(
             "or raise --max-request-steps"
         )))  # fmt: skip
     prompts = workload.requests * inputs
-    if prompts > MAX_PROMPT_TOKENS:
+    if keeps_requests and prompts > MAX_PROMPT_TOKENS:
         out.append(Problem(file, "workload.input_tokens", (
             f"{workload.requests:,} requests (workload.requests) x up to {inputs:,} input "
             f"tokens = {prompts:,} prompt tokens, over the limit of {MAX_PROMPT_TOKENS:,}: "
@@ -192,10 +198,11 @@ def check(
     max_request_steps: int = MAX_REQUEST_STEPS,
     runs: int = 1,
     base: Path | None = None,
+    keeps_requests: bool = True,
 ) -> None:
     """Raise ``ValidationError`` with every problem ``problems`` finds, and, given the folder
     ``base`` that a ``step_cost_file`` is read from, every one ``cost_problems`` finds."""
-    found = problems(scenario, file, num_spec_tokens, max_request_steps, runs)
+    found = problems(scenario, file, num_spec_tokens, max_request_steps, runs, keeps_requests)
     if base is not None:
         found += cost_problems(scenario, file, base, num_spec_tokens)
     if found:

@@ -16,13 +16,14 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from speclens.acceptance import AcceptanceHistogram, Problem, ValidationError, acceptance_length
-from speclens.cost import Pricing
+from speclens.cost import BLOCK_SIZE, Pricing
 from speclens.sim import fast as fast_path
 from speclens.sim import limits, run_output
 from speclens.sim.request import SimRequest
@@ -73,6 +74,20 @@ def arrivals(workload: Workload, seed: int, slot: int = 0, every: int = 1) -> It
             times = np.zeros(count)
         for i in range((slot - first) % every, count, every):
             yield SimRequest(first + i, float(times[i]), int(inputs[i]), int(outputs[i]))
+
+
+@dataclass
+class _Ran:
+    """What a run of every replica leaves: its tallies, records and speculation counts."""
+
+    tally: Tally
+    per_pool: dict[int, Totals]
+    records: list[RequestRecord]
+    histogram: AcceptanceHistogram
+    request_steps: int
+    drafting_steps: int
+    accepted: int
+    preemptions: int
 
 
 def _record_exact(tally: Tally, r: SimRequest, warm: bool = False) -> None:
@@ -256,10 +271,15 @@ def _k(pool: Pool) -> int:
 
 
 def fast_fallback(
-    scenario: Scenario, rates: list[float] | None, num_spec_tokens: int | None = None
+    scenario: Scenario,
+    rates: list[float] | None,
+    num_spec_tokens: int | None = None,
+    kv: bool = True,
 ) -> str | None:
     """Why the fast path cannot run this scenario as the step-exact loop would (naming the
-    pool), or None when it can."""
+    pool), or None when it can. ``kv``: also where the KV cache may fill (``may_preempt``), where
+    the step-exact loop runs only if the fast path's own draws fill it (``Preempted``): a caller
+    bounding the work counts those points as the step-exact loop's."""
     workload = scenario.workload
     longest = limits.longest(workload.input_tokens) + limits.longest(workload.output_tokens)
     replicas = _replicas(scenario, num_spec_tokens)
@@ -270,6 +290,10 @@ def fast_fallback(
             _k(pool), rates, engine.max_num_seqs, engine.kv_cache_tokens,
             limits.batched_tokens(pool), longest, share,
         )  # fmt: skip
+        if reason is None and kv:
+            reason = fast_path.may_preempt(
+                _k(pool), engine.max_num_seqs, engine.kv_cache_tokens, longest, share
+            )
         if reason is not None:
             return f"deployment.pools[{index}]: {reason}"
     return None
@@ -301,7 +325,13 @@ def simulate(
     every request at ``rates``. ``slo`` (seconds by
     ttft, tpot, e2e): ``goodput`` as bench counts it. Raises ``ValidationError`` (naming
     ``source``) for what ``limits`` refuses, before any work."""
-    limits.check(scenario, source, [num_spec_tokens], max_request_steps, base=base)
+    # The fast path keeps no prompt and no finished request (unless it keeps records), and it
+    # runs unless a pool needs the exact loop: only a run that may keep requests whole bounds
+    # their prompt tokens.
+    static = fast_fallback(scenario, rates, num_spec_tokens, kv=False) if fast else None
+    keeps = not fast or keep_records or static is not None
+    limits.check(scenario, source, [num_spec_tokens], max_request_steps, base=base,
+                 keeps_requests=keeps)  # fmt: skip
     workload = scenario.workload
     count = workload.requests
     longest = limits.longest(workload.input_tokens) + limits.longest(workload.output_tokens)
@@ -310,7 +340,7 @@ def simulate(
     # catalog entries and works out its constants when built).
     pools = scenario.deployment.pools
     costs = {i: pool_cost(p, base, scenario, index=i) for i, p in enumerate(pools)}
-    fallback = fast_fallback(scenario, rates, num_spec_tokens) if fast else None
+    fallback = static
     use_fast = fast and fallback is None
     closed = concurrency or workload.concurrency
     per_replica = None if closed is None else max(1, math.ceil(closed / len(replicas)))
@@ -319,74 +349,100 @@ def simulate(
     # A run too short for one (every request admitted at once) keeps them, and says so.
     warm = warmup_requests(scenario, concurrency)
     warmup = (per_replica or 0) if warm < count else 0
-    histogram = AcceptanceHistogram()
-    request_steps = drafting_steps = accepted = 0
-    tally = GoodTally(slo) if slo else Tally()
-    per_pool: dict[int, Totals] = {}
-    records: list[RequestRecord] = []
-    category = workload.category or run_output.DEFAULT_CATEGORY
-    for slot, (pool_index, pool) in enumerate(replicas):
-        pooled = per_pool.setdefault(pool_index, Totals())
-        share = count // len(replicas) + (slot < count % len(replicas))
-        if not share:
-            continue  # more replicas than requests: this one stays idle
-        requests = arrivals(workload, seed, slot, len(replicas))
-        k = _k(pool)
-        replica = f"sim://pools/{pool_index}/replicas/{slot}"
-        if spread is not None and k and spread.num_spec_tokens != k:
-            raise ValueError(f"a spread stated at K {spread.num_spec_tokens} cannot drive K {k}")
-        # The exact loop's engine forces acceptance with seed + slot: the same request draws
-        # the same AL on either loop.
-        own = (
-            fast_path.RequestSpread(spread.values, rates, seed + slot, draft_coverage)
-            if spread is not None and k and rates is not None
-            else None
-        )
-        if use_fast:
-            traced = (
-                (
-                    lambda t, k=k, at=replica: records.append(
-                        run_output.from_trace(t, k, category, at)
-                    )
+
+    def run(use_fast: bool) -> _Ran:
+        """Every replica on one loop; the fast path raises ``Preempted`` where it cannot
+        follow the engine."""
+        histogram = AcceptanceHistogram()
+        request_steps = drafting_steps = accepted = preemptions = 0
+        tally = GoodTally(slo) if slo else Tally()
+        per_pool: dict[int, Totals] = {}
+        records: list[RequestRecord] = []
+        category = workload.category or run_output.DEFAULT_CATEGORY
+        for slot, (pool_index, pool) in enumerate(replicas):
+            pooled = per_pool.setdefault(pool_index, Totals())
+            share = count // len(replicas) + (slot < count % len(replicas))
+            if not share:
+                continue  # more replicas than requests: this one stays idle
+            requests = arrivals(workload, seed, slot, len(replicas))
+            k = _k(pool)
+            replica = f"sim://pools/{pool_index}/replicas/{slot}"
+            if spread is not None and k and spread.num_spec_tokens != k:
+                raise ValueError(
+                    f"a spread stated at K {spread.num_spec_tokens} cannot drive K {k}"
                 )
-                if keep_records
+            # The exact loop's engine forces acceptance with seed + slot: the same request draws
+            # the same AL on either loop.
+            own = (
+                fast_path.RequestSpread(spread.values, rates, seed + slot, draft_coverage)
+                if spread is not None and k and rates is not None
                 else None
             )
-            counts = fast_path.run_replica(
-                ((r.index, r.arrival, r.input_tokens, r.output_tokens) for r in requests),
-                k, rates, draft_coverage, costs[pool_index], pool.engine.max_num_seqs,
-                limits.batched_tokens(pool), limits.longest(workload.output_tokens), per_replica,
-                np.random.default_rng([FAST_STREAM, seed, slot]), tally, pooled, traced,
-                warmup=warmup, spread=own,
-            )  # fmt: skip
-            if k:
-                histogram.update(AcceptanceHistogram.from_dense(counts.histogram.tolist()))
-                request_steps += counts.request_steps
-                drafting_steps += counts.drafting_steps
-                accepted += int(counts.histogram @ np.arange(k + 1))
-            continue
-        from speclens.sim.coverage import cover
+            if use_fast:
+                traced = (
+                    (
+                        lambda t, k=k, at=replica: records.append(
+                            run_output.from_trace(t, k, category, at)
+                        )
+                    )
+                    if keep_records
+                    else None
+                )
+                kv = pool.engine.kv_cache_tokens
+                fills = fast_path.may_preempt(k, pool.engine.max_num_seqs, kv, longest, share)
+                try:
+                    counts = fast_path.run_replica(
+                        ((r.index, r.arrival, r.input_tokens, r.output_tokens) for r in requests),
+                        k, rates, draft_coverage, costs[pool_index], pool.engine.max_num_seqs,
+                        limits.batched_tokens(pool), limits.longest(workload.output_tokens),
+                        per_replica, np.random.default_rng([FAST_STREAM, seed, slot]), tally,
+                        pooled, traced, warmup=warmup, spread=own,
+                        kv_blocks=-(-kv // BLOCK_SIZE) if fills else None,
+                    )  # fmt: skip
+                except fast_path.Preempted as exc:
+                    exc.pool = pool_index
+                    raise
+                preemptions += counts.preemptions
+                if k:
+                    histogram.update(AcceptanceHistogram.from_dense(counts.histogram.tolist()))
+                    request_steps += counts.request_steps
+                    drafting_steps += counts.drafting_steps
+                    accepted += int(counts.histogram @ np.arange(k + 1))
+                continue
+            from speclens.sim.coverage import cover
 
-        engine = _engine(pool, costs[pool_index], rates, seed + slot, longest, share,
-                         spread if own is not None else None, draft_coverage)  # fmt: skip
-        drafted = cover(
-            engine, draft_coverage, np.random.default_rng([COVERAGE_STREAM, seed, slot])
-        )
+            engine = _engine(pool, costs[pool_index], rates, seed + slot, longest, share,
+                             spread if own is not None else None, draft_coverage)  # fmt: skip
+            drafted = cover(
+                engine, draft_coverage, np.random.default_rng([COVERAGE_STREAM, seed, slot])
+            )
 
-        def done(
-            r: SimRequest, warm: bool, pooled: Totals = pooled, k: int = k, at: str = replica
-        ) -> None:
-            _record_exact(tally, r, warm)
-            pooled.record(r.arrival, r.finish or 0.0, r.output_tokens)
-            if keep_records:
-                records.append(run_output.from_exact(r, k, category, at))
+            def done(
+                r: SimRequest, warm: bool, pooled: Totals = pooled, k: int = k, at: str = replica
+            ) -> None:
+                _record_exact(tally, r, warm)
+                pooled.record(r.arrival, r.finish or 0.0, r.output_tokens)
+                if keep_records:
+                    records.append(run_output.from_exact(r, k, category, at))
 
-        _run_replica(engine, requests, per_replica, done, keep_steps=False, warmup=warmup)
-        histogram.update(engine.stats.histogram)
-        if drafted is not None:
-            request_steps += drafted.request_steps
-            drafting_steps += drafted.drafting_steps
-            accepted += engine.stats.num_accepted_tokens
+            _run_replica(engine, requests, per_replica, done, keep_steps=False, warmup=warmup)
+            histogram.update(engine.stats.histogram)
+            preemptions += engine.scheduler.num_preemptions
+            if drafted is not None:
+                request_steps += drafted.request_steps
+                drafting_steps += drafted.drafting_steps
+                accepted += engine.stats.num_accepted_tokens
+        return _Ran(tally, per_pool, records, histogram, request_steps, drafting_steps,
+                    accepted, preemptions)  # fmt: skip
+
+    try:
+        ran = run(use_fast)
+    except fast_path.Preempted as exc:  # on these draws the cache fills: the exact loop runs
+        fallback, use_fast = f"deployment.pools[{exc.pool}]: {exc}", False
+        ran = run(False)
+    tally, per_pool, records = ran.tally, ran.per_pool, ran.records
+    histogram, request_steps = ran.histogram, ran.request_steps
+    drafting_steps, accepted = ran.drafting_steps, ran.accepted
     makespan = _makespan(tally, source)
     extra: dict[str, Any] = {}
     if isinstance(tally, GoodTally):
@@ -411,6 +467,8 @@ def simulate(
         "draft_coverage": drafting_steps / request_steps if request_steps else None,
         "decode_request_steps": request_steps if request_steps else None,
         "tokens_per_step": acceptance_length(accepted, request_steps) if request_steps else None,
+        # Requests the KV cache pushed out to be recomputed (a request twice counts twice).
+        "preemptions": ran.preemptions,
         "pricing": {
             str(i): {**costs[i].describe(), "source": cost_source(pool, scenario)}
             for i, pool in enumerate(pools)

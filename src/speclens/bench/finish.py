@@ -101,7 +101,18 @@ class Tally:
                 return None
             raw = orjson.dumps(chunk)
         else:
-            raw = data if type(data) is bytes and _verbatim(data) else orjson.dumps(chunk)
+            # Bytes that parsed are kept as they came unless a line break or an escape is in
+            # them: records.jsonl is a line a record, and credentials are redacted in the forms
+            # orjson writes (a server's own escapes could hide one).
+            if (
+                type(data) is bytes
+                and b"\\" not in data
+                and b"\n" not in data
+                and b"\r" not in data
+            ):
+                raw = data
+            else:
+                raw = orjson.dumps(chunk)
         self.events += 1
         record = self.record
         record.responses.append(self.keep(raw))
@@ -182,13 +193,6 @@ def payloads(record: RequestRecord) -> list[Any]:
 
 #: Stands for "no value" where JSON null is one.
 _SKIP: Any = object()
-
-
-def _verbatim(data: bytes) -> bool:
-    """Whether bytes that parsed as JSON can be written into a JSON line as they are: no line
-    break (records.jsonl is one line a record) and no escape (credentials are redacted in the
-    forms ``orjson`` writes, and a server's own escapes could hide one)."""
-    return b"\\" not in data and b"\n" not in data and b"\r" not in data
 
 
 def finish_record(record: RequestRecord, tally: Tally | None = None) -> None:

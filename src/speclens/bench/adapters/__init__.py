@@ -195,8 +195,13 @@ def detect(
     record, so a broken plugin shows up as ``malformed`` or ``conflict`` instead of vanishing.
     """
     try:
-        pool = available_adapters() if adapters is None else list(adapters)
-        return _detect(responses, sorted(pool, key=_order))
+        if adapters is None:  # discovery sorted them once (detect runs per request)
+            if _discovered is None:
+                available_adapters()
+            pool = _discovered or []
+        else:
+            pool = sorted(adapters, key=_order)
+        return _detect(responses, pool)
     except Exception as exc:  # a last resort: detection must not take a benchmark run down
         logger.debug("spec-decode detection failed", exc_info=True)
         return Detection(None, None, "malformed", f"detection failed: {type(exc).__name__}: {exc}")

@@ -40,6 +40,29 @@ class ExecutorChoice(StrEnum):
     sim = "sim"
 
 
+class DtypeChoice(StrEnum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+def resolve_dtype(choice: str, device: str) -> str:
+    """``--dtype auto``: bfloat16 where the device multiplies it natively (a CPU with AVX-512
+    BF16 or AMX, a CUDA device that supports it), where it reads half the bytes of float32 at
+    least as fast; float32 elsewhere. Any other choice is kept as given."""
+    if choice != "auto":
+        return choice
+    import torch
+
+    from speclens.engine.model import native_bf16
+
+    if device.startswith("cuda"):
+        native = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    else:
+        native = device == "cpu" and native_bf16()
+    return "bfloat16" if native else "float32"
+
+
 class _SpeculativeJSON(BaseModel):
     """The types of ``--speculative-config`` keys (vLLM's names): a wrong type is refused here,
     not inside the engine thread. Strict: no bool for an int, no string for a number."""
@@ -310,6 +333,13 @@ def serve(
     ),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("cpu", "--device"),
+    dtype: DtypeChoice = typer.Option(
+        DtypeChoice.float32,
+        "--dtype",
+        help="Weights, activations and KV cache: float32, bfloat16, or auto (bfloat16 where the "
+        "device multiplies it natively, e.g. a CPU with AVX-512 BF16 or AMX; else float32). "
+        "bfloat16 reads half the bytes; its greedy text is not float32's token for token.",
+    ),
     tensor_parallel_size: int = typer.Option(
         1,
         "--tensor-parallel-size",
@@ -384,6 +414,7 @@ class ServeArgs:
     max_queue: int
     seed: int
     device: str
+    dtype: DtypeChoice
     tensor_parallel_size: int
     debug_lockstep: bool
     collective_timeout: float
@@ -577,6 +608,7 @@ class ServeArgs:
                 max_num_batched_tokens=self.max_num_batched_tokens or max(8192, max_model_len),
                 kv_cache_tokens=self.kv_cache_tokens,
                 device=self.device,
+                dtype=resolve_dtype(self.dtype.value, self.device),
                 seed=self.seed,
                 step_cost=cost,
                 tensor_parallel_size=self.tensor_parallel_size,
@@ -717,8 +749,8 @@ def _serve_engine(
 
     def listening() -> None:
         log.info(
-            "speclens serving %s on http://%s:%d (executor %s)",
-            served_model_name, host, port, config.executor,
+            "speclens serving %s on http://%s:%d (executor %s, %s)",
+            served_model_name, host, port, config.executor, config.dtype,
         )  # fmt: skip
 
     serve(app, runner, sock, idle_timeout_s, listening)

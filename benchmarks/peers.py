@@ -1,18 +1,28 @@
 """``speclens serve`` against vLLM's CPU build on a real model, through the same client.
 
 Both servers load the same weights (SmolLM2-135M-Instruct, exported by ``speclens export smollm2``)
-in float32 with n-gram speculation K 4, prompt lookup 2..4, and ``speclens bench`` sends both the
-same Spec-Bench first turns (spread over the file, so every category; chat endpoint, greedy,
-``--max-tokens``, ``ignore_eos``, streamed) at each ``--concurrency``. Only one server runs at a
-time (they would share two cores): each round starts ``speclens serve``, runs every concurrency,
-stops it, then does the same with vLLM. The table gives the median output tok/s over rounds and
-the median of the per-round ratios ours / vLLM. Goal (issue #13): at least 1.0 at concurrency 1
-and 8.
+in ``--dtype`` (float32 by default, both servers alike) with n-gram speculation K 4, prompt lookup
+2..4, and ``speclens bench`` sends both the same Spec-Bench first turns (spread over the file, so
+every category; chat endpoint, greedy, ``--max-tokens``, ``ignore_eos``, streamed) at each
+``--concurrency``. Only one server runs at a time (they would share two cores): each round starts
+``speclens serve``, runs every concurrency, stops it, then does the same with vLLM. The table gives
+the median output tok/s over rounds and the median of the per-round ratios ours / vLLM. Goal
+(issue #43): at least 1.5 at concurrency 1 and 8, with the same tokens.
+
+Same tokens: in the first round each server also answers every prompt once more, one at a time and
+not streamed; the table counts the prompts whose text is the same from both servers.
+
+Of bound: each server's tok/s over what this machine's memory bandwidth allows. A decode step
+reads every weight once and the KV cache of each running request, and yields tokens per decode step
+(the bench's figure) per request; the bandwidth is a read of a 512 MiB tensor on every core,
+measured at the start of each round (the best of them is used). With the AL, the bound is
+``c * tokens_per_step * bandwidth / (weight bytes + c * KV bytes at the mean context)``.
 
 vLLM comes from the peer tier's environment (``python tests/peers/vllm_env.py`` builds it once;
 ``make test-peers`` does too); without it the script says so and exits 1.
 
     python benchmarks/peers.py [--prompts 8] [--max-tokens 64] [--concurrency 1 8] [--rounds 2]
+        [--dtype float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -54,14 +65,78 @@ def spread_prompts(count: int, out: Path) -> Path:
     return out
 
 
-def speclens_command(model_dir: Path, port: int) -> list[str]:
+def speclens_command(model_dir: Path, port: int, dtype: str = "float32") -> list[str]:
     return [
         sys.executable, "-m", "speclens", "serve", "--model", str(model_dir),
         "--served-model-name", vllm_env.SERVED_MODEL,
         "--speculative-config", json.dumps(vllm_env.NGRAM),
         "--per-request-spec-decode-stats", "summary", "--max-model-len", "2048",
-        "--port", str(port),
+        "--dtype", dtype, "--port", str(port),
     ]  # fmt: skip
+
+
+def read_bandwidth() -> float:
+    """Bytes per second a read of a 512 MiB float32 tensor reaches on every core (best of 5):
+    what a decode step reading its weights could at most reach on this machine now."""
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    data = torch.ones(128 << 20)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return data.numel() * data.element_size() / best
+
+
+def step_bytes(model_dir: Path, dtype: str) -> tuple[int, int]:
+    """(bytes of every weight, bytes of KV cache per token of context) in ``dtype``: a decode
+    step reads all the first once (a tied LM head is the embedding matrix, read once) and, for
+    each running request, the second times its context."""
+    config = json.loads((model_dir / "config.json").read_text("utf-8"))
+    hidden, inner, layers = (
+        config["hidden_size"],
+        config["intermediate_size"],
+        config["num_hidden_layers"],
+    )
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    per_layer = hidden * (2 * heads + 2 * kv_heads) * head_dim + 3 * hidden * inner + 2 * hidden
+    vocab = config["vocab_size"] * hidden * (1 if config.get("tie_word_embeddings") else 2)
+    size = 2 if dtype == "bfloat16" else 4
+    weights = (layers * per_layer + vocab + hidden) * size
+    return weights, layers * 2 * kv_heads * head_dim * size
+
+
+def bound(
+    figures: dict[str, Any], concurrency: int, bandwidth: float, sizes: tuple[int, int]
+) -> float:
+    """Output tok/s that ``bandwidth`` allows a run with these figures (module docstring)."""
+    requests = max(1, figures["requests"]["completed"])
+    throughput = figures["throughput"]
+    context = (throughput["total_prompt_tokens"] + throughput["total_output_tokens"] / 2) / requests
+    per_step = figures["acceptance"].get("tokens_per_decode_step") or 1.0
+    weights, kv_per_token = sizes
+    step = weights + concurrency * kv_per_token * context
+    return float(concurrency * per_step * bandwidth / step)
+
+
+def texts(url: str, prompts: Path, max_tokens: int) -> list[str]:
+    """Each prompt's greedy chat completion, one request at a time, not streamed."""
+    out = []
+    for line in prompts.read_text("utf-8").splitlines():
+        body = {
+            "model": vllm_env.SERVED_MODEL, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "messages": [{"role": "user", "content": json.loads(line)["turns"][0]}],
+        }  # fmt: skip
+        request = urllib.request.Request(
+            url + "/v1/chat/completions", json.dumps(body).encode(),
+            {"content-type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=600) as resp:
+            out.append(json.loads(resp.read())["choices"][0]["message"]["content"])
+    return out
 
 
 def bench(
@@ -112,24 +187,36 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--model-dir", type=Path, help="an exported SmolLM2 (skips the export)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="both servers' --dtype")  # fmt: skip
     args = parser.parse_args()
     prepared = prepare(args, "speclens-peers-")
     if prepared is None:
         return 1
     work, model_dir, prompts = prepared
+    dtype = args.dtype
     servers = {
-        "speclens serve": (speclens_command, dict(os.environ)),
+        "speclens serve": (lambda d, p: speclens_command(d, p, dtype), dict(os.environ)),
         "vLLM 0.32 CPU": (
-            lambda d, p: vllm_env.command(d, p, vllm_env.NGRAM),
+            lambda d, p: vllm_env.command(d, p, vllm_env.NGRAM, ["--dtype", dtype]),
             vllm_env.environment(),
         ),
     }
+    sizes = step_bytes(model_dir, dtype)
+    bandwidths: list[float] = []
+    bounds: dict[str, dict[int, list[float]]] = {
+        s: {c: [] for c in args.concurrency} for s in servers
+    }
+    answers: dict[str, list[str]] = {}
     # rates[server][concurrency] = tok/s per round; al likewise
     rates: dict[str, dict[int, list[float]]] = {
         s: {c: [] for c in args.concurrency} for s in servers
     }
     als: dict[str, dict[int, list[float]]] = {s: {c: [] for c in args.concurrency} for s in servers}
     for r in range(args.rounds):
+        bandwidths.append(read_bandwidth())
+        print(f"  round {r + 1}: read bandwidth {bandwidths[-1] / 1e9:.1f} GB/s; a step reads "
+              f"{sizes[0] / 1e9:.3f} GB of weights ({dtype})", flush=True)  # fmt: skip
         for name, (make_cmd, env) in servers.items():
             port = free_port()
             log = work / f"{name.split()[0]}-{r}.log"
@@ -145,19 +232,31 @@ def main() -> int:
                     al = figures["acceptance"]["token_weighted_al"] or 1.0
                     rates[name][c].append(rate)
                     als[name][c].append(al)
+                    bounds[name][c].append(bound(figures, c, 1.0, sizes))  # x bandwidth later
                     print(f"  round {r + 1} {name} c{c}: {rate:.1f} tok/s, AL {al:.2f}", flush=True)
+                if r == 0:
+                    answers[name] = texts(url, prompts, args.max_tokens)
     ours, theirs = servers
-    print()
+    bandwidth = max(bandwidths)
+    same = sum(a == b for a, b in zip(answers[ours], answers[theirs], strict=True))
+    print(f"\nread bandwidth {bandwidth / 1e9:.1f} GB/s (best of {len(bandwidths)}); weights "
+          f"{sizes[0] / 1e9:.3f} GB, KV {sizes[1] / 1e3:.1f} kB a token ({dtype}); same text: "
+          f"{same}/{len(answers[ours])} prompts")  # fmt: skip
     print(
-        "| concurrency | speclens serve tok/s | vLLM tok/s | AL ours / vLLM | ours / vLLM (median) | per round |"
+        "| concurrency | speclens serve tok/s | vLLM tok/s | AL ours / vLLM | ours / vLLM (median) "
+        "| per round | of bound: ours / vLLM |"
     )
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for c in args.concurrency:
         ratios = [a / b for a, b in zip(rates[ours][c], rates[theirs][c], strict=True)]
+        shares = [
+            median(x / (b * bandwidth) for x, b in zip(rates[s][c], bounds[s][c], strict=True))
+            for s in (ours, theirs)
+        ]
         print(
             f"| {c} | {median(rates[ours][c]):.1f} | {median(rates[theirs][c]):.1f} "
             f"| {median(als[ours][c]):.2f} / {median(als[theirs][c]):.2f} | {median(ratios):.2f} "
-            f"| {min(ratios):.2f}-{max(ratios):.2f} |"
+            f"| {min(ratios):.2f}-{max(ratios):.2f} | {shares[0]:.2f} / {shares[1]:.2f} |"
         )
     return 0
 

@@ -8,6 +8,7 @@ import pytest
 
 from speclens.bench.finish import Tally, finish_record, payloads
 from speclens.bench.sse import SSEParser
+from speclens.bench.wire import Seen
 from speclens.bench.workers import WorkerPool
 from speclens.runs.report import record_row
 from speclens.runs.request import RequestRecord
@@ -102,3 +103,28 @@ def test_worker_records_come_back_writable() -> None:
     pool._take(("records", 1, [record]), records, [])
     assert records == [record]
     assert _raw_line(record).startswith(b"[" + CHUNK + b',{"a":1}]')
+
+
+@pytest.mark.parametrize(
+    ("choice", "content", "text"),
+    [
+        ({"index": 0, "text": "", "finish_reason": None}, True, False),
+        ({"index": 0, "text": "a", "logprobs": None}, True, True),
+        ({"delta": {"content": ""}}, True, False),
+        ({"delta": {"role": "assistant"}}, True, False),
+        ({"delta": {"content": "x"}, "text": 5}, True, True),
+        ({"text": 5}, False, False),
+        ({"delta": 1, "text": "a"}, True, True),
+    ],
+)
+def test_the_commonest_chunk_reads_as_the_full_walk_does(
+    choice: dict[str, object], content: bool, text: bool
+) -> None:
+    usage = {"completion_tokens": 1}
+    seen = Seen()
+    assert seen.add({"id": "c", "choices": [choice], "usage": usage}) == (
+        None, content, text, usage
+    )  # fmt: skip
+    assert seen.carriers() == [{"id": "c", "choices": [choice], "usage": usage}]
+    record, tally = _tally(orjson.dumps({"choices": [choice]}), b"[DONE]")
+    assert tally.tokens == int(content and text) and record.success is content

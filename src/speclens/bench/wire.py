@@ -89,6 +89,30 @@ _PLAIN_ROOT = frozenset(
 _PLAIN_CHOICE = frozenset({"index", "text", "delta", "logprobs", "finish_reason", "stop_reason"})
 
 
+def _plain(response: dict[str, Any]) -> bool | None:
+    """For a chunk of exactly the commonest shape (plain root, one unfinished choice of plain
+    keys with a ``delta`` object or ``text`` string), whether its text is non-empty; None for
+    any other, which ``Seen.add`` walks in full."""
+    choices = response.get("choices")
+    if type(choices) is not list or len(choices) != 1 or not _PLAIN_ROOT.issuperset(response):
+        return None
+    choice = choices[0]
+    if (
+        type(choice) is not dict
+        or choice.get("finish_reason") is not None
+        or not _PLAIN_CHOICE.issuperset(choice)
+    ):
+        return None
+    delta = choice.get("delta")
+    if type(delta) is dict:
+        piece = delta.get("content")
+        return type(piece) is str and piece != ""
+    piece = choice.get("text")
+    if delta is None and type(piece) is str:
+        return piece != ""
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Wire:
     """A response shape: where its token counts live (``counts``: the object holding them,
@@ -159,6 +183,15 @@ class Seen:
         counts under the OpenAI names, values unchecked)."""
         index = self.count
         self.count += 1
+        if type(response) is dict and self.wire is OPENAI:
+            plain = _plain(response)
+            if plain is not None:  # most of a stream: one unfinished choice, no extra field
+                usage = response.get("usage")
+                if type(usage) is not dict:
+                    usage = None
+                elif usage:
+                    self.usage, self.usage_at = usage, (index, response)
+                return None, True, plain, usage
         if not isinstance(response, dict):
             return "not a JSON object", False, False, None
         if self.wire is not OPENAI:

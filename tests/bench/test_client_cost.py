@@ -3,10 +3,15 @@ parser's bytes path, and the same records as before whatever form a payload came
 
 from __future__ import annotations
 
+import asyncio
+import gc
+
 import orjson
 import pytest
 
+from speclens.bench.datasets import random_prompts
 from speclens.bench.finish import Tally, finish_record, payloads
+from speclens.bench.load import GC_YOUNG_THRESHOLD, LoadConfig, LoadGenerator, _fewer_collections
 from speclens.bench.sse import SSEParser
 from speclens.bench.wire import Seen
 from speclens.bench.workers import WorkerPool
@@ -128,3 +133,28 @@ def test_the_commonest_chunk_reads_as_the_full_walk_does(
     assert seen.carriers() == [{"id": "c", "choices": [choice], "usage": usage}]
     record, tally = _tally(orjson.dumps({"choices": [choice]}), b"[DONE]")
     assert tally.tokens == int(content and text) and record.success is content
+
+
+def test_runs_raise_the_collectors_threshold_and_the_last_restores_it() -> None:
+    before = gc.get_threshold()
+    with _fewer_collections():
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *before[1:])
+        with _fewer_collections():  # a second run in the same process
+            pass
+        assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD  # the first is still running
+    assert gc.get_threshold() == before
+
+
+def test_a_run_restores_the_threshold_when_it_fails() -> None:
+    before = gc.get_threshold()
+    seen: list[int] = []
+    generator = LoadGenerator(LoadConfig(url="http://127.0.0.1:9", model="m", num_requests=1),
+                              random_prompts(1, 4, 4, seed=0))  # fmt: skip
+
+    def scrape() -> None:
+        seen.append(gc.get_threshold()[0])
+        raise RuntimeError("scrape failed")
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(generator.run(before_measure=scrape))
+    assert seen == [GC_YOUNG_THRESHOLD] and gc.get_threshold() == before

@@ -46,6 +46,9 @@ from speclens.sim.sketch import Tally, Totals
 
 #: Most request-step draws held at a time (a group of admitted requests is drawn together).
 DRAW_STEPS = 1 << 20
+#: Longest stretch of decode steps priced a step at a time (a roofline prices an array of a few
+#: steps in several times what one step costs).
+SHORT = 4
 
 
 def unsupported(
@@ -493,16 +496,26 @@ def run_replica(
             over = np.flatnonzero(need[at : at + m] > kv_blocks)
             m = int(over[0]) if over.size else m
         window = slice(at, at + m)
-        slots = seqs[window] + k * drafting[window]
-        priced = cost.decode(slots, seqs[window], contexts[window], drafting[window], k)
-        prices = np.array(priced, dtype=float) if np.ndim(priced) else np.full(m, priced)
+        if m <= SHORT:  # a price a step: an array's fixed cost is more than a few calls'
+            prices = np.array([
+                cost.decode(s + k * d, s, c, d, k) for s, c, d in zip(
+                    seqs[window].tolist(), contexts[window].tolist(), drafting[window].tolist(),
+                    strict=True)
+            ], dtype=float)  # fmt: skip
+        else:
+            slots = seqs[window] + k * drafting[window]
+            priced = cost.decode(slots, seqs[window], contexts[window], drafting[window], k)
+            prices = np.array(priced, dtype=float) if np.ndim(priced) else np.full(m, priced)
         prices[0] += clock
         times = prices.cumsum()  # the clock after each step, added step by step
         if concurrency is None and upcoming is not None and len(live) < max_num_seqs:
             m = min(m, int(np.searchsorted(times, upcoming[1] + front, side="left")) + 1)
         if held:  # they join after the step under way when the engine sees them
             m = min(m, int(np.searchsorted(times, held[0][1] + front, side="left")) + 1)
-        gaps.add(np.diff(times[:m], prepend=last_decode), tokens[at : at + m, 1:])
+        gap = np.empty(m)
+        gap[0] = times[0] - last_decode
+        np.subtract(times[1:m], times[: m - 1], out=gap[1:])
+        gaps.add(gap, tokens[at : at + m, 1:])
         for r in fresh:
             r.first_decode_time = float(times[0])
         fresh = []

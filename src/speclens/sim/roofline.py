@@ -381,7 +381,12 @@ MAX_TABLE = 1 << 17
 #: A call whose counts number under 1/FEW_SHAPES of the table it would need prices just their
 #: distinct counts instead of building the table.
 FEW_SHAPES = 8
+#: Distinct rooflines whose tables a process keeps: the points of a sweep or a K schedule price
+#: with equal rooflines (K aside, which the tables take per call), each built anew, and share
+#: their tables through this; a fit trying new efficiencies evicts the oldest.
+SHARED_TABLES = 4
 _SCALARS = (int, float, np.integer, np.floating)
+_shared: dict[str, list[_Tables]] = {}
 
 
 class _Tables:
@@ -685,7 +690,23 @@ class Roofline:
     # ------------------------------------------------------------ priced by table
     @functools.cached_property
     def _cache(self) -> list[_Tables]:
-        return []
+        """The tables, shared with every equal roofline this process built lately (the last
+        ``SHARED_TABLES``): they are a function of what it was built from."""
+        key = self._key
+        found = _shared.pop(key, None)
+        _shared[key] = found if found is not None else []
+        while len(_shared) > SHARED_TABLES:
+            del _shared[next(iter(_shared))]
+        return _shared[key]
+
+    @functools.cached_property
+    def _key(self) -> str:
+        """What the roofline was built from, as text."""
+        parts = [self.model.model_dump_json(), self.chip.model_dump_json(), str(self.parallel),
+                 str(self.method), str(self.draft_layers), self.efficiency.model_dump_json(),
+                 str(self.expert_parallel), str(self.dp_attention),
+                 self.drafter._key if self.drafter is not None else ""]  # fmt: skip
+        return "\n".join(parts)
 
     def _tables(self, largest: int) -> _Tables | None:
         """The tables, grown to hold ``largest`` (None past ``MAX_TABLE``: the formula)."""
@@ -756,6 +777,9 @@ class Roofline:
                 + np.maximum(table.attention[qx] * mean_context, table.kv * c)
                 + (draft[dx] + mtp[dx] * mean_context)
             )
+        plain = d is None or k == 0 or (type(d) is int and d >= 0)
+        if type(q) is int and type(r) is int and type(c) is int and q >= 0 and plain:
+            return self._scalar(q, r, c, d if k != 0 else None, k, per_token)  # the common call
         if not isinstance(q, _SCALARS) or not isinstance(r, _SCALARS):
             return None
         if not isinstance(c, _SCALARS):
@@ -780,6 +804,34 @@ class Roofline:
             if mtp is not None:
                 price += mtp_list[di] * context
         return price
+
+    def _scalar(
+        self, q: int, r: int, c: int, d: int | None, k: int, per_token: float
+    ) -> float | None:
+        """``_fast`` on whole numbers >= 0 (``d`` None: no drafter), as its scalar branch prices
+        them, without its checks: a stretch of a few decode steps is priced a step at a time."""
+        cache = self._cache
+        largest = q if d is None or d < q else d
+        t = cache[0] if cache and largest < cache[0].size else self._tables(largest)
+        if t is None:
+            return None
+        context = c / (r if r > 1 else 1.0)  # a sequence's, the batch's mean
+        price: float = (
+            t.base_list[q]
+            + self._seq_price * r
+            + per_token / self._ranks * q
+            + max(t.attention_list[q] * context, t.kv * c)
+        )
+        if d is not None:
+            _, mtp, draft_list, mtp_list = t.for_k(k)
+            price += draft_list[d]
+            if mtp is not None:
+                price += mtp_list[d] * context
+        return price
+
+    @functools.cached_property
+    def _seq_price(self) -> float:
+        return self._seq
 
     # ------------------------------------------------------------ the Pricing interface
     def verify(self, query_tokens: Any, requests: Any, context_tokens: Any) -> Any:

@@ -277,9 +277,10 @@ def fast_fallback(
     kv: bool = True,
 ) -> str | None:
     """Why the fast path cannot run this scenario as the step-exact loop would (naming the
-    pool), or None when it can. ``kv``: also where the KV cache may fill (``may_preempt``), where
-    the step-exact loop runs only if the fast path's own draws fill it (``Preempted``): a caller
-    bounding the work counts those points as the step-exact loop's."""
+    pool), or None when it can. ``kv``: also where the KV cache may fill (``may_preempt``): the
+    fast path preempts as the engine does, but a run that keeps records takes the step-exact
+    loop where its draws fill the cache (``fast.Preempted``), so a caller bounding such a run's
+    work counts it as the step-exact loop's."""
     workload = scenario.workload
     longest = limits.longest(workload.input_tokens) + limits.longest(workload.output_tokens)
     replicas = _replicas(scenario, num_spec_tokens)

@@ -380,6 +380,7 @@ def run_replica(
     contexts = np.zeros(width, dtype=np.int64)
     drafting = np.zeros(width, dtype=np.int64)
     tokens = np.zeros((width, k + 2), dtype=np.int64)  # its later-step requests by tokens
+    flat, rows = tokens.reshape(-1), np.arange(span) * (k + 2)  # (``flat`` is ``tokens``)
     need = np.zeros(width if kv_blocks is not None else 0, dtype=np.int64)  # KV blocks
     base = 0  # the decode step at index 0 of the window
     decoded = 0  # decode steps run so far
@@ -466,8 +467,8 @@ def run_replica(
                 if kv_blocks is not None:  # its tokens so far plus K slots, as reserved
                     blocks = _blocks(context - k * drafted + k)
                     need[at : at + n] += blocks
-                if index not in warm:  # the later steps' ITL samples
-                    tokens[np.arange(at + 1, at + n), emitted[1:]] += 1
+                if index not in warm:  # the later steps' ITL samples (a row a step)
+                    flat[(at + 1) * (k + 2) + rows[: n - 1] + emitted[1:]] += 1
                 if r is None:
                     r = _Live(arrival, outputs, clock, int(emitted[0]))
                 r.last, r.first_tokens, r.start = clock, int(emitted[0]), decoded

@@ -34,11 +34,12 @@ CLEAR_MARGIN = 0.5
 
 
 def _logits(model: LlamaModel, ids: list[int], dtype: torch.dtype) -> torch.Tensor:
-    """Our logits [len(ids), V] (float32) at every position, in one forward in ``dtype``."""
+    """Our logits [len(ids), V] (float32) at every position, in one forward in ``dtype`` over a
+    float32 KV cache (as ``Engine`` keeps it on a CPU)."""
     model = model.to(dtype)
     blocks = -(-len(ids) // 16)
     cpu = torch.device("cpu")
-    kv = KVPool(model.config, model.num_layers, blocks, 16, dtype, cpu)
+    kv = KVPool(model.config, model.num_layers, blocks, 16, torch.float32, cpu)
     batch = build_batch([list(range(blocks))], [0], [ids], 16, kv.scratch_slot, cpu)
     with torch.inference_mode():
         return model.logits(model(batch, kv)[0]).float()

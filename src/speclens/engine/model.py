@@ -419,8 +419,13 @@ class Attention(nn.Module):
         slots = batch.write_slots.reshape(-1)
         if batch.real is not None:
             slots = slots[batch.real]
-        kv.k[self.layer].index_copy_(0, slots, k.reshape(-1, self.num_kv_heads, self.head_dim))
-        kv.v[self.layer].index_copy_(0, slots, v.reshape(-1, self.num_kv_heads, self.head_dim))
+        cached = kv.k.dtype  # float32 on a CPU under bf16 weights (``Engine.kv_dtype``)
+        kv.k[self.layer].index_copy_(
+            0, slots, k.reshape(-1, self.num_kv_heads, self.head_dim).to(cached)
+        )
+        kv.v[self.layer].index_copy_(
+            0, slots, v.reshape(-1, self.num_kv_heads, self.head_dim).to(cached)
+        )
         if batch.segments is not None:
             out = self._segments(q.reshape(-1, self.num_heads, self.head_dim), batch.segments, kv)
             return linear(out.view(*rows, -1), self.o_proj.weight)
@@ -438,18 +443,15 @@ class Attention(nn.Module):
             values = kv.v[self.layer][batch.read_slots]
         # One query row of one request sees its whole context: no mask to apply.
         mask = None if b == 1 and q_len == 1 else batch.mask
-        if _attend_in_float(q):
-            out = _attend(q, keys, values, mask, self.scale)
-        else:
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                keys.transpose(1, 2),
-                values.transpose(1, 2),
-                attn_mask=mask,
-                scale=self.scale,
-                enable_gqa=self.num_heads != self.num_kv_heads,
-            )
-            out = out.transpose(1, 2).reshape(b, q_len, -1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2).to(keys.dtype),  # bf16 queries over a float32 cache attend in it
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=mask,
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        out = out.transpose(1, 2).reshape(b, q_len, -1).to(x.dtype)
         if batch.real is not None:
             out = out.reshape(b * q_len, -1)[batch.real]
         return linear(out, self.o_proj.weight)
@@ -464,13 +466,8 @@ class Attention(nn.Module):
                 k, v = keys[seg.keys[0] : seg.keys[1]], values[seg.keys[0] : seg.keys[1]]
             else:
                 k, v = keys[seg.keys], values[seg.keys]
-            if _attend_in_float(q):
-                mask = None if seg.mask is None else seg.mask.view(1, 1, *seg.mask.shape)
-                out.append(_attend(q[start:stop].unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                                   mask, self.scale)[0])  # fmt: skip
-                continue
             o = F.scaled_dot_product_attention(
-                q[start:stop].transpose(0, 1).unsqueeze(0),  # [1, H, n, D]
+                q[start:stop].transpose(0, 1).unsqueeze(0).to(k.dtype),  # [1, H, n, D]
                 k.transpose(0, 1).unsqueeze(0),  # [1, Hkv, L, D]
                 v.transpose(0, 1).unsqueeze(0),
                 attn_mask=seg.mask,
@@ -478,40 +475,7 @@ class Attention(nn.Module):
                 enable_gqa=self.num_heads != self.num_kv_heads,
             )
             out.append(o[0].transpose(0, 1).reshape(stop - start, -1))
-        return torch.cat(out)
-
-
-def _attend_in_float(q: torch.Tensor) -> bool:
-    """bfloat16 (or float16) attention on a CPU runs in ``_attend``: SDPA's CPU kernel took 0.3
-    to 1 ms a layer for one bf16 query row against 300 to 900 cached tokens (float32: 55 to 160
-    us), and ``_attend`` is as fast as float32 and nearer it in value."""
-    return q.dtype != torch.float32 and q.device.type == "cpu"
-
-
-def _attend(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    mask: torch.Tensor | None,
-    scale: float,
-) -> torch.Tensor:
-    """Grouped-query attention computed in float32 whatever the cache's dtype: ``q`` [B, Q, H,
-    D], ``keys``/``values`` [B, L, Hkv, D], ``mask`` [B, 1, Q, L] (True: attend) or None; returns
-    [B, Q, H * D] in ``q``'s dtype. Query head h reads key/value head h // (H / Hkv), as SDPA's
-    ``enable_gqa`` does; the heads sharing a key/value head are one matmul."""
-    b, q_len, heads, dim = q.shape
-    kv_heads = keys.shape[2]
-    group = heads // kv_heads
-    grouped = q.float().view(b, q_len, kv_heads, group, dim).permute(0, 2, 3, 1, 4)
-    grouped = grouped.reshape(b, kv_heads, group * q_len, dim)
-    scores = torch.matmul(grouped, keys.float().permute(0, 2, 3, 1)) * scale  # [B, Hkv, G*Q, L]
-    if mask is not None:
-        shape = scores.shape
-        scores = scores.view(b, kv_heads, group, q_len, -1)
-        scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf")).view(shape)
-    out = torch.matmul(scores.softmax(dim=-1), values.float().transpose(1, 2))  # [B, Hkv, G*Q, D]
-    out = out.view(b, kv_heads, group, q_len, dim).permute(0, 3, 1, 2, 4)
-    return out.reshape(b, q_len, heads * dim).to(q.dtype)
+        return torch.cat(out).to(q.dtype)
 
 
 class MLP(nn.Module):

@@ -21,8 +21,16 @@ it, and against a peer.
    the median of the per-round ratios. Goals: n-gram >= 1.3x no speculation at batch 1, >= 1.2x
    transformers' prompt lookup.
 
+4. ``--model smollm2 --steps``: one verify forward (the engine's decode step, drafting aside) at
+   batch 1 and 8, with 0 and 4 drafts a request, over the contexts of 8 Spec-Bench prompts (chat;
+   the first alone at batch 1), in float32 and, where the CPU multiplies bf16 natively, bfloat16:
+   the fastest of 5 per round (wall and process CPU ms), rounds interleaved, and the step's share
+   of this machine's memory-bandwidth bound (the bytes a step must read, every weight once and
+   each request's KV cache, over a 512 MiB read measured in the same run).
+
     python benchmarks/engine.py [--max-tokens 128] [--rounds 3] [--threads 1] [--skip-peer]
     python benchmarks/engine.py --model smollm2 [--prompts 8] [--rounds 3] [--threads 2]
+    python benchmarks/engine.py --model smollm2 --steps [--rounds 3] [--threads 2]
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from speclens.engine import (
     StepCost,
     StepRecord,
 )
+from speclens.engine.executor import TorchExecutor
 from speclens.engine.export import write_hf_dir
 from speclens.engine.model import LlamaModel
 from speclens.engine.tokenizer import Tokenizer
@@ -353,6 +362,82 @@ def transformers_runners(
     }
 
 
+def read_bandwidth() -> float:
+    """Bytes per second of a read of a 512 MiB float32 tensor on this process's threads (best of
+    5): what a step reading its weights could at most reach."""
+    data = torch.ones(128 << 20)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return data.numel() * data.element_size() / best
+
+
+def smollm2_steps(rounds: int, repeats: int = 5) -> None:
+    """The verify forward alone, per dtype, batch and drafts (module docstring, 4)."""
+    from speclens.engine.model import native_bf16
+
+    dtypes = ["float32", "bfloat16"] if native_bf16() else ["float32"]
+    tokenizer = load_model("smollm2")[1]
+    prompts = [
+        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": t}]))
+        for t in spec_bench_prompts(8)
+    ]
+    engines: dict[str, Engine] = {}
+    for name in dtypes:
+        config = EngineConfig(model="smollm2", max_num_seqs=8, kv_cache_tokens=32768, dtype=name)
+        built = Engine(config, target=load_model("smollm2")[0], tokenizer=tokenizer)
+        for prompt in prompts:
+            built.add_request(prompt, SamplingParams(max_tokens=16, temperature=0))
+        built.step()  # prefill all 8
+        for request in built.scheduler.running:  # room for 4 drafts and the bonus token
+            built.blocks.reserve(request, request.num_tokens + 5)
+        engines[name] = built
+    cells = [(name, batch, drafts) for name in dtypes for batch in (1, 8) for drafts in (0, 4)]
+    times: dict[tuple[str, int, int], list[tuple[float, float]]] = {c: [] for c in cells}
+    bandwidth = 0.0
+    for round_ in range(rounds):
+        bandwidth = max(bandwidth, read_bandwidth())
+        for name, batch, drafts in cells:
+            built = engines[name]
+            assert isinstance(built.executor, TorchExecutor)
+            executor, requests = built.executor, built.scheduler.running[:batch]
+            ids = torch.full((batch, 4), 100, dtype=torch.int64)
+            executor.verify(requests, ids, [drafts] * batch)  # warm
+            best = (float("inf"), float("inf"))
+            for _ in range(repeats):
+                wall, cpu = time.perf_counter(), time.process_time()
+                executor.verify(requests, ids, [drafts] * batch)
+                best = (
+                    min(best[0], time.perf_counter() - wall),
+                    min(best[1], time.process_time() - cpu),
+                )
+            times[(name, batch, drafts)].append(best)
+        print(
+            f"round {round_ + 1}/{rounds} done (load average {os.getloadavg()[0]:.1f})", flush=True
+        )
+    print(f"\nread bandwidth {bandwidth / 1e9:.1f} GB/s (best of {rounds})")
+    print("| dtype | batch | drafts | step ms (wall) | per round | CPU ms | MB read | of bound |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for cell in cells:
+        name, batch, drafts = cell
+        model = engines[name].target
+        size = 2 if name == "bfloat16" else 4
+        weights = sum(p.numel() for p in model.parameters()) * size
+        cfg = model.config
+        tokens = sum(len(p) + drafts + 1 for p in prompts[:batch])
+        kv = tokens * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads
+        step_bytes = weights + kv * cfg.head_dim * size
+        walls = [w for w, _ in times[cell]]
+        wall = median(walls)
+        print(
+            f"| {name} | {batch} | {drafts} | {wall * 1e3:.1f} | {min(walls) * 1e3:.1f}-"
+            f"{max(walls) * 1e3:.1f} | {median(c for _, c in times[cell]) * 1e3:.1f} "
+            f"| {step_bytes / 1e6:.0f} | {step_bytes / bandwidth / wall:.2f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -363,9 +448,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch threads (default 1; smollm2: 2)")
     parser.add_argument("--model", choices=("dummy", "smollm2"), default="dummy")
     parser.add_argument("--prompts", type=int, default=8, help="smollm2: Spec-Bench prompts")
+    parser.add_argument("--steps", action="store_true", help="smollm2: the verify forward alone")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads or (2 if args.model == "smollm2" else 1))
+    if args.model == "smollm2" and args.steps:
+        print(f"# torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} "
+              f"threads; smollm2 verify forwards, {args.rounds} rounds")  # fmt: skip
+        smollm2_steps(args.rounds)
+        return
     if args.model == "smollm2":
         print(
             f"# torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} "

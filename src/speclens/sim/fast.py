@@ -26,6 +26,7 @@ distribution (tests/sim/test_fast.py), not draw for draw. No torch is imported h
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -46,9 +47,15 @@ from speclens.sim.sketch import Tally, Totals
 
 #: Most request-step draws held at a time (a group of admitted requests is drawn together).
 DRAW_STEPS = 1 << 20
+#: Most window cells of requests' blocks (``_block``) held at a time: 16 MB.
+BLOCK_CELLS = 1 << 21
 #: Longest stretch of decode steps priced a step at a time (a roofline prices an array of a few
 #: steps in several times what one step costs).
 SHORT = 4
+#: The window's columns, a row a decode step: its sequences, context tokens, requests that
+#: draft (each verifies K + 1 slots, the others 1), KV blocks needed, and from ``TOKENS`` on
+#: its later-step requests by the tokens they emit (column ``TOKENS + e``, e = 0..K + 1).
+SEQS, CONTEXT, DRAFTING, NEED, TOKENS = range(5)
 
 
 def unsupported(
@@ -101,8 +108,10 @@ class Preempted(Exception):
 
 #: A request (index, arrival, input tokens, output tokens) with its trajectory: per decode step
 #: the tokens emitted, the context it attends over (drafts included), whether it drafted and the
-#: drafts it accepted.
-Item = tuple[int, float, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+#: drafts it accepted; and its ``_block``, what it adds to the window.
+Item = tuple[int, float, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+#: A request's trajectory as ``Trajectories`` draws it: emitted, context, drafted, accepted.
+Drawn = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 @dataclass
@@ -272,17 +281,57 @@ class Trajectories(Protocol):
 
 
 def _prepared(
-    requests: Iterable[tuple[int, float, int, int]], draws: Trajectories, longest_output: int
+    requests: Iterable[tuple[int, float, int, int]],
+    draws: Trajectories,
+    longest_output: int,
+    k: int,
 ) -> Iterator[Item]:
-    """``requests`` in order, each with its trajectory, drawn a group at a time (at most about
-    ``DRAW_STEPS`` request-steps held)."""
+    """``requests`` in order, each with its trajectory and block, drawn a group at a time (at
+    most about ``DRAW_STEPS`` request-steps held) and blocked a part at a time (at most about
+    ``BLOCK_CELLS`` cells)."""
     stream = iter(requests)
-    group = max(1, min(4096, DRAW_STEPS // max(1, longest_output)))
+    longest = max(1, longest_output)
+    group = max(1, min(4096, DRAW_STEPS // longest))
+    part = max(1, BLOCK_CELLS // (longest * (TOKENS + k + 2)))
     while chunk := list(itertools.islice(stream, group)):
         table = np.array([r[2:] for r in chunk], dtype=np.int64)
-        drawn_all = draws.trajectories(table[:, 0], table[:, 1], [r[0] for r in chunk])
-        for r, drawn in zip(chunk, drawn_all, strict=True):
-            yield (*r, *drawn)
+        indices = [r[0] for r in chunk]
+        drawn = zip(chunk, draws.trajectories(table[:, 0], table[:, 1], indices), strict=True)
+        while pairs := list(itertools.islice(drawn, part)):
+            yield from _blocked(pairs, k)
+
+
+def _blocked(
+    pairs: list[tuple[tuple[int, float, int, int], Drawn]], k: int
+) -> Iterator[Item]:
+    """Each request with its trajectory and its rows of one block built for them all (a
+    block a request would cost several numpy calls each)."""
+    sizes = [drawn[0].size for _, drawn in pairs]
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    emitted, context, drafted = (np.concatenate([d[j] for _, d in pairs]) for j in range(3))
+    later = np.ones(emitted.size, dtype=bool)
+    later[starts[np.asarray(sizes) > 0]] = False  # each request's first step
+    block = _block(emitted, context, drafted, later, k)
+    for (request, drawn), first, end in zip(pairs, starts.tolist(), ends.tolist(), strict=True):
+        yield (*request, *drawn, block[first:end])
+
+
+def _block(
+    emitted: np.ndarray, context: np.ndarray, drafted: np.ndarray, later: np.ndarray, k: int
+) -> np.ndarray:
+    """What requests add to the window at their decode steps (the window's columns, a row a
+    step): a sequence, its context, whether it drafts, the KV blocks it needs (its tokens so
+    far plus K slots, as the engine's scheduler reserves them), and at its ``later`` steps (past
+    its first) a count in its emitted tokens' column. Admitting a request is then one add."""
+    block = np.zeros((emitted.size, TOKENS + k + 2), dtype=np.int64)
+    block[:, SEQS] = 1
+    block[:, CONTEXT] = context
+    block[:, DRAFTING] = drafted
+    block[:, NEED] = _blocks(context - k * drafted + k)
+    rows = np.flatnonzero(later)
+    block[rows, TOKENS + emitted[rows]] = 1
+    return block
 
 
 @dataclass
@@ -304,30 +353,23 @@ def _blocks(tokens: int | np.ndarray) -> Any:
     return -(-tokens // BLOCK_SIZE)
 
 
-class _Gaps:
-    """ITL samples of requests past their first decode step, a buffer of steps at a time: each
-    step's gap, and how many of its requests emitted 1..K + 1 tokens (a token's ITL is the gap
-    over the tokens its request emitted)."""
+class _Itl:
+    """ITL samples of requests past their first decode step: each decode step's end is kept
+    until its window rows leave (a slide, or the run's end); then each step's gap, over the
+    tokens each of its requests emitted (its row's counts by tokens), is a sample per token."""
 
     def __init__(self, tally: Tally, k: int) -> None:
         self.tally = tally
         self.per = np.arange(1, k + 2)
-        self.gaps: list[np.ndarray] = []
-        self.counts: list[np.ndarray] = []
-        self.held = 0
+        self.ends: list[float] = []  # the kept decode steps' ends
+        self.last = 0.0  # the end of the decode step before them
 
-    def add(self, gaps: np.ndarray, counts: np.ndarray) -> None:
-        self.gaps.append(gaps)
-        self.counts.append(counts.copy())  # the window is reused
-        self.held += gaps.size
-        if self.held >= 1 << 16:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.held:
-            gaps, counts = np.concatenate(self.gaps), np.concatenate(self.counts)
+    def flush(self, counts: np.ndarray) -> None:
+        """Sample the kept steps, ``counts`` their rows' counts by tokens 1..K + 1."""
+        if self.ends:
+            gaps = np.diff(np.array(self.ends), prepend=self.last)
+            self.last, self.ends = self.ends[-1], []
             self.tally.itl.add((gaps[:, None] / self.per).ravel(), (counts * self.per).ravel())
-            self.gaps, self.counts, self.held = [], [], 0
 
 
 def run_replica(
@@ -374,19 +416,16 @@ def run_replica(
         draws = _Draws(k, rates, coverage, rng, spread)
     span = longest_output + 2
     width = 4 * span
-    # Per decode step: its sequences, context tokens, and requests that draft (each verifies
-    # K + 1 slots, the others 1).
-    seqs = np.zeros(width, dtype=np.int64)
-    contexts = np.zeros(width, dtype=np.int64)
-    drafting = np.zeros(width, dtype=np.int64)
-    tokens = np.zeros((width, k + 2), dtype=np.int64)  # its later-step requests by tokens
-    flat, rows = tokens.reshape(-1), np.arange(span) * (k + 2)  # (``flat`` is ``tokens``)
-    need = np.zeros(width if kv_blocks is not None else 0, dtype=np.int64)  # KV blocks
-    base = 0  # the decode step at index 0 of the window
+    window = np.zeros((width, TOKENS + k + 2), dtype=np.int64)  # a row a decode step
+    # Its columns (views): what ``_preempt`` takes a victim's steps out of.
+    columns = (window[:, SEQS], window[:, CONTEXT], window[:, DRAFTING], window[:, NEED],
+               window[:, TOKENS:])  # fmt: skip
+    price_rows = _row_pricer(cost, k)
+    base = 0  # the decode step at row 0 of the window
     decoded = 0  # decode steps run so far
     clock = 0.0
     last_decode = 0.0  # when the latest decode step ended
-    stream: Iterator[Item] = _prepared(requests, draws, longest_output)
+    stream: Iterator[Item] = _prepared(requests, draws, longest_output, k)
     upcoming = next(stream, None)
     waiting: deque[Item] = deque()
     held: list[Item] = []  # closed loop: arrived just after the step boundary another left at
@@ -394,7 +433,7 @@ def run_replica(
     live: dict[int, _Live] = {}  # the running requests, in the order they were admitted
     paused: dict[int, _Live] = {}  # preempted, waiting to be recomputed
     fresh: list[_Live] = []  # admitted since the last decode step
-    gaps = _Gaps(tally, k)
+    itl = _Itl(tally, k)
     clocks: list[float] = []  # with ``traced``: when each decode step ended
     traces: dict[int, tuple[Item, int, float]] = {}  # with ``traced``: item, first step, first
     warm: set[int] = set()  # the warm-up's request indices
@@ -439,12 +478,12 @@ def run_replica(
             clock += cost.prefill(computed, len(batch), prompt)  # as the sim executor's prefill
             if decoded - base >= 2 * span:  # slide the window: no live request reaches back
                 shift = decoded - base
-                for array in (seqs, contexts, drafting, tokens, need):
-                    array[: width - shift] = array[shift:]
-                    array[width - shift :] = 0
+                itl.flush(window[:shift, TOKENS + 1 :])
+                window[: width - shift] = window[shift:]
+                window[width - shift :] = 0
                 base = decoded
             for item in batch:
-                index, arrival, inputs, outputs, emitted, context, drafted, _ = item
+                index, arrival, inputs, outputs, emitted, _, _, _, block = item
                 n = emitted.size
                 r = paused.pop(index, None)
                 if r is not None and index not in warm:  # its recompute emits a token
@@ -459,33 +498,28 @@ def run_replica(
                     continue
                 if traced is not None:
                     traces[index] = (item, decoded, clock)
-                at = decoded - base
-                seqs[at : at + n] += 1
-                contexts[at : at + n] += context
-                drafting[at : at + n] += drafted
-                blocks = None
-                if kv_blocks is not None:  # its tokens so far plus K slots, as reserved
-                    blocks = _blocks(context - k * drafted + k)
-                    need[at : at + n] += blocks
-                if index not in warm:  # the later steps' ITL samples (a row a step)
-                    flat[(at + 1) * (k + 2) + rows[: n - 1] + emitted[1:]] += 1
+                rows = window[decoded - base : decoded - base + n]
+                if index in warm:  # no later steps' ITL samples
+                    rows[:, :TOKENS] += block[:, :TOKENS]
+                else:
+                    rows += block
                 if r is None:
-                    r = _Live(arrival, outputs, clock, int(emitted[0]))
+                    r = _Live(arrival, outputs, clock, 0)
                 r.last, r.first_tokens, r.start = clock, int(emitted[0]), decoded
-                r.item, r.blocks, r.ticket = item, blocks, next(tickets)
+                r.item, r.ticket = item, next(tickets)
+                r.blocks = block[:, NEED] if kv_blocks is not None else None
                 live[index] = r
                 fresh.append(r)
                 heapq.heappush(running, (decoded + n - 1, index, r.ticket))
             _seen(held, waiting, clock, front)  # arrived as this step began: join after it
             continue
         at = decoded - base
-        if kv_blocks is not None and need[at] > kv_blocks:  # the engine preempts to fit
+        if kv_blocks is not None and window[at, NEED] > kv_blocks:  # the engine preempts to fit
             if traced is not None:
-                raise Preempted(decoded, int(need[at]), kv_blocks)
+                raise Preempted(decoded, int(window[at, NEED]), kv_blocks)
             before = len(live)
             holding -= _preempt(live, paused, waiting, fresh, decoded, kv_blocks, k, draws,
-                                (seqs, contexts, drafting, need, tokens), base, last_decode,
-                                warm, tally)  # fmt: skip
+                                columns, base, last_decode, warm, tally)  # fmt: skip
             preemptions += before - len(live)
         while running[0][1] not in live or live[running[0][1]].ticket != running[0][2]:
             heapq.heappop(running)  # a preempted request's old finish
@@ -494,39 +528,25 @@ def run_replica(
         # the step before the cache would fill.
         m = running[0][0] - decoded + 1
         if kv_blocks is not None:
-            over = np.flatnonzero(need[at : at + m] > kv_blocks)
+            over = np.flatnonzero(window[at : at + m, NEED] > kv_blocks)
             m = int(over[0]) if over.size else m
-        window = slice(at, at + m)
-        if m <= SHORT:  # a price a step: an array's fixed cost is more than a few calls'
-            prices = np.array([
-                cost.decode(s + k * d, s, c, d, k) for s, c, d in zip(
-                    seqs[window].tolist(), contexts[window].tolist(), drafting[window].tolist(),
-                    strict=True)
-            ], dtype=float)  # fmt: skip
-        else:
-            slots = seqs[window] + k * drafting[window]
-            priced = cost.decode(slots, seqs[window], contexts[window], drafting[window], k)
-            prices = np.array(priced, dtype=float) if np.ndim(priced) else np.full(m, priced)
-        prices[0] += clock
-        times = prices.cumsum()  # the clock after each step, added step by step
+        times = _ends(window[at : at + m], clock, cost, price_rows, k)
         if concurrency is None and upcoming is not None and len(live) < max_num_seqs:
-            m = min(m, int(np.searchsorted(times, upcoming[1] + front, side="left")) + 1)
+            m = min(m, bisect.bisect_left(times, upcoming[1] + front) + 1)
         if held:  # they join after the step under way when the engine sees them
-            m = min(m, int(np.searchsorted(times, held[0][1] + front, side="left")) + 1)
-        gap = np.empty(m)
-        gap[0] = times[0] - last_decode
-        np.subtract(times[1:m], times[: m - 1], out=gap[1:])
-        gaps.add(gap, tokens[at : at + m, 1:])
+            m = min(m, bisect.bisect_left(times, held[0][1] + front) + 1)
+        del times[m:]
+        itl.ends += times
         for r in fresh:
-            r.first_decode_time = float(times[0])
+            r.first_decode_time = times[0]
         fresh = []
-        clock = last_decode = float(times[m - 1])
+        clock = last_decode = times[-1]
         decoded += m
         if kv_blocks is not None:  # what the requests of the last step reserved
-            holding = int(need[at + m - 1])
+            holding = int(window[at + m - 1, NEED])
         _seen(held, waiting, clock, front)
         if traced is not None:
-            clocks.extend(times[:m].tolist())
+            clocks += times
         while running and running[0][0] < decoded:
             _, index, ticket = heapq.heappop(running)
             r = live[index] if index in live and live[index].ticket == ticket else None
@@ -542,8 +562,37 @@ def run_replica(
             if traced is not None:
                 item, step, first = traces.pop(index)
                 traced(_trace(item, first, np.array(clocks[step : step + item[4].size])))
-    gaps.flush()
+    itl.flush(window[: decoded - base, TOKENS + 1 :])
     return Counts(draws.histogram, draws.request_steps, draws.drafting_steps, preemptions)
+
+
+def _row_pricer(cost: Pricing, k: int) -> Callable[[list[list[int]]], list[float]]:
+    """What prices a short stretch's steps, given as rows of (requests, context tokens,
+    drafting requests): the cost's own ``decode_rows`` where it has one (a roofline: one call
+    for them all), else ``decode`` a step at a time."""
+    rows_priced = getattr(cost, "decode_rows", None)
+    if rows_priced is not None:
+        return lambda rows: rows_priced(rows, k)
+    return lambda rows: [float(cost.decode(s + k * d, s, c, d, k)) for s, c, d in rows]
+
+
+def _ends(
+    rows: np.ndarray, clock: float, cost: Pricing, price_rows: Callable[..., list[float]], k: int
+) -> list[float]:
+    """When each of a stretch's decode steps (``rows`` of the window) ends, from ``clock``,
+    added step by step as the engine's clock is. Up to ``SHORT`` steps are priced as Python
+    numbers (an array's fixed cost is more than a few steps' own), a longer stretch as arrays."""
+    if len(rows) <= SHORT:
+        times, end = [], clock
+        for price in price_rows(rows[:, :NEED].tolist()):
+            end += price
+            times.append(end)
+        return times
+    seqs, drafting = rows[:, SEQS], rows[:, DRAFTING]
+    priced = cost.decode(seqs + k * drafting, seqs, rows[:, CONTEXT], drafting, k)
+    prices = np.array(priced, dtype=float) if np.ndim(priced) else np.full(len(rows), priced)
+    prices[0] += clock
+    return list(prices.cumsum().tolist())
 
 
 def _preempt(
@@ -583,7 +632,7 @@ def _preempt(
     for index in reversed(order[n:]):  # the last admitted first, each to the queue's front
         r = live.pop(index)
         assert r.blocks is not None and r.item is not None
-        _, arrival, _, outputs, emitted, context, drafted, accepted = r.item
+        _, arrival, _, outputs, emitted, context, drafted, accepted = r.item[:8]
         rel, size = step - r.start, emitted.size
         freed += int(r.blocks[rel - 1]) if rel else int(_blocks(r.item[2]))
         a, e = step - base, r.start - base + size
@@ -615,10 +664,11 @@ def _preempt(
         if steps:
             own[-1] -= int(total[steps - 1]) - remaining
         before = (total - gained)[:steps]
-        item = (index, arrival, tokens_now, outputs, own,
-                tokens_now + 1 + before + drafted[rel : rel + steps] * k,
-                drafted[rel : rel + steps], accepted[rel : rel + steps])  # fmt: skip
-        waiting.appendleft(item)
+        context = tokens_now + 1 + before + drafted[rel : rel + steps] * k
+        drafted = drafted[rel : rel + steps]
+        block = _block(own, context, drafted, np.arange(steps) > 0, k)
+        waiting.appendleft((index, arrival, tokens_now, outputs, own, context, drafted,
+                            accepted[rel : rel + steps], block))  # fmt: skip
         paused[index] = r
     return freed
 
@@ -641,5 +691,5 @@ def _seen(held: list[Item], waiting: deque[Item], clock: float, front: float) ->
 
 
 def _trace(item: Item, first: float, step_times: np.ndarray) -> Trace:
-    index, arrival, inputs, outputs, emitted, _, drafting, accepted = item
+    index, arrival, inputs, outputs, emitted, _, drafting, accepted, _ = item
     return Trace(index, arrival, inputs, outputs, first, step_times, emitted, drafting, accepted)

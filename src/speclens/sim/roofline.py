@@ -829,6 +829,29 @@ class Roofline:
                 price += mtp_list[d] * context
         return price
 
+    def decode_rows(self, rows: list[list[int]], k: int) -> list[float]:
+        """``decode`` of each step of ``rows`` (its requests, context tokens and drafting
+        requests: whole numbers >= 0), the same floats its scalar branch gives, in one call: a
+        short stretch's steps would each pay ``decode``'s checks and three calls."""
+        largest = max(s + k * d for s, _, d in rows)  # query tokens; never below d
+        t = self._tables(largest)
+        if t is None:
+            return [float(self.decode(s + k * d, s, c, d, k)) for s, c, d in rows]
+        base, attention, kv = t.base_list, t.attention_list, t.kv
+        seq, per = self._seq_price, self.efficiency.per_token / self._ranks
+        _, mtp, draft, mtp_list = t.for_k(k) if k else (None, None, [], [])
+        prices = []
+        for s, c, d in rows:
+            q = s + k * d
+            context = c / (s if s > 1 else 1.0)  # a sequence's, the batch's mean
+            price = base[q] + seq * s + per * q + max(attention[q] * context, kv * c)
+            if k:
+                price += draft[d]
+                if mtp is not None:
+                    price += mtp_list[d] * context
+            prices.append(price)
+        return prices
+
     @functools.cached_property
     def _seq_price(self) -> float:
         return self._seq

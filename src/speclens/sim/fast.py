@@ -27,6 +27,7 @@ distribution (tests/sim/test_fast.py), not draw for draw. No torch is imported h
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import itertools
 import math
@@ -49,9 +50,9 @@ from speclens.sim.sketch import Tally, Totals
 DRAW_STEPS = 1 << 20
 #: Most window cells of requests' blocks (``_block``) held at a time: 16 MB.
 BLOCK_CELLS = 1 << 21
-#: Longest stretch of decode steps priced a step at a time (a roofline prices an array of a few
-#: steps in several times what one step costs).
-SHORT = 4
+#: Longest stretch of decode steps priced a step at a time, as Python numbers: pricing arrays
+#: costs a roofline about what 20 steps a step at a time do (32 ran the example fastest).
+SHORT = 32
 #: The window's columns, a row a decode step: its sequences, context tokens, requests that
 #: draft (each verifies K + 1 slots, the others 1), KV blocks needed, and from ``TOKENS`` on
 #: its later-step requests by the tokens they emit (column ``TOKENS + e``, e = 0..K + 1).
@@ -301,9 +302,7 @@ def _prepared(
             yield from _blocked(pairs, k)
 
 
-def _blocked(
-    pairs: list[tuple[tuple[int, float, int, int], Drawn]], k: int
-) -> Iterator[Item]:
+def _blocked(pairs: list[tuple[tuple[int, float, int, int], Drawn]], k: int) -> Iterator[Item]:
     """Each request with its trajectory and its rows of one block built for them all (a
     block a request would cost several numpy calls each)."""
     sizes = [drawn[0].size for _, drawn in pairs]
@@ -421,6 +420,9 @@ def run_replica(
     columns = (window[:, SEQS], window[:, CONTEXT], window[:, DRAFTING], window[:, NEED],
                window[:, TOKENS:])  # fmt: skip
     price_rows = _row_pricer(cost, k)
+    # A prefill's price by its counts, kept: a closed loop's prefills take one prompt of a
+    # length the workload draws from a range, so few counts recur.
+    prefill = functools.lru_cache(maxsize=1 << 16)(cost.prefill)
     base = 0  # the decode step at row 0 of the window
     decoded = 0  # decode steps run so far
     clock = 0.0
@@ -475,7 +477,7 @@ def run_replica(
         if batch:
             prompt = sum(r[2] for r in batch)
             computed = prompt - sum(cached.get(r[0], 0) for r in batch) if cached else prompt
-            clock += cost.prefill(computed, len(batch), prompt)  # as the sim executor's prefill
+            clock += prefill(computed, len(batch), prompt)  # as the sim executor's prefill
             if decoded - base >= 2 * span:  # slide the window: no live request reaches back
                 shift = decoded - base
                 itl.flush(window[:shift, TOKENS + 1 :])

@@ -833,16 +833,26 @@ class Roofline:
         """``decode`` of each step of ``rows`` (its requests, context tokens and drafting
         requests: whole numbers >= 0), the same floats its scalar branch gives, in one call: a
         short stretch's steps would each pay ``decode``'s checks and three calls."""
-        largest = max(s + k * d for s, _, d in rows)  # query tokens; never below d
-        t = self._tables(largest)
-        if t is None:
-            return [float(self.decode(s + k * d, s, c, d, k)) for s, c, d in rows]
-        base, attention, kv = t.base_list, t.attention_list, t.kv
-        seq, per = self._seq_price, self.efficiency.per_token / self._ranks
+        cache = self._cache
+        prices = self._rows_priced(cache[0], rows, k) if cache else None
+        if prices is None:  # a count past the tables: grow them, or price by the formula
+            t = self._tables(max(s + k * d for s, _, d in rows))  # query tokens, never below d
+            if t is None:
+                return [float(self.decode(s + k * d, s, c, d, k)) for s, c, d in rows]
+            prices = self._rows_priced(t, rows, k)
+            assert prices is not None
+        return prices
+
+    def _rows_priced(self, t: _Tables, rows: list[list[int]], k: int) -> list[float] | None:
+        """``decode_rows`` from table ``t``; None where a count lies past it."""
+        base, attention, kv, size = t.base_list, t.attention_list, t.kv, t.size
+        seq, per = self._seq_price, self._per_token_price
         _, mtp, draft, mtp_list = t.for_k(k) if k else (None, None, [], [])
         prices = []
         for s, c, d in rows:
             q = s + k * d
+            if q >= size:
+                return None
             context = c / (s if s > 1 else 1.0)  # a sequence's, the batch's mean
             price = base[q] + seq * s + per * q + max(attention[q] * context, kv * c)
             if k:
@@ -851,6 +861,10 @@ class Roofline:
                     price += mtp_list[d] * context
             prices.append(price)
         return prices
+
+    @functools.cached_property
+    def _per_token_price(self) -> float:
+        return self.efficiency.per_token / self._ranks
 
     @functools.cached_property
     def _seq_price(self) -> float:

@@ -16,7 +16,9 @@ Of bound: each server's tok/s over what this machine's memory bandwidth allows. 
 reads every weight once and the KV cache of each running request, and yields tokens per decode step
 (the bench's figure) per request; the bandwidth is a read of a 512 MiB tensor on every core,
 measured at the start of each round (the best of them is used). With the AL, the bound is
-``c * tokens_per_step * bandwidth / (weight bytes + c * KV bytes at the mean context)``.
+``c * tokens_per_step * bandwidth / (weight bytes + c * KV bytes at the mean context)``, the KV
+bytes each server's own (speclens keeps a float32 cache on a CPU whatever ``--dtype``; vLLM the
+model's dtype).
 
 vLLM comes from the peer tier's environment (``python tests/peers/vllm_env.py`` builds it once;
 ``make test-peers`` does too); without it the script says so and exits 1.
@@ -90,10 +92,10 @@ def read_bandwidth() -> float:
     return data.numel() * data.element_size() / best
 
 
-def step_bytes(model_dir: Path, dtype: str) -> tuple[int, int]:
-    """(bytes of every weight, bytes of KV cache per token of context) in ``dtype``: a decode
-    step reads all the first once (a tied LM head is the embedding matrix, read once) and, for
-    each running request, the second times its context."""
+def step_bytes(model_dir: Path, dtype: str, kv_dtype: str) -> tuple[int, int]:
+    """(bytes of every weight in ``dtype``, bytes of KV cache per token of context in
+    ``kv_dtype``): a decode step reads all the first once (a tied LM head is the embedding
+    matrix, read once) and, for each running request, the second times its context."""
     config = json.loads((model_dir / "config.json").read_text("utf-8"))
     hidden, inner, layers = (
         config["hidden_size"],
@@ -104,9 +106,9 @@ def step_bytes(model_dir: Path, dtype: str) -> tuple[int, int]:
     head_dim = config.get("head_dim") or hidden // heads
     per_layer = hidden * (2 * heads + 2 * kv_heads) * head_dim + 3 * hidden * inner + 2 * hidden
     vocab = config["vocab_size"] * hidden * (1 if config.get("tie_word_embeddings") else 2)
-    size = 2 if dtype == "bfloat16" else 4
+    size, kv_size = (2 if name == "bfloat16" else 4 for name in (dtype, kv_dtype))
     weights = (layers * per_layer + vocab + hidden) * size
-    return weights, layers * 2 * kv_heads * head_dim * size
+    return weights, layers * 2 * kv_heads * head_dim * kv_size
 
 
 def bound(
@@ -202,7 +204,11 @@ def main() -> int:
             vllm_env.environment(),
         ),
     }
-    sizes = step_bytes(model_dir, dtype)
+    # speclens keeps a float32 KV cache on a CPU whatever the weights' dtype; vLLM, the model's.
+    sizes = {
+        name: step_bytes(model_dir, dtype, "float32" if name == "speclens serve" else dtype)
+        for name in servers
+    }
     bandwidths: list[float] = []
     bounds: dict[str, dict[int, list[float]]] = {
         s: {c: [] for c in args.concurrency} for s in servers
@@ -216,7 +222,7 @@ def main() -> int:
     for r in range(args.rounds):
         bandwidths.append(read_bandwidth())
         print(f"  round {r + 1}: read bandwidth {bandwidths[-1] / 1e9:.1f} GB/s; a step reads "
-              f"{sizes[0] / 1e9:.3f} GB of weights ({dtype})", flush=True)  # fmt: skip
+              f"{sizes['vLLM 0.32 CPU'][0] / 1e9:.3f} GB of weights ({dtype})", flush=True)  # fmt: skip
         for name, (make_cmd, env) in servers.items():
             port = free_port()
             log = work / f"{name.split()[0]}-{r}.log"
@@ -232,15 +238,17 @@ def main() -> int:
                     al = figures["acceptance"]["token_weighted_al"] or 1.0
                     rates[name][c].append(rate)
                     als[name][c].append(al)
-                    bounds[name][c].append(bound(figures, c, 1.0, sizes))  # x bandwidth later
+                    bounds[name][c].append(bound(figures, c, 1.0, sizes[name]))  # x bandwidth later
                     print(f"  round {r + 1} {name} c{c}: {rate:.1f} tok/s, AL {al:.2f}", flush=True)
                 if r == 0:
                     answers[name] = texts(url, prompts, args.max_tokens)
     ours, theirs = servers
     bandwidth = max(bandwidths)
+    weights, kv_ours, kv_theirs = sizes[ours][0], sizes[ours][1], sizes[theirs][1]
     same = sum(a == b for a, b in zip(answers[ours], answers[theirs], strict=True))
     print(f"\nread bandwidth {bandwidth / 1e9:.1f} GB/s (best of {len(bandwidths)}); weights "
-          f"{sizes[0] / 1e9:.3f} GB, KV {sizes[1] / 1e3:.1f} kB a token ({dtype}); same text: "
+          f"{weights / 1e9:.3f} GB ({dtype}), KV {kv_ours / 1e3:.1f} / {kv_theirs / 1e3:.1f} kB a "
+          f"token (ours / vLLM); same text: "
           f"{same}/{len(answers[ours])} prompts")  # fmt: skip
     print(
         "| concurrency | speclens serve tok/s | vLLM tok/s | AL ours / vLLM | ours / vLLM (median) "

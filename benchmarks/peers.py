@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -192,6 +193,8 @@ def main() -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="both servers' --dtype")  # fmt: skip
     args = parser.parse_args()
+    # SIGTERM (a timeout) unwinds like Ctrl-C, so the running server's group is stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     prepared = prepare(args, "speclens-peers-")
     if prepared is None:
         return 1

@@ -223,6 +223,7 @@ def test_rate_spelling_resolves_to_the_same_schedule(started: dict[str, ServerPr
 def test_version_reports_the_forced_target(started: dict[str, ServerProcess]) -> None:
     version = _version(started["flags"])
     assert version["model"] == "dummy" and version["executor"] == "torch"
+    assert version["dtype"] == "float32"  # the weights' dtype, serve's --dtype
     assert version["acceptance"] == {
         "method": "draft_model",
         "num_speculative_tokens": 7,

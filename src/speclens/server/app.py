@@ -95,6 +95,7 @@ def _add_info_routes(
                 "engine": "speclens",
                 "model": settings.served_model_name,
                 "executor": config.executor,
+                "dtype": config.dtype,
                 "hardware": _hardware(config.device),
                 "acceptance": settings.acceptance,
                 "max_num_seqs": config.max_num_seqs,

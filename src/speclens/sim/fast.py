@@ -599,7 +599,7 @@ def _ends(
 ) -> list[float]:
     """When each of a stretch's decode steps (``rows`` of the window) ends, from ``clock``,
     added step by step as the engine's clock is. Up to ``SHORT`` steps are priced as Python
-    numbers (an array's fixed cost is more than a few steps' own), a longer stretch as arrays."""
+    numbers (an array call's fixed cost is many steps' own), a longer stretch as arrays."""
     if len(rows) <= SHORT:
         times, end = [], clock
         for price in price_rows(rows[:, :NEED].tolist()):
@@ -650,7 +650,7 @@ def _preempt(
     for index in reversed(order[n:]):  # the last admitted first, each to the queue's front
         r = live.pop(index)
         assert r.blocks is not None and r.item is not None
-        _, arrival, _, outputs, emitted, context, drafted, accepted = r.item[:8]
+        _, arrival, _, outputs, emitted, context, drafted, accepted, *_ = r.item  # no block
         rel, size = step - r.start, emitted.size
         freed += int(r.blocks[rel - 1]) if rel else int(_blocks(r.item[2]))
         a, e = step - base, r.start - base + size

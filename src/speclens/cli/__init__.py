@@ -16,9 +16,9 @@ try:
 
     from speclens import __version__
     from speclens.cli import bench, calibrate, demo, export, lossless, measure, profiles, serve, sim
-    from speclens.cli import report as report_cli
     from speclens.cli import compare as compare_cli
     from speclens.cli import importing as import_cli
+    from speclens.cli import report as report_cli
     from speclens.cli import sweep as sweep_cli
     from speclens.cli._fanout import RayCommand
     from speclens.cli._help import HELP_WIDTH, HelpGroup

@@ -16,7 +16,9 @@ Of bound: each server's tok/s over what this machine's memory bandwidth allows. 
 reads every weight once and the KV cache of each running request, and yields tokens per decode step
 (the bench's figure) per request; the bandwidth is a read of a 512 MiB tensor on every core,
 measured at the start of each round (the best of them is used). With the AL, the bound is
-``c * tokens_per_step * bandwidth / (weight bytes + c * KV bytes at the mean context)``, the KV
+``c * tokens_per_step * bandwidth / (weight bytes + c * KV bytes at the mean context)``, the tokens
+a decode step speclens's for both (the same text and drafting; vLLM's counters count no decode
+steps, so its own figure would be 1 and its bound too low), the KV
 bytes each server's own (speclens keeps a float32 cache on a CPU whatever ``--dtype``; vLLM the
 model's dtype).
 
@@ -113,13 +115,17 @@ def step_bytes(model_dir: Path, dtype: str, kv_dtype: str) -> tuple[int, int]:
 
 
 def bound(
-    figures: dict[str, Any], concurrency: int, bandwidth: float, sizes: tuple[int, int]
+    figures: dict[str, Any],
+    concurrency: int,
+    bandwidth: float,
+    sizes: tuple[int, int],
+    per_step: float,
 ) -> float:
-    """Output tok/s that ``bandwidth`` allows a run with these figures (module docstring)."""
+    """Output tok/s that ``bandwidth`` allows a run with these figures, at ``per_step`` tokens a
+    decode step (module docstring)."""
     requests = max(1, figures["requests"]["completed"])
     throughput = figures["throughput"]
     context = (throughput["total_prompt_tokens"] + throughput["total_output_tokens"] / 2) / requests
-    per_step = figures["acceptance"].get("tokens_per_decode_step") or 1.0
     weights, kv_per_token = sizes
     step = weights + concurrency * kv_per_token * context
     return float(concurrency * per_step * bandwidth / step)
@@ -222,6 +228,9 @@ def main() -> int:
         s: {c: [] for c in args.concurrency} for s in servers
     }
     als: dict[str, dict[int, list[float]]] = {s: {c: [] for c in args.concurrency} for s in servers}
+    per_step: dict[str, dict[int, list[float | None]]] = {
+        s: {c: [] for c in args.concurrency} for s in servers
+    }
     for r in range(args.rounds):
         bandwidths.append(read_bandwidth())
         print(f"  round {r + 1}: read bandwidth {bandwidths[-1] / 1e9:.1f} GB/s; a step reads "
@@ -241,7 +250,9 @@ def main() -> int:
                     al = figures["acceptance"]["token_weighted_al"] or 1.0
                     rates[name][c].append(rate)
                     als[name][c].append(al)
-                    bounds[name][c].append(bound(figures, c, 1.0, sizes[name]))  # x bandwidth later
+                    # x bandwidth and tokens a decode step later
+                    bounds[name][c].append(bound(figures, c, 1.0, sizes[name], 1.0))
+                    per_step[name][c].append(figures["acceptance"].get("tokens_per_decode_step"))
                     print(f"  round {r + 1} {name} c{c}: {rate:.1f} tok/s, AL {al:.2f}", flush=True)
                 if r == 0:
                     answers[name] = texts(url, prompts, args.max_tokens)
@@ -260,10 +271,12 @@ def main() -> int:
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for c in args.concurrency:
         ratios = [a / b for a, b in zip(rates[ours][c], rates[theirs][c], strict=True)]
+        step = median(x for x in per_step[ours][c] if x) if any(per_step[ours][c]) else 1.0
         shares = [
-            median(x / (b * bandwidth) for x, b in zip(rates[s][c], bounds[s][c], strict=True))
+            median(x / (b * bandwidth * step)
+                   for x, b in zip(rates[s][c], bounds[s][c], strict=True))
             for s in (ours, theirs)
-        ]
+        ]  # fmt: skip
         print(
             f"| {c} | {median(rates[ours][c]):.1f} | {median(rates[theirs][c]):.1f} "
             f"| {median(als[ours][c]):.2f} / {median(als[theirs][c]):.2f} | {median(ratios):.2f} "

@@ -47,6 +47,7 @@ from pathlib import Path
 from statistics import median
 
 import torch
+from machine import read_bandwidth  # benchmarks/machine.py
 
 from speclens.engine import (
     Engine,
@@ -360,18 +361,6 @@ def transformers_runners(
         "transformers greedy, bs 1": lambda: run(None),
         "transformers prompt lookup K 4, bs 1": lambda: run(4),
     }
-
-
-def read_bandwidth() -> float:
-    """Bytes per second of a read of a 512 MiB float32 tensor on this process's threads (best of
-    5): what a step reading its weights could at most reach."""
-    data = torch.ones(128 << 20)
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        data.sum()
-        best = min(best, time.perf_counter() - start)
-    return data.numel() * data.element_size() / best
 
 
 def smollm2_steps(rounds: int, repeats: int = 5) -> None:

@@ -49,6 +49,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "peers"))
 import llamacpp_env  # noqa: E402, F401  (the peer tier's llama.cpp build; benchmarks/replay.py)
+import machine  # noqa: E402  (benchmarks/machine.py: the read bandwidth)
 import peerlaunch as launch  # noqa: E402  (the peer tier's server launcher)
 import vllm_env  # noqa: E402  (the peer tier's pinned vLLM environment)
 
@@ -81,18 +82,11 @@ def speclens_command(model_dir: Path, port: int, dtype: str = "float32") -> list
 
 
 def read_bandwidth() -> float:
-    """Bytes per second a read of a 512 MiB float32 tensor reaches on every core (best of 5):
-    what a decode step reading its weights could at most reach on this machine now."""
+    """The read bandwidth on every core (``machine.read_bandwidth``)."""
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
-    data = torch.ones(128 << 20)
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        data.sum()
-        best = min(best, time.perf_counter() - start)
-    return data.numel() * data.element_size() / best
+    return machine.read_bandwidth()
 
 
 def step_bytes(model_dir: Path, dtype: str, kv_dtype: str) -> tuple[int, int]:

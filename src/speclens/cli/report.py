@@ -66,8 +66,9 @@ def report(
             fail(f"{path}: no summary.json or sweep.json here or one level down: expected a run "
                  "or sweep directory, or a directory of them", 2)  # fmt: skip
         targets += found
+    unique = list(dict.fromkeys(targets))  # a directory named twice is written once
     problems = 0
-    for target in dict.fromkeys(targets):
+    for target in unique:
         try:
             written = _write(target)
         except ReportError as exc:
@@ -79,10 +80,10 @@ def report(
                               f"{exc.strerror or exc}", markup=False)  # fmt: skip
             problems += 1
             continue
-        if len(targets) <= 20:
+        if len(unique) <= 20:
             out_console.print(f"wrote {written}", markup=False, highlight=False)
-    done = len(dict.fromkeys(targets)) - problems
-    out_console.print(f"wrote {done:,} report(s)" + (f", {problems:,} refused" if problems else ""),
+    out_console.print(f"wrote {len(unique) - problems:,} report(s)"
+                      + (f", {problems:,} refused" if problems else ""),
                       markup=False, highlight=False)  # fmt: skip
     if problems:
         raise typer.Exit(1)

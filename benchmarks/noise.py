@@ -72,7 +72,7 @@ def machine_speed() -> tuple[float, float]:
     from speclens.sim import host
 
     torch.set_num_threads(1)
-    return host.matmul_flops("fp32")[256] / 1e9, host.memory_bandwidth() / 1e9
+    return host.matmul_flops(("fp32",))["fp32"][256] / 1e9, host.memory_bandwidth() / 1e9
 
 
 def server_pid(port: int) -> int:

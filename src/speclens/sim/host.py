@@ -6,6 +6,14 @@ times activations of 1 to 256 tokens, the batch widths decode steps run at; the 
 the best of them, and the curve is kept beside it (``measured``), since a CPU reaches its peak
 only at the widest. torch runs the matmuls where it is installed (bf16 and fp32, as the engine
 would); numpy otherwise (fp32 only, which then stands for bf16 too, and the notes say so).
+
+Another process busy for a second reads as a slow chip: two intra-op threads on two cores wait
+at each barrier for the one descheduled, and a 1-token bf16 product, a fraction of a
+millisecond, came out 10x slow in every trial of a burst (0.0021 against 0.026 TFLOP/s).
+So the curve is measured in ``PASSES`` passes, each point the best of ``TRIALS`` runs and at
+least ``MIN_POINT_S`` of them, and each point keeps its best pass; and the CPU other processes
+used meanwhile is recorded (``measured.others_cpus``), with a note where it was half a CPU or
+more.
 """
 
 from __future__ import annotations
@@ -24,17 +32,36 @@ COPY_BYTES = 256 * 2**20
 WIDTH, DEPTH = 1024, 4096
 TOKENS = (1, 4, 16, 64, 256)
 TRIALS = 5
+#: Passes over the matmul curve, and the least time a point's trials take in each.
+PASSES = 3
+MIN_POINT_S = 0.03
+#: Other processes' average CPUs during the measurement from which the entry says so.
+BUSY_CPUS = 0.5
 
 
-def _best(run: Callable[[], Any], trials: int = TRIALS) -> float:
-    """The shortest of ``trials`` timed runs, after one warm-up."""
+def _best(run: Callable[[], Any], trials: int = TRIALS, min_s: float = 0.0) -> float:
+    """The shortest of at least ``trials`` timed runs lasting ``min_s`` in all, after one
+    warm-up."""
     run()
-    best = float("inf")
-    for _ in range(trials):
+    best, spent, done = float("inf"), 0.0, 0
+    while done < trials or spent < min_s:
         start = time.perf_counter()
         run()
-        best = min(best, time.perf_counter() - start)
+        took = time.perf_counter() - start
+        best, spent, done = min(best, took), spent + took, done + 1
     return best
+
+
+def _cpu_ticks() -> tuple[float, float] | None:
+    """(busy, all) CPU seconds since boot over every CPU (``/proc/stat``), or None off Linux."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields) - idle) / tick, sum(fields) / tick
 
 
 def memory_bandwidth() -> float:
@@ -44,27 +71,27 @@ def memory_bandwidth() -> float:
     return 2 * src.nbytes / _best(lambda: np.copyto(dst, src))
 
 
-def matmul_flops(dtype: str) -> dict[int, float]:
-    """FLOP/s of (tokens x WIDTH) @ (WIDTH x DEPTH) per token width, in ``dtype``."""
-    out = {}
+def _product(dtype: str, tokens: int) -> Callable[[], Any]:
+    """(tokens x WIDTH) @ (WIDTH x DEPTH) in ``dtype``: torch's where installed, else numpy's."""
     try:
         import torch
     except ImportError:
-        torch = None  # type: ignore[assignment]
-    for tokens in TOKENS:
-        if torch is not None:
-            kind = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-            a, w = torch.ones(tokens, WIDTH, dtype=kind), torch.ones(WIDTH, DEPTH, dtype=kind)
+        na, nw = np.ones((tokens, WIDTH), np.float32), np.ones((WIDTH, DEPTH), np.float32)
+        return lambda: na @ nw
+    kind = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    a, w = torch.ones(tokens, WIDTH, dtype=kind), torch.ones(WIDTH, DEPTH, dtype=kind)
+    return lambda: a @ w
 
-            def product(a: Any = a, w: Any = w) -> Any:
-                return a @ w
 
-            seconds = _best(product)
-        else:
-            na, nw = np.ones((tokens, WIDTH), np.float32), np.ones((WIDTH, DEPTH), np.float32)
-            seconds = _best(lambda na=na, nw=nw: na @ nw)
-        out[tokens] = 2 * tokens * WIDTH * DEPTH / seconds
-    return out
+def matmul_flops(dtypes: tuple[str, ...], passes: int = PASSES) -> dict[str, dict[int, float]]:
+    """FLOP/s of (tokens x WIDTH) @ (WIDTH x DEPTH) per dtype and token width, each point the
+    best of ``passes`` passes over the whole curve."""
+    products = {(d, t): _product(d, t) for d in dtypes for t in TOKENS}
+    seconds = dict.fromkeys(products, float("inf"))
+    for _ in range(passes):
+        for key, run in products.items():
+            seconds[key] = min(seconds[key], _best(run, min_s=MIN_POINT_S))
+    return {d: {t: 2 * t * WIDTH * DEPTH / seconds[d, t] for t in TOKENS} for d in dtypes}
 
 
 def _memory_gb() -> float:
@@ -80,14 +107,23 @@ def measure(name: str = "host") -> dict[str, Any]:
         dtypes: tuple[str, ...] = ("bf16", "fp32")
     except ImportError:
         threads, dtypes = 1, ("fp32",)
-    curves = {dtype: matmul_flops(dtype) for dtype in dtypes}
+    before, own = _cpu_ticks(), time.process_time()
+    curves = matmul_flops(dtypes)
     bandwidth = memory_bandwidth()
+    after, own = _cpu_ticks(), time.process_time() - own
+    others = None
+    if before is not None and after is not None and after[1] > before[1]:
+        cpus = os.cpu_count() or 1
+        others = max(0.0, (after[0] - before[0] - own) / (after[1] - before[1]) * cpus)
     tflops = {dtype: max(curve.values()) / 1e12 for dtype, curve in curves.items()}
     notes = ["measured by speclens calibrate --host"]
     if "bf16" not in tflops:
         tflops["bf16"] = tflops["fp32"]
         notes.append("bf16 is the fp32 figure (no torch to run bf16)")
     notes.append("interconnect is half the memory bandwidth (ranks share this machine's memory)")
+    if others is not None and others >= BUSY_CPUS:
+        notes.append(f"other processes used {others:.1f} CPUs while this was measured: the "
+                     f"figures may read low; measure again on an idle machine")  # fmt: skip
     return {
         "kind": "Chip",
         "name": name,
@@ -106,6 +142,8 @@ def measure(name: str = "host") -> dict[str, Any]:
             "matmul_shape": [WIDTH, DEPTH],
             "copy_bytes": COPY_BYTES,
             "threads": threads,
+            "passes": PASSES,
+            "others_cpus": None if others is None else round(others, 3),
             "machine": platform.machine(),
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },

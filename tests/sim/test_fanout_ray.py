@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -56,28 +56,32 @@ def _env(temp: Path) -> dict[str, str]:
             "RAY_AUTH_TOKEN": secrets.token_hex(32)}  # fmt: skip
 
 
-def _left(temp: Path) -> list[str]:
-    """Every process still running from this cluster: its command line names ``temp``."""
-    found = []
+def _left(temp: Path, raylets: Sequence[str] = ()) -> list[str]:
+    """Every process still running from this cluster: its command line names ``temp``, or its
+    environment names one of its ``raylets`` as its parent (the raylet's agents retitle
+    themselves ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``, keep neither ``temp`` nor the
+    token, and outlived every run that matched the command line alone)."""
+    found, marks = [], [f"RAY_RAYLET_PID={pid}\0".encode() for pid in raylets]
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             comm = (proc / "comm").read_text().strip()
+            environ = (proc / "environ").read_bytes() + b"\0"
         except OSError:
             continue
-        if str(temp) in cmdline:
+        if str(temp) in cmdline or any(mark in environ for mark in marks):
             found.append(f"{proc.name} {comm}")
     return found
 
 
-def _stop(temp: Path) -> None:
+def _stop(temp: Path, raylets: Sequence[str]) -> None:
     """Stop this cluster as ``ray stop --force`` does, SIGKILL to each of its processes, but to
     its own only (``ray stop`` would stop every Ray of this user on the machine); then wait up to
     10 s for them to go."""
     deadline = time.monotonic() + 10
-    while (left := _left(temp)) and time.monotonic() < deadline:
+    while (left := _left(temp, raylets)) and time.monotonic() < deadline:
         for entry in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry.split(" ", 1)[0]), signal.SIGKILL)
@@ -91,7 +95,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
     import ray  # noqa: F401  (fails here, loudly, where the dev extra was not installed)
 
     temp = Path(os.path.realpath(tmp_path_factory.mktemp("ray")))
-    env = _env(temp)
+    env, raylets = _env(temp), list[str]()
     port = _free_port()
     ports = ["--port", str(port), "--dashboard-port", str(_free_port()),
              "--dashboard-agent-listen-port", str(_free_port()), "--metrics-export-port",
@@ -102,12 +106,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
     try:
         done = subprocess.run(start, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, f"ray start failed:\n{done.stdout}\n{done.stderr}"
-        running = {entry.split(" ", 1)[1] for entry in _left(temp)}
-        assert {"raylet", "gcs_server"} <= running  # what the check after ray stop looks for
+        running = [entry.split(" ", 1) for entry in _left(temp)]
+        assert {"raylet", "gcs_server"} <= {comm for _, comm in running}  # ray stop's check
+        raylets.extend(pid for pid, comm in running if comm == "raylet")
         yield f"127.0.0.1:{port}", env
     finally:
-        _stop(temp)
-        left = _left(temp)
+        _stop(temp, raylets)
+        left = _left(temp, raylets)
         assert not left, f"processes of the Ray cluster left after it stopped: {left}"
 
 

@@ -12,10 +12,12 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -89,12 +91,14 @@ def _stop(temp: Path, raylets: Sequence[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+def cluster() -> Iterator[tuple[str, dict[str, str]]]:
     """A Ray head on 127.0.0.1 with 2 CPUs: its address and the environment to join it with
     (which sends the files of any Ray started under it to the head's temp directory)."""
     import ray  # noqa: F401  (fails here, loudly, where the dev extra was not installed)
 
-    temp = Path(os.path.realpath(tmp_path_factory.mktemp("ray")))
+    # Short: Ray's socket paths (session_<date>_<time>_<us>_<pid>/sockets/plasma_store under it)
+    # must fit in 107 bytes, and pytest's temp path took them over once its count passed 1,000.
+    temp = Path(os.path.realpath(tempfile.mkdtemp(prefix="ray-")))
     env, raylets = _env(temp), list[str]()
     port = _free_port()
     ports = ["--port", str(port), "--dashboard-port", str(_free_port()),
@@ -113,6 +117,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
     finally:
         _stop(temp, raylets)
         left = _left(temp, raylets)
+        shutil.rmtree(temp, ignore_errors=True)
         assert not left, f"processes of the Ray cluster left after it stopped: {left}"
 
 

@@ -25,6 +25,13 @@ def pytest_configure(config: pytest.Config) -> None:
     main = threading.current_thread() is threading.main_thread()
     if main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _as_ctrl_c)
+    # A shell that runs the suite in the background (``make test &``) ignores SIGINT and SIGQUIT
+    # in it, and every process the tests start inherits that: the signal tests then send
+    # signals nothing hears (three failed so). The tests' processes take the defaults.
+    if main and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if main and signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="module")

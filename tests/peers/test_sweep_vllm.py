@@ -222,4 +222,9 @@ def test_vllm_replays_from_its_calibration(
     # vLLM's CPU build runs torch's matmuls, as the chip entry measured: the roofline describes
     # its runs (unlike llama.cpp's, ``test_fidelity_llamacpp.py``), and its replays are held.
     assert outcome.fits["roofline"]["misfit"] is None, outcome.fits["roofline"]
+    # The c8 run's batches (up to 8) are wider than the fit's (1 and 4): each replay says so,
+    # and is held to the wider bound; c2's are within them and held to the narrow one.
+    for kind in ("linear", "roofline"):
+        assert "fitted on batches of 1 to 4" in (outcome.notes[kind]["c8"] or ""), outcome.notes
+        assert outcome.notes[kind]["c2"] is None, outcome.notes
     fidelity.assert_sane(outcome)

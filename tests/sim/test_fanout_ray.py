@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -58,32 +58,37 @@ def _env(temp: Path) -> dict[str, str]:
             "RAY_AUTH_TOKEN": secrets.token_hex(32)}  # fmt: skip
 
 
-def _left(temp: Path, raylets: Sequence[str] = ()) -> list[str]:
-    """Every process still running from this cluster: its command line names ``temp``, or its
-    environment names one of its ``raylets`` as its parent (the raylet's agents retitle
-    themselves ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``, keep neither ``temp`` nor the
-    token, and outlived every run that matched the command line alone)."""
-    found, marks = [], [f"RAY_RAYLET_PID={pid}\0".encode() for pid in raylets]
+def _left(temp: Path, known: set[str] | None = None) -> list[str]:
+    """Every process still running from this cluster (``pid comm``): its command line names
+    ``temp``, or it descends from one that does (the raylet's agents retitle themselves
+    ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent`` and outlived every run that matched
+    the command line alone), or it is in ``known``, which each call adds what it found to (an
+    agent whose raylet was killed is orphaned, no longer its descendant)."""
+    parents, names, found = {}, {}, set(known or ())
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            comm = (proc / "comm").read_text().strip()
-            environ = (proc / "environ").read_bytes() + b"\0"
-        except OSError:
+            names[proc.name] = (proc / "comm").read_text().strip()
+            parents[proc.name] = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
             continue
-        if str(temp) in cmdline or any(mark in environ for mark in marks):
-            found.append(f"{proc.name} {comm}")
-    return found
+        if str(temp) in cmdline:
+            found.add(proc.name)
+    while children := {pid for pid, parent in parents.items() if parent in found} - found:
+        found |= children
+    if known is not None:
+        known |= found
+    return [f"{pid} {names[pid]}" for pid in sorted(found, key=int) if pid in names]
 
 
-def _stop(temp: Path, raylets: Sequence[str]) -> None:
+def _stop(temp: Path, known: set[str]) -> None:
     """Stop this cluster as ``ray stop --force`` does, SIGKILL to each of its processes, but to
     its own only (``ray stop`` would stop every Ray of this user on the machine); then wait up to
     10 s for them to go."""
     deadline = time.monotonic() + 10
-    while (left := _left(temp, raylets)) and time.monotonic() < deadline:
+    while (left := _left(temp, known)) and time.monotonic() < deadline:
         for entry in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry.split(" ", 1)[0]), signal.SIGKILL)
@@ -99,7 +104,7 @@ def cluster() -> Iterator[tuple[str, dict[str, str]]]:
     # Short: Ray's socket paths (session_<date>_<time>_<us>_<pid>/sockets/plasma_store under it)
     # must fit in 107 bytes, and pytest's temp path took them over once its count passed 1,000.
     temp = Path(os.path.realpath(tempfile.mkdtemp(prefix="ray-")))
-    env, raylets = _env(temp), list[str]()
+    env, known = _env(temp), set[str]()
     port = _free_port()
     ports = ["--port", str(port), "--dashboard-port", str(_free_port()),
              "--dashboard-agent-listen-port", str(_free_port()), "--metrics-export-port",
@@ -110,13 +115,12 @@ def cluster() -> Iterator[tuple[str, dict[str, str]]]:
     try:
         done = subprocess.run(start, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, f"ray start failed:\n{done.stdout}\n{done.stderr}"
-        running = [entry.split(" ", 1) for entry in _left(temp)]
+        running = [entry.split(" ", 1) for entry in _left(temp, known)]
         assert {"raylet", "gcs_server"} <= {comm for _, comm in running}  # ray stop's check
-        raylets.extend(pid for pid, comm in running if comm == "raylet")
         yield f"127.0.0.1:{port}", env
     finally:
-        _stop(temp, raylets)
-        left = _left(temp, raylets)
+        _stop(temp, known)
+        left = _left(temp, known)
         shutil.rmtree(temp, ignore_errors=True)
         assert not left, f"processes of the Ray cluster left after it stopped: {left}"
 

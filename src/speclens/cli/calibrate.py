@@ -217,7 +217,7 @@ def _roofline(model: str, hardware: str, parallel: int, method: str | None) -> A
 
 
 def _host(output: Path) -> None:
-    from speclens.sim.host import BUSY_CPUS, measure
+    from speclens.sim.host import busy_note, measure
 
     entry = measure(output.stem)
     _write(output, entry)
@@ -225,8 +225,6 @@ def _host(output: Path) -> None:
         f"this machine: memory {entry['memory_bandwidth_tbps'] * 1e3:.1f} GB/s, matmul "
         f"{entry['tflops']['bf16'] * 1e3:.0f} GFLOP/s bf16 at best; wrote {output}", markup=False,
     )  # fmt: skip
-    others = entry["measured"]["others_cpus"]
-    if others is not None and others >= BUSY_CPUS:
-        out_console.print(f"warning: other processes used {others:.1f} CPUs while this machine was "
-                      f"measured: its figures may read low; measure again on an idle machine",
-                      markup=False)  # fmt: skip
+    busy = busy_note(entry["measured"]["others_cpus"])
+    if busy:
+        out_console.print(f"warning: {busy}", markup=False)

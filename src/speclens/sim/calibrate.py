@@ -576,8 +576,7 @@ def _idle_slope(idle: Sequence[tuple[int, float]]) -> tuple[float, float] | None
         return None
     ttfts = np.array([t for _, t in idle], dtype=float)
     design = np.column_stack([np.ones_like(prompts), prompts])
-    positive = ttfts > 0
-    if positive.all():
+    if (ttfts > 0).all():
         line = np.maximum(_theil_sen(prompts, ttfts), 1e-3 * float(np.median(ttfts)))
         logs = np.log(ttfts / line)
         off = np.abs(logs - np.median(logs))

@@ -98,6 +98,15 @@ def _memory_gb() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
 
 
+def busy_note(others: float | None) -> str | None:
+    """What a measurement beside ``others`` CPUs of other processes' work says of itself (from
+    ``BUSY_CPUS``), or None."""
+    if others is None or others < BUSY_CPUS:
+        return None
+    return (f"other processes used {others:.1f} CPUs while this machine was measured: its "
+            f"figures may read low; measure again on an idle machine")  # fmt: skip
+
+
 def measure(name: str = "host") -> dict[str, Any]:
     """A chip entry (``kind: Chip``) for this machine, with what was measured and how."""
     try:
@@ -121,9 +130,9 @@ def measure(name: str = "host") -> dict[str, Any]:
         tflops["bf16"] = tflops["fp32"]
         notes.append("bf16 is the fp32 figure (no torch to run bf16)")
     notes.append("interconnect is half the memory bandwidth (ranks share this machine's memory)")
-    if others is not None and others >= BUSY_CPUS:
-        notes.append(f"other processes used {others:.1f} CPUs while this was measured: the "
-                     f"figures may read low; measure again on an idle machine")  # fmt: skip
+    busy = busy_note(others)
+    if busy:
+        notes.append(busy)
     return {
         "kind": "Chip",
         "name": name,
